@@ -1,0 +1,1 @@
+"""Agents: planner/coder pairs that propose kernel variants (embedded offline or LLM)."""

@@ -1,0 +1,85 @@
+"""The agent interface: one method, ``propose``, shared by the embedded and LLM backends."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from evaluators.variant import Variant
+from evaluators.verdict import Evaluation
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One past attempt of a lineage: the variant and the verdict it got (None: not yet run)."""
+
+    variant: Variant
+    evaluation: Evaluation | None
+
+
+@dataclass(frozen=True)
+class AgentContext:
+    """What an agent sees when it proposes.
+
+    Attributes:
+        kernel: library kernel name.
+        description: the kernel spec's plain-words description.
+        signature: the C argument list every variant must keep (for prompts).
+        shapes: the search shapes (dicts over the int arguments).
+        dtype: the run dtype.
+        parent: the variant to improve (its own best, or a migrated elite).
+        parent_eval: that variant's evaluation.
+        history: this lineage's attempts so far, oldest first (not only the last round).
+        elites: the population's current top variants with their evaluations.
+        round: the search round (0-based).
+        n_variants: how many proposals are wanted.
+        seed: per-agent seed, so agents explore differently.
+    """
+
+    kernel: str
+    description: str
+    signature: str
+    shapes: tuple[dict[str, int], ...]
+    dtype: str
+    parent: Variant
+    parent_eval: Evaluation | None
+    history: tuple[Attempt, ...] = ()
+    elites: tuple[Attempt, ...] = ()
+    round: int = 0
+    n_variants: int = 4
+    seed: int = 0
+    gpu: str = "NVIDIA H200 (sm_90, 132 SMs, 4.8 TB/s HBM3e, 60 MB L2)"
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """One proposed variant, with the record of how it was made.
+
+    Attributes:
+        variant: the proposed source (parent, author, note filled in).
+        transformation: the name of the change (embedded) or the planner's summary (LLM).
+        calls: records of LLM calls that produced it (messages, reply, usage, latency);
+            empty for embedded agents.
+        failure: when the agent could not produce usable code, why (the variant is then the
+            parent and must not be evaluated).
+    """
+
+    variant: Variant
+    transformation: str = ""
+    calls: tuple[dict[str, Any], ...] = ()
+    failure: str = ""
+
+
+class Agent(ABC):
+    """A planner/coder pair. Implementations must be picklable (they live in Ray actors)."""
+
+    name: str = "agent"
+
+    @abstractmethod
+    def propose(self, ctx: AgentContext) -> Sequence[Proposal]:
+        """Returns up to ``ctx.n_variants`` proposals derived from ``ctx.parent``."""
+
+    def observe(self, attempts: Sequence[Attempt]) -> None:  # noqa: B027 - optional hook
+        """Receives the verdicts of this agent's latest proposals (for stateful agents)."""

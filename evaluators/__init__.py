@@ -1,0 +1,1 @@
+"""Evaluators: compile, validate and time kernel variants; sandboxed GPU execution."""

@@ -1,0 +1,80 @@
+"""The evaluator interface: one request in, one :class:`Evaluation` out."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from evaluators.variant import Variant
+from evaluators.verdict import Evaluation
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """How hard to time. ``full`` is the reported protocol; ``screen`` is for cheap trials.
+
+    Attributes:
+        warmup: launches before timing, per implementation and shape.
+        repetitions: timed launches per implementation and shape (L2 flushed before each).
+        cutoff: stop timing a candidate early once its running median is this many times
+            slower than ``EvalRequest.best_ms`` on some shape (tinygrad-style); 0 disables.
+    """
+
+    warmup: int = 20
+    repetitions: int = 100
+    cutoff: float = 0.0
+
+    @staticmethod
+    def full() -> TimingConfig:
+        return TimingConfig(20, 100, 0.0)
+
+    @staticmethod
+    def screen() -> TimingConfig:
+        return TimingConfig(5, 20, 3.0)
+
+
+@dataclass(frozen=True)
+class EvalRequest:
+    """Evaluate one variant of one kernel at one parameter assignment and dtype.
+
+    Attributes:
+        kernel: library kernel name, or the path of a kernel folder.
+        variant: the candidate.
+        params: tunable parameter values (missing ones take their defaults).
+        dtype: run dtype.
+        shape_set: ``search`` or ``heldout``.
+        timing: repetitions and cutoff.
+        seeds: random seeds for validation inputs (edge cases are always added).
+        best_ms: per-shape best times so far (for the early cutoff), keyed by shape label.
+        time: False to validate only.
+        noise_floor: also time the baseline against itself (A/A) and report the spread.
+    """
+
+    kernel: str
+    variant: Variant
+    params: dict[str, int] = field(default_factory=dict)
+    dtype: str = "float16"
+    shape_set: str = "search"
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    seeds: tuple[int, ...] = (0, 1)
+    best_ms: dict[str, float] = field(default_factory=dict)
+    time: bool = True
+    noise_floor: bool = False
+
+
+class Evaluator(ABC):
+    """Compiles, validates and times variants. Implementations: the GPU sandbox evaluator
+    (:mod:`evaluators.gpu`) and a CPU stand-in for tests (:mod:`evaluators.standin`)."""
+
+    @abstractmethod
+    def evaluate(self, request: EvalRequest) -> Evaluation:
+        """Returns a verdict; kernel faults become statuses, never exceptions."""
+
+    def time_peers(self, kernel: str, dtype: str, shape_set: str = "search") -> dict[str, dict[str, float]]:
+        """Graph-timed production peers (FlashInfer, torch.compile, torch eager) on the
+        kernel's shapes: ``{peer: {shape label: median ms}}``; peers that cannot run are
+        left out. Stand-ins return ``{}``."""
+        return {}
+
+    def close(self) -> None:  # noqa: B027 - optional
+        """Releases worker processes and GPU memory."""

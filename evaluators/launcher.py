@@ -1,0 +1,89 @@
+"""Loads a cubin with CuPy and launches its entry on torch's current stream (GPU only)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from evaluators.launch import LaunchConfig
+from kernels.spec import KernelSpec
+
+# Launch-time driver errors that mean "this configuration cannot run", not a fault: the
+# context stays healthy and the worker carries on.
+RESOURCE_ERRORS = (
+    "CUDA_ERROR_INVALID_VALUE",
+    "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
+    "CUDA_ERROR_INVALID_CONFIGURATION",
+    "CUDA_ERROR_OUT_OF_MEMORY",
+)
+# CUfunction_attribute values (cuda.h).
+_ATTR = {"max_threads_per_block": 0, "smem_static_bytes": 1, "local_bytes": 3, "registers": 4,
+         "max_dynamic_smem": 8}
+
+
+class LaunchResourceError(RuntimeError):
+    """The launch was refused for its resources (threads, shared memory, registers)."""
+
+
+class Kernel:
+    """One loaded entry point with the launch configuration of each shape.
+
+    Args:
+        cubin: the binary from :func:`evaluators.compile.compile_variant`.
+        spec: the kernel spec (argument order, constants).
+        launches: resolved launch per shape label.
+    """
+
+    def __init__(self, cubin: bytes, spec: KernelSpec, launches: Mapping[str, LaunchConfig]) -> None:
+        import cupy
+
+        self._cupy = cupy
+        self.spec = spec
+        self.module = cupy.cuda.function.Module()
+        self.module.load(cubin)
+        self.function = self.module.get_function(spec.name)
+        self.launches = dict(launches)
+        self.max_smem = max((c.smem_bytes for c in self.launches.values()), default=0)
+        if self.max_smem > 48 * 1024:
+            try:
+                cupy.cuda.driver.funcSetAttribute(self.function.ptr, _ATTR["max_dynamic_smem"], self.max_smem)
+            except cupy.cuda.driver.CUDADriverError as exc:
+                raise LaunchResourceError(f"cannot raise dynamic shared memory to {self.max_smem} bytes: {exc}") from None
+        self.stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+
+    def attributes(self) -> dict[str, int]:
+        get = self._cupy.cuda.driver.funcGetAttribute
+        ptr = self.function.ptr
+        return {
+            "registers": int(get(_ATTR["registers"], ptr)),
+            "smem_static_bytes": int(get(_ATTR["smem_static_bytes"], ptr)),
+            "local_bytes": int(get(_ATTR["local_bytes"], ptr)),
+            "max_threads_per_block": int(get(_ATTR["max_threads_per_block"], ptr)),
+        }
+
+    def args(self, tensors: Mapping[str, torch.Tensor], shape: Mapping[str, int]) -> tuple[Any, ...]:
+        out: list[Any] = []
+        for a in self.spec.args:
+            if a.kind == "tensor":
+                out.append(np.uint64(tensors[a.name].data_ptr()))
+            elif a.kind == "int":
+                out.append(np.int32(shape[a.name]))
+            else:
+                out.append(np.float32(self.spec.constants[a.name]))
+        return tuple(out)
+
+    def launch(self, label: str, args: tuple[Any, ...]) -> None:
+        cfg = self.launches[label]
+        if cfg.block[0] * cfg.block[1] * cfg.block[2] > 1024:
+            raise LaunchResourceError(f"block {cfg.block} has more than 1024 threads")
+        try:
+            self.function(cfg.grid, cfg.block, args, shared_mem=cfg.smem_bytes, stream=self.stream)
+        except self._cupy.cuda.driver.CUDADriverError as exc:
+            if any(code in str(exc) for code in RESOURCE_ERRORS):
+                raise LaunchResourceError(
+                    f"launch grid={cfg.grid} block={cfg.block} smem={cfg.smem_bytes} refused: {exc}"
+                ) from None
+            raise

@@ -1,0 +1,117 @@
+"""Timing production peers beside our kernels, inside the sandbox worker (GPU only).
+
+Every peer (the spec's ``peers``: torch eager, FlashInfer, Liger; plus ``torch_compile`` of
+the fp32 reference) is captured in a CUDA graph and timed by graph replay with the same
+protocol as our kernels (:mod:`evaluators.timing`): inputs restored and L2 flushed before
+every repetition, all implementations interleaved. So every figure is kernel time, not the
+time of a Python call (REFERENCE.md section 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from evaluators import validate as V
+from evaluators.launch import LaunchConfig
+from evaluators.launcher import Kernel
+from evaluators.timing import Timed, capture_graph, time_interleaved
+from kernels.spec import KernelSpec, shape_label
+
+
+def _compiled_reference(spec: KernelSpec) -> Callable[..., None]:
+    """torch.compile of the fp32 reference, writing rounded results into the outputs."""
+
+    def body(t: dict[str, torch.Tensor], shape: dict[str, int], constants: Any) -> None:
+        expected = spec.reference(t, shape, constants)
+        for name, value in expected.items():
+            t[name].copy_(value)
+
+    compiled = torch.compile(body)
+    return compiled
+
+
+def _peer_fns(spec: KernelSpec) -> dict[str, Callable[..., None]]:
+    fns: dict[str, Callable[..., None]] = dict(spec.peers)
+    fns["torch_compile"] = _compiled_reference(spec)
+    return fns
+
+
+def _check_peer(spec, name, fn, shape, dtype, ctx) -> str | None:
+    """Runs a peer once on fresh inputs and checks it against the reference: a peer whose
+    semantics differ from ours is not a fair comparison."""
+    gen = torch.Generator(device=ctx.device).manual_seed(7)
+    t = spec.make_inputs(shape, getattr(torch, dtype), gen, "random", ctx.device)
+    expected = spec.reference({k: v.clone() for k, v in t.items()}, shape, spec.constants)
+    fn(t, shape, spec.constants)
+    torch.cuda.synchronize()
+    tol = {a.name: tuple(x * 2 for x in spec.tolerance(a.tensor_dtype(dtype))) for a in spec.written_args}
+    finding = V.check_outputs({a.name: t[a.name] for a in spec.written_args}, expected, tol, spec.compare)
+    return finding.message if finding else None
+
+
+def _timed_graph(name, fn, spec, shape, sets) -> Timed:
+    buf = {n: v.clone() for n, v in sets[0].items()}
+    readable = [a.name for a in spec.args if a.kind == "tensor" and a.role in ("in", "inout")]
+    graph = capture_graph(lambda: fn(buf, shape, spec.constants))
+
+    def prepare(i: int) -> None:
+        for n in readable:
+            buf[n].copy_(sets[i % 2][n])
+
+    return Timed(name, prepare, graph.replay)
+
+
+def _timed_kernel(name, kernel: Kernel, spec, shape, sets) -> Timed:
+    buf = {n: v.clone() for n, v in sets[0].items()}
+    readable = [a.name for a in spec.args if a.kind == "tensor" and a.role in ("in", "inout")]
+    args = kernel.args(buf, shape)
+    label = shape_label(shape)
+
+    def prepare(i: int) -> None:
+        for n in readable:
+            buf[n].copy_(sets[i % 2][n])
+
+    return Timed(name, prepare, lambda: kernel.launch(label, args))
+
+
+def run_peers(ctx: Any, job: dict[str, Any], beat: Callable[[str], None]) -> dict[str, Any]:
+    """Times peers (and optionally our kernels) on each shape; returns medians in ms.
+
+    Job keys: kernel_dir, dtype, shapes, warmup, repetitions, and optionally ``kernels``
+    ({name: {cubin, launches}}) to time our own binaries in the same interleaved loop.
+    """
+    spec: KernelSpec = ctx.spec(job["kernel_dir"])
+    dtype, shapes = job["dtype"], job["shapes"]
+    ours = {
+        name: Kernel(part["cubin"], spec, {shape_label(s): LaunchConfig(*c) for s, c in zip(shapes, part["launches"], strict=True)})
+        for name, part in job.get("kernels", {}).items()
+    }
+    fns = _peer_fns(spec)
+    times: dict[str, dict[str, float]] = {}
+    spreads: dict[str, dict[str, float]] = {}
+    errors: dict[str, str] = {}
+    for shape in shapes:
+        label = shape_label(shape)
+        sets = [spec.make_inputs(shape, getattr(torch, dtype), torch.Generator(device=ctx.device).manual_seed(20_000 + k),
+                                 "random", ctx.device) for k in (0, 1)]
+        impls = [_timed_kernel(n, k, spec, shape, sets) for n, k in ours.items()]
+        for name, fn in fns.items():
+            if name in errors:
+                continue
+            try:
+                wrong = _check_peer(spec, name, fn, shape, dtype, ctx)
+                if wrong:
+                    errors[name] = f"disagrees with the reference: {wrong}"
+                    continue
+                impls.append(_timed_graph(name, fn, spec, shape, sets))
+            except Exception as exc:  # a peer that cannot run here (missing package, unsupported dtype)
+                errors[name] = f"{type(exc).__name__}: {exc}"[:500]
+        samples = time_interleaved(impls, ctx.flush, job["warmup"], job["repetitions"])
+        for name, s in samples.items():
+            times.setdefault(name, {})[label] = s.median_ms
+            spreads.setdefault(name, {})[label] = s.iqr_ms
+        beat(f"peers {label}")
+    return {"peers": times, "iqr": spreads, "errors": errors, "copy_bw_bytes_per_s": ctx.copy_bw}

@@ -1,0 +1,155 @@
+"""The one place where kernel time is measured.
+
+Protocol (REFERENCE.md section 4): per shape, warm-up launches, then repetitions in which
+every timed launch is preceded by restoring its inputs and flushing the L2 cache; one CUDA
+event pair around the single launch; implementations interleaved in one process (A B, B A,
+...) so that clock and thermal drift cancel; median and inter-quartile range reported.
+
+The flush (a memset several times the L2 size) is queued right before the start event, so
+the GPU is still busy with it while the host queues the launch: host-side launch overhead
+stays out of the measured window, for our launches and for graph-replayed peers alike.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+FLUSH_BYTES = 256 * 1024 * 1024  # > 4x the H200's 60 MB L2
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Per-launch kernel times in milliseconds for one implementation on one shape."""
+
+    times_ms: tuple[float, ...]
+    cut: bool = False  # timing stopped early (clearly slower than the best so far)
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.times_ms)
+
+    @property
+    def iqr_ms(self) -> float:
+        if len(self.times_ms) < 4:
+            return 0.0
+        q = statistics.quantiles(self.times_ms, n=4)
+        return q[2] - q[0]
+
+
+class Flusher:
+    """Evicts the L2 cache by writing a buffer several times its size."""
+
+    def __init__(self, device: torch.device, nbytes: int = FLUSH_BYTES) -> None:
+        self.buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+    def __call__(self) -> None:
+        self.buf.zero_()
+
+
+@dataclass
+class Timed:
+    """One implementation to time: ``prepare(i)`` restores inputs for repetition i (not
+    timed), ``launch()`` is the timed work."""
+
+    name: str
+    prepare: Callable[[int], None]
+    launch: Callable[[], None]
+
+
+def time_interleaved(
+    impls: Sequence[Timed],
+    flush: Callable[[], None],
+    warmup: int,
+    repetitions: int,
+    cutoff_ms: dict[str, float] | None = None,
+    check_every: int = 10,
+) -> dict[str, Samples]:
+    """Times implementations interleaved, alternating their order every repetition.
+
+    Args:
+        impls: the implementations (baseline and candidate, or A and A for the noise floor).
+        flush: L2 flush queued before each timed launch.
+        warmup: untimed launches of each implementation first.
+        repetitions: timed launches of each implementation.
+        cutoff_ms: per implementation name, stop timing once its running median exceeds this
+            (checked every ``check_every`` repetitions; the others continue alone).
+
+    Returns:
+        Samples per implementation name.
+    """
+    stream = torch.cuda.current_stream()
+    for i in range(warmup):
+        for impl in impls:
+            impl.prepare(i)
+            impl.launch()
+    stream.synchronize()
+    events: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {t.name: [] for t in impls}
+    active = list(impls)
+    cut: set[str] = set()
+    for rep in range(repetitions):
+        order = active if rep % 2 == 0 else list(reversed(active))
+        for impl in order:
+            impl.prepare(warmup + rep)
+            flush()
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            impl.launch()
+            end.record(stream)
+            events[impl.name].append((start, end))
+        if cutoff_ms and (rep + 1) % check_every == 0:
+            stream.synchronize()
+            for impl in list(active):
+                limit = cutoff_ms.get(impl.name)
+                if limit is not None and len(active) > 1:
+                    med = statistics.median(s.elapsed_time(e) for s, e in events[impl.name])
+                    if med > limit:
+                        active.remove(impl)
+                        cut.add(impl.name)
+    stream.synchronize()
+    return {
+        name: Samples(tuple(s.elapsed_time(e) for s, e in pairs), name in cut)
+        for name, pairs in events.items()
+    }
+
+
+def measure_copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, reps: int = 20) -> float:
+    """Device-to-device copy bandwidth in bytes/s (read + write counted), median of reps.
+
+    This is the practical ceiling for memory-bound kernels (REFERENCE.md section 1).
+    """
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(reps):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    del src, dst
+    return 2 * nbytes / statistics.median(times)
+
+
+def capture_graph(fn: Callable[[], None], warmup: int = 3) -> torch.cuda.CUDAGraph:
+    """Captures ``fn`` in a CUDA graph (after warm-up on a side stream, as torch requires),
+    so that a peer is timed as a kernel, not as a Python call."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    torch.cuda.synchronize()
+    return graph

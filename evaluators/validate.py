@@ -1,0 +1,160 @@
+"""Output comparison and the integrity checks that do not need timing.
+
+Pure torch: runs on the CPU in tests and on the GPU in the worker. Every check returns a
+:class:`Finding` (what went wrong, written for the planner) or None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# A second poison value for float outputs: finite, exact in fp16/bf16/fp8 e4m3, and unlikely
+# to be produced by a real kernel; an element equal to it after one launch and NaN after the
+# other was never written.
+FLOAT_SENTINEL = -448.0
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A failed check.
+
+    Attributes:
+        kind: ``mismatch`` (INCORRECT) or a guard name (REJECTED): ``input_mutation``,
+            ``partial_output``, ``nondeterminism``, ``replay``, ``roofline``.
+        message: first bad element with expected/got, or what the guard saw.
+    """
+
+    kind: str
+    message: str
+
+    @property
+    def is_guard(self) -> bool:
+        return self.kind != "mismatch"
+
+
+def poison_(t: torch.Tensor, which: int) -> None:
+    """Fills an output buffer so that unwritten elements are recognisable afterwards.
+
+    ``which`` 0 writes NaN (or the integer minimum), 1 a finite sentinel (integer maximum).
+    """
+    if t.dtype.is_floating_point:
+        t.fill_(float("nan") if which == 0 else FLOAT_SENTINEL)
+    elif t.dtype == torch.bool:
+        t.fill_(which == 0)
+    else:
+        info = torch.iinfo(t.dtype)
+        t.fill_(info.min if which == 0 else info.max)
+
+
+def _fmt_index(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    idx = []
+    for dim in reversed(shape):
+        idx.append(flat % dim if dim else 0)
+        flat //= dim if dim else 1
+    return tuple(reversed(idx))
+
+
+def compare(
+    name: str,
+    got: torch.Tensor,
+    expected: torch.Tensor,
+    rtol: float,
+    atol: float,
+    context: str = "",
+) -> Finding | None:
+    """Elementwise check ``|got - expected| <= atol + rtol * |expected|``.
+
+    NaN and infinities must match the reference exactly (same place, same sign); integer
+    tensors must be equal. The message names the first bad element.
+    """
+    if tuple(got.shape) != tuple(expected.shape):
+        return Finding("mismatch", f"{name}: shape {tuple(got.shape)} != expected {tuple(expected.shape)} {context}")
+    if not got.dtype.is_floating_point and not expected.dtype.is_floating_point:
+        bad = got.to(torch.int64) != expected.to(torch.int64)
+    else:
+        g = got.to(torch.float32)
+        e = expected.to(torch.float32)
+        close = (g - e).abs() <= atol + rtol * e.abs()
+        same_special = (torch.isnan(g) & torch.isnan(e)) | (torch.isinf(g) & torch.isinf(e) & (g == e))
+        bad = ~(close | same_special)
+    n_bad = int(bad.sum())
+    if n_bad == 0:
+        return None
+    flat = int(torch.nonzero(bad.reshape(-1))[0])
+    idx = _fmt_index(flat, tuple(got.shape))
+    gv = got.reshape(-1)[flat].item()
+    ev = expected.reshape(-1)[flat].item()
+    return Finding(
+        "mismatch",
+        f"{name}{list(idx)}: expected {ev:.6g}, got {gv:.6g} "
+        f"({n_bad} of {bad.numel()} elements outside rtol={rtol:g} atol={atol:g}) {context}".rstrip(),
+    )
+
+
+def unwritten(name: str, after_nan: torch.Tensor, after_sentinel: torch.Tensor, context: str = "") -> Finding | None:
+    """Elements that kept the poison through two launches with different poisons."""
+    if after_nan.dtype.is_floating_point:
+        a = after_nan.to(torch.float32)
+        b = after_sentinel.to(torch.float32)
+        left = torch.isnan(a) & (b == FLOAT_SENTINEL)
+    else:
+        info = torch.iinfo(after_nan.dtype) if after_nan.dtype != torch.bool else None
+        if info is None:
+            return None
+        left = (after_nan == info.min) & (after_sentinel == info.max)
+    n = int(left.sum())
+    if n == 0:
+        return None
+    flat = int(torch.nonzero(left.reshape(-1))[0])
+    return Finding(
+        "partial_output",
+        f"{name}: {n} of {left.numel()} output elements were never written, first at "
+        f"{list(_fmt_index(flat, tuple(after_nan.shape)))} {context}".rstrip(),
+    )
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-for-bit equality (NaN payloads included)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return bool(torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)))
+
+
+def check_inputs_unchanged(
+    inputs: dict[str, torch.Tensor], pristine: dict[str, torch.Tensor], names: list[str], context: str = ""
+) -> Finding | None:
+    """Input-only tensors must be bitwise unchanged after the launch."""
+    for name in names:
+        if not bitwise_equal(inputs[name], pristine[name]):
+            diff = (inputs[name].contiguous().view(torch.uint8) != pristine[name].contiguous().view(torch.uint8))
+            n = int(diff.sum())
+            return Finding(
+                "input_mutation",
+                f"input {name} was modified by the kernel ({n} bytes changed) {context}; "
+                "only out/inout arguments may be written".rstrip(),
+            )
+    return None
+
+
+def check_outputs(
+    written: dict[str, torch.Tensor],
+    expected: dict[str, Any],
+    tolerance: dict[str, tuple[float, float]],
+    compare_hook: Any = None,
+    context: str = "",
+) -> Finding | None:
+    """Compares every written argument with its expected value (or the spec's hook)."""
+    for name, got in written.items():
+        if compare_hook is not None:
+            msg = compare_hook(name, got, expected[name])
+            if msg:
+                return Finding("mismatch", f"{msg} {context}".rstrip())
+            continue
+        rtol, atol = tolerance[name]
+        finding = compare(name, got, expected[name], rtol, atol, context)
+        if finding:
+            return finding
+    return None

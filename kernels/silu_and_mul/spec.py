@@ -1,0 +1,86 @@
+"""silu_and_mul: x [T, 2d] -> out [T, d], out = silu(x[:, :d]) * x[:, d:] (fp32 math)."""
+
+from __future__ import annotations
+
+from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, d = shape["num_tokens"], shape["d"]
+    if case == "zeros":
+        x = torch.zeros(t, 2 * d, device=device, dtype=torch.float32)
+    elif case == "wide":
+        # Magnitudes from 1e-4 to ~150 with random signs: exercises tiny values and the
+        # exp overflow region of the gate while the product stays inside fp16's range.
+        mag = 10 ** (torch.rand(t, 2 * d, generator=generator, device=device) * 6.2 - 4.0)
+        sign = torch.randint(0, 2, (t, 2 * d), generator=generator, device=device) * 2 - 1
+        x = mag * sign
+    else:
+        x = torch.randn(t, 2 * d, generator=generator, device=device) * 2.0
+    return {
+        "x": x.to(dtype),
+        "out": torch.empty(t, d, device=device, dtype=dtype),
+    }
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    d = shape["d"]
+    x = inputs["x"].float()
+    return {"out": torch.nn.functional.silu(x[:, :d]) * x[:, d:]}
+
+
+def torch_eager(t, shape, constants):
+    import torch
+
+    d = shape["d"]
+    x = t["x"]
+    t["out"].copy_(torch.nn.functional.silu(x[:, :d]) * x[:, d:])
+
+
+def flashinfer(t, shape, constants):
+    import flashinfer as fi
+
+    fi.activation.silu_and_mul(t["x"], out=t["out"])
+
+
+SPEC = KernelSpec(
+    name="silu_and_mul",
+    description=(
+        "SwiGLU activation of an LLM MLP. x has shape [num_tokens, 2*d] (gate then up, row-major, "
+        "contiguous); out has shape [num_tokens, d]. out[t, i] = silu(x[t, i]) * x[t, d + i] with "
+        "silu(v) = v / (1 + exp(-v)), computed in fp32 and rounded once to the element type. "
+        "2*d*sizeof(scalar_t) is a multiple of 16 bytes. Memory-bound: reads 2d and writes d elements per token."
+    ),
+    args=(
+        Arg("out", "tensor", role="out"),
+        Arg("x", "tensor"),
+        Arg("num_tokens", "int"),
+        Arg("d", "int"),
+    ),
+    search_shapes=(
+        {"num_tokens": 1, "d": 11008},
+        {"num_tokens": 16, "d": 14336},
+        {"num_tokens": 128, "d": 14336},
+        {"num_tokens": 512, "d": 11008},
+        {"num_tokens": 1024, "d": 13824},
+        {"num_tokens": 4096, "d": 14336},
+    ),
+    heldout_shapes=(
+        {"num_tokens": 7, "d": 18944},
+        {"num_tokens": 77, "d": 768},
+        {"num_tokens": 333, "d": 28672},
+        {"num_tokens": 2048, "d": 18432},
+        {"num_tokens": 8191, "d": 4096},
+    ),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: 3 * s["num_tokens"] * s["d"] * (4 if dt == "float32" else 2),
+    flops=lambda s: 6 * s["num_tokens"] * s["d"],
+    dtypes=("float16", "bfloat16"),
+    edge_cases=("zeros", "wide"),
+    peers={"torch_eager": torch_eager, "flashinfer": flashinfer},
+)

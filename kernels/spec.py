@@ -1,0 +1,294 @@
+"""Kernel specs: what a kernel computes, its argument list, shapes, inputs and tolerances.
+
+Each kernel of the library is a folder ``kernels/NAME/`` with ``spec.py`` (defining
+``SPEC = KernelSpec(...)``) and ``baseline.cu`` (the starting kernel, in the variant file
+format of :mod:`evaluators.launch`). Reference functions and input generators are torch code;
+they run in the evaluator's worker process on the GPU (or on the CPU in tests).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from evaluators.launch import LaunchSpec, LaunchSpecError, check_names, parse_launch_header
+
+LIBRARY_DIR = Path(__file__).resolve().parent
+SCALAR = "scalar"  # a tensor whose element type is the run's dtype (the macro scalar_t)
+
+Shape = Mapping[str, int]
+Tensors = dict[str, Any]  # name -> torch.Tensor (kept Any so this module imports without torch)
+
+# Output-dtype tolerances (rtol, atol) for |got - expected| <= atol + rtol * |expected|.
+# fp16/bf16: about four units in the last place, enough for a different (correct)
+# summation order and fast intrinsics, far too tight for a precision downgrade.
+DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
+    "float16": (4e-3, 1e-4),
+    "bfloat16": (3.2e-2, 1e-3),
+    "float32": (2e-5, 2e-5),
+}
+_C_TYPES = {
+    "float16": "__half",
+    "bfloat16": "__nv_bfloat16",
+    "float32": "float",
+    "int32": "int",
+    "int64": "long long",
+    "uint8": "unsigned char",
+    "float8_e4m3fn": "__nv_fp8_e4m3",
+}
+
+
+class KernelSpecError(ValueError):
+    """A kernel spec that is inconsistent or cannot be loaded; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument of the kernel's C signature, in order.
+
+    Attributes:
+        name: the C parameter name, also the key in input dicts and shapes.
+        kind: ``tensor`` (a device pointer), ``int`` (a shape symbol) or ``float`` (a constant
+            from ``KernelSpec.constants``).
+        dtype: for tensors, ``scalar`` (the run's dtype) or a torch dtype name.
+        role: for tensors: ``in`` (must be unchanged), ``out`` (fully written), ``inout``.
+        min_value: for ints: the smallest value a shape may give (1 for sizes, 0 for flags).
+    """
+
+    name: str
+    kind: Literal["tensor", "int", "float"]
+    dtype: str = SCALAR
+    role: Literal["in", "out", "inout"] = "in"
+    min_value: int = 1
+
+    def __post_init__(self) -> None:
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", self.name):
+            raise KernelSpecError(f"argument name {self.name!r} is not a C identifier")
+        if self.kind not in ("tensor", "int", "float"):
+            raise KernelSpecError(f"argument {self.name}: kind must be tensor, int or float")
+        if self.role not in ("in", "out", "inout"):
+            raise KernelSpecError(f"argument {self.name}: role must be in, out or inout")
+        if self.kind == "tensor" and self.dtype != SCALAR and self.dtype not in _C_TYPES:
+            raise KernelSpecError(f"argument {self.name}: unknown dtype {self.dtype!r}")
+
+    @property
+    def written(self) -> bool:
+        return self.kind == "tensor" and self.role in ("out", "inout")
+
+    def tensor_dtype(self, run_dtype: str) -> str:
+        return run_dtype if self.dtype == SCALAR else self.dtype
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """Everything the evaluator and the agents need to know about one kernel.
+
+    Attributes:
+        name: kernel name; also the ``extern "C" __global__`` entry symbol of every variant.
+        description: plain words for prompts and reports.
+        args: the C argument list every variant must keep.
+        dtypes: run dtypes (``float16``, ``bfloat16``, ``float32``) the kernel supports.
+        search_shapes: shapes the search optimises on (dicts over the int arguments).
+        heldout_shapes: shapes the search never sees, used to re-validate winners.
+        make_inputs: ``(shape, dtype, generator, case, device) -> {tensor arg: tensor}``;
+            output buffers included (the evaluator poisons them before each launch).
+        reference: ``(inputs, shape, constants) -> {written arg: fp32 tensor}``, computed
+            from the inputs as they were before the launch.
+        bytes_moved: ``(shape, dtype) -> int``, the minimum DRAM traffic of one launch.
+        flops: ``(shape) -> int``.
+        edge_cases: names of extra input cases ``make_inputs`` understands besides ``random``.
+        constants: values of the ``float`` arguments.
+        tolerances: per output dtype (rtol, atol); defaults to :data:`DEFAULT_TOLERANCES`.
+        compare: optional ``(name, got, expected) -> str | None`` for outputs that are not
+            compared elementwise (sets, permutations); returns a mismatch message or None.
+        peers: production implementations to time beside ours, ``(inputs, shape, constants)``
+            writing into the output tensors (imported lazily; may raise ImportError).
+        directory: the kernel's folder (set by the loader).
+    """
+
+    name: str
+    description: str
+    args: tuple[Arg, ...]
+    search_shapes: tuple[dict[str, int], ...]
+    heldout_shapes: tuple[dict[str, int], ...]
+    make_inputs: Callable[..., Tensors]
+    reference: Callable[..., Tensors]
+    bytes_moved: Callable[[Shape, str], int]
+    flops: Callable[[Shape], int]
+    dtypes: tuple[str, ...] = ("float16", "bfloat16")
+    edge_cases: tuple[str, ...] = ()
+    constants: Mapping[str, float] = field(default_factory=dict)
+    tolerances: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    compare: Callable[[str, Any, Any], str | None] | None = None
+    peers: Mapping[str, Callable[..., None]] = field(default_factory=dict)
+    directory: Path | None = None
+
+    def __post_init__(self) -> None:
+        names = [a.name for a in self.args]
+        if len(set(names)) != len(names):
+            raise KernelSpecError(f"{self.name}: argument names repeat: {names}")
+        if not any(a.written for a in self.args):
+            raise KernelSpecError(f"{self.name}: no argument is written (role out or inout)")
+        if not self.dtypes:
+            raise KernelSpecError(f"{self.name}: no run dtypes")
+        for d in self.dtypes:
+            if d not in ("float16", "bfloat16", "float32"):
+                raise KernelSpecError(f"{self.name}: unsupported run dtype {d!r}")
+        for a in self.args:
+            if a.kind == "float" and a.name not in self.constants:
+                raise KernelSpecError(f"{self.name}: float argument {a.name} needs a value in constants")
+        if not self.search_shapes:
+            raise KernelSpecError(f"{self.name}: no search shapes")
+        if not self.heldout_shapes:
+            raise KernelSpecError(f"{self.name}: no held-out shapes")
+        symbols = set(self.shape_symbols)
+        for shape in (*self.search_shapes, *self.heldout_shapes):
+            if set(shape) != symbols:
+                raise KernelSpecError(f"{self.name}: shape {dict(shape)} must give exactly {sorted(symbols)}")
+            minimum = {a.name: a.min_value for a in self.args if a.kind == "int"}
+            low = [k for k, v in shape.items() if int(v) < minimum[k]]
+            if low:
+                raise KernelSpecError(
+                    f"{self.name}: shape {dict(shape)} has a non-positive size or negative flag: "
+                    f"{low[0]}={shape[low[0]]}, below its min_value {minimum[low[0]]}"
+                )
+        overlap = {_shape_key(s) for s in self.search_shapes} & {_shape_key(s) for s in self.heldout_shapes}
+        if overlap:
+            raise KernelSpecError(f"{self.name}: held-out shapes repeat search shapes: {sorted(overlap)}")
+
+    @property
+    def shape_symbols(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.args if a.kind == "int")
+
+    @property
+    def written_args(self) -> tuple[Arg, ...]:
+        return tuple(a for a in self.args if a.written)
+
+    def shapes(self, which: str) -> tuple[dict[str, int], ...]:
+        if which == "search":
+            return self.search_shapes
+        if which == "heldout":
+            return self.heldout_shapes
+        raise KernelSpecError(f"shape set must be 'search' or 'heldout', got {which!r}")
+
+    def tolerance(self, dtype: str) -> tuple[float, float]:
+        return dict(DEFAULT_TOLERANCES, **self.tolerances).get(dtype, DEFAULT_TOLERANCES["float32"])
+
+    @property
+    def baseline_path(self) -> Path:
+        if self.directory is None:
+            raise KernelSpecError(f"{self.name}: spec has no directory; load it with load_kernel")
+        return self.directory / "baseline.cu"
+
+    def baseline_source(self) -> str:
+        return self.baseline_path.read_text()
+
+    def c_signature(self) -> list[tuple[str, bool]]:
+        """Per argument: (C base type, is pointer), in order, for ``scalar_t`` spelled out."""
+        out = []
+        for a in self.args:
+            if a.kind == "tensor":
+                out.append(("scalar_t" if a.dtype == SCALAR else _C_TYPES[a.dtype], True))
+            else:
+                out.append(("int" if a.kind == "int" else "float", False))
+        return out
+
+    def check_launch(self, launch: LaunchSpec) -> None:
+        check_names(launch, set(self.shape_symbols))
+
+
+def shape_label(shape: Shape) -> str:
+    """A compact label such as ``[4096, 14336]`` in argument order."""
+    return "[" + ", ".join(str(v) for v in shape.values()) + "]"
+
+
+def _shape_key(shape: Shape) -> tuple[tuple[str, int], ...]:
+    return tuple(sorted((k, int(v)) for k, v in shape.items()))
+
+
+_SIG_RE = r'extern\s+"C"\s+__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?{name}\s*\(([^)]*)\)'
+_QUALIFIERS = {"const", "__restrict__", "__restrict", "restrict", "volatile"}
+
+
+def check_signature(spec: KernelSpec, source: str) -> None:
+    """Checks that the variant defines the entry point with the spec's argument list.
+
+    Raises:
+        KernelSpecError: the entry is missing, or its parameters differ in count or type.
+    """
+    matches = re.findall(_SIG_RE.format(name=re.escape(spec.name)), source)
+    if not matches:
+        raise KernelSpecError(
+            f'no entry point `extern "C" __global__ void {spec.name}(...)` in the variant'
+        )
+    if len(matches) > 1:
+        raise KernelSpecError(f"the entry point {spec.name} is defined more than once")
+    params = [p.strip() for p in matches[0].split(",") if p.strip()]
+    expected = spec.c_signature()
+    if len(params) != len(expected):
+        raise KernelSpecError(
+            f"{spec.name} must take {len(expected)} arguments ({', '.join(a.name for a in spec.args)}), "
+            f"the variant declares {len(params)}"
+        )
+    for arg, param, (ctype, is_ptr) in zip(spec.args, params, expected, strict=True):
+        tokens = [t for t in re.findall(r"[A-Za-z_][A-Za-z0-9_]*|\*", param) if t not in _QUALIFIERS]
+        stars = tokens.count("*")
+        words = [t for t in tokens if t != "*"]
+        base = " ".join(words[:-1]) if len(words) > 1 else (words[0] if words else "")
+        if stars != int(is_ptr) or base != ctype:
+            want = f"{ctype}{'*' if is_ptr else ''}"
+            raise KernelSpecError(f"argument {arg.name} must be of type {want}, the variant has {param!r}")
+
+
+def _load_module(path: Path, module_name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise KernelSpecError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_kernel(name_or_dir: str | Path) -> KernelSpec:
+    """Loads a kernel by library name (``silu_and_mul``) or by folder path.
+
+    Raises:
+        KernelSpecError: the folder, ``spec.py``, ``SPEC`` or ``baseline.cu`` is missing, or
+            the baseline's launch header or signature does not fit the spec.
+    """
+    path = Path(name_or_dir)
+    directory = path if path.is_dir() else LIBRARY_DIR / str(name_or_dir)
+    spec_file = directory / "spec.py"
+    if not spec_file.is_file():
+        known = ", ".join(list_kernels()) or "none"
+        raise KernelSpecError(f"no kernel {str(name_or_dir)!r}: {spec_file} does not exist (library: {known})")
+    module = _load_module(spec_file, f"_kernel_spec_{directory.name}")
+    spec = getattr(module, "SPEC", None)
+    if not isinstance(spec, KernelSpec):
+        raise KernelSpecError(f"{spec_file} must define SPEC = KernelSpec(...)")
+    object.__setattr__(spec, "directory", directory.resolve())
+    if not spec.baseline_path.is_file():
+        raise KernelSpecError(f"{spec.name}: missing {spec.baseline_path}")
+    source = spec.baseline_source()
+    try:
+        spec.check_launch(parse_launch_header(source))
+    except LaunchSpecError as exc:
+        raise KernelSpecError(f"{spec.name}: baseline launch header: {exc}") from None
+    check_signature(spec, source)
+    return spec
+
+
+def list_kernels(library: Path = LIBRARY_DIR) -> list[str]:
+    """Names of the kernels in a library folder (each subfolder with a spec.py)."""
+    return sorted(p.parent.name for p in Path(library).glob("*/spec.py"))
+
+
+def load_library(library: Path = LIBRARY_DIR, names: Sequence[str] | None = None) -> list[KernelSpec]:
+    chosen = names if names else list_kernels(library)
+    return [load_kernel(Path(library) / n) for n in chosen]

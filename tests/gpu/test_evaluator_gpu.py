@@ -1,0 +1,109 @@
+"""GPU tests of the evaluator (issue: kernel library and GPU evaluator). Run on an H200:
+``python -m pytest -m gpu tests/gpu``. Skipped cleanly without a GPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from evaluators.api import EvalRequest, TimingConfig
+from evaluators.variant import Variant
+from evaluators.verdict import Status
+from kernels.spec import list_kernels, load_kernel
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+ROOT = Path(__file__).resolve().parents[2]
+
+WRONG_SILU = """
+// launch: grid=(num_tokens,) block=(256,) smem=0
+extern "C" __global__ void silu_and_mul(scalar_t* out, const scalar_t* x, int num_tokens, int d) {
+    const long long t = blockIdx.x;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        float g = static_cast<float>(x[t * 2 * d + i]);
+        float u = static_cast<float>(x[t * 2 * d + d + i]);
+        out[t * d + i] = static_cast<scalar_t>(g / (1.0f + expf(-g)) * u * 1.01f);  // 1% off
+    }
+}
+"""
+ILLEGAL_ADDRESS_SILU = """
+// launch: grid=(num_tokens,) block=(256,) smem=0
+extern "C" __global__ void silu_and_mul(scalar_t* out, const scalar_t* x, int num_tokens, int d) {
+    scalar_t* far = out + (1ll << 40);  // far outside any allocation
+    far[threadIdx.x] = x[0];
+}
+"""
+HANG_SILU = """
+// launch: grid=(num_tokens,) block=(256,) smem=0
+extern "C" __global__ void silu_and_mul(scalar_t* out, const scalar_t* x, int num_tokens, int d) {
+    volatile int spin = 1;
+    while (spin) { }
+    out[0] = x[0];
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def evaluator():
+    from evaluators.gpu import GpuEvaluator
+
+    ev = GpuEvaluator(step_timeout_s=15.0)
+    yield ev
+    ev.close()
+
+
+def _baseline(kernel: str) -> Variant:
+    spec = load_kernel(kernel)
+    return Variant(spec.name, spec.baseline_source(), author="baseline")
+
+
+@pytest.mark.parametrize("kernel", list_kernels())
+def test_every_baseline_validates_on_all_shapes_and_dtypes(evaluator, kernel):
+    spec = load_kernel(kernel)
+    for dtype in spec.dtypes:
+        for shape_set in ("search", "heldout"):
+            ev = evaluator.evaluate(EvalRequest(kernel, _baseline(kernel), dtype=dtype, shape_set=shape_set, time=False))
+            assert ev.status is Status.OK, f"{kernel} {dtype} {shape_set}: {ev.status} {ev.message}"
+
+
+@pytest.mark.parametrize("kernel", ["silu_and_mul", "fused_add_rmsnorm", "merge_attn_states_lse"])
+def test_baseline_against_itself_is_within_noise(evaluator, kernel):
+    if kernel not in list_kernels():
+        pytest.skip(f"{kernel} not in the library")
+    ev = evaluator.evaluate(EvalRequest(kernel, _baseline(kernel), timing=TimingConfig.full()))
+    assert ev.status is Status.OK, ev.message
+    assert 0.98 <= ev.speedup <= 1.02, f"A/A geomean {ev.speedup:.4f}"
+
+
+def test_hand_written_fast_variant_is_measured_faster(evaluator):
+    variants = sorted((ROOT / "experiments" / "variants" / "silu_and_mul").glob("*.cu"))
+    if not variants:
+        pytest.skip("no hand-written silu_and_mul variant")
+    ev = evaluator.evaluate(EvalRequest("silu_and_mul", Variant("silu_and_mul", variants[0].read_text()),
+                                        timing=TimingConfig.full()))
+    assert ev.status is Status.OK, ev.message
+    assert ev.speedup > 1.2, f"speedup {ev.speedup:.3f}"
+
+
+def test_wrong_variant_is_incorrect_with_first_mismatch(evaluator):
+    ev = evaluator.evaluate(EvalRequest("silu_and_mul", Variant("silu_and_mul", WRONG_SILU), time=False))
+    assert ev.status is Status.INCORRECT
+    assert "out[" in ev.message and "expected" in ev.message and "got" in ev.message and "shape" in ev.message
+
+
+def test_illegal_address_is_crash_and_next_variant_is_fine(evaluator):
+    ev = evaluator.evaluate(EvalRequest("silu_and_mul", Variant("silu_and_mul", ILLEGAL_ADDRESS_SILU), time=False))
+    assert ev.status is Status.CRASH, ev.message
+    after = evaluator.evaluate(EvalRequest("silu_and_mul", _baseline("silu_and_mul"), time=False))
+    assert after.status is Status.OK, after.message
+
+
+def test_infinite_loop_is_timeout_and_evaluator_recovers(evaluator):
+    ev = evaluator.evaluate(EvalRequest("silu_and_mul", Variant("silu_and_mul", HANG_SILU), time=False))
+    assert ev.status is Status.TIMEOUT, ev.message
+    after = evaluator.evaluate(EvalRequest("silu_and_mul", _baseline("silu_and_mul"), time=False))
+    assert after.status is Status.OK, after.message
