@@ -77,7 +77,8 @@ def compare(
     else:
         g = got.to(torch.float32)
         e = expected.to(torch.float32)
-        close = (g - e).abs() <= atol + rtol * e.abs()
+        # infinities must match exactly: |inf - (-inf)| <= inf would otherwise pass
+        close = ((g - e).abs() <= atol + rtol * e.abs()) & torch.isfinite(g) & torch.isfinite(e)
         same_special = (torch.isnan(g) & torch.isnan(e)) | (torch.isinf(g) & torch.isinf(e) & (g == e))
         bad = ~(close | same_special)
     n_bad = int(bad.sum())

@@ -1,0 +1,98 @@
+"""CPU tests of the output checks and integrity findings used by the sandbox worker."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from evaluators import validate as V
+
+
+def test_compare_accepts_values_within_tolerance_and_reports_first_mismatch():
+    expected = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    assert V.compare("out", expected.half(), expected, 4e-3, 1e-4) is None
+    got = expected.clone()
+    got[1, 0] = 3.1
+    finding = V.compare("out", got, expected, 4e-3, 1e-4, "(shape [2, 2])")
+    assert finding is not None and finding.kind == "mismatch"
+    assert "out[1, 0]" in finding.message and "expected 3" in finding.message and "got 3.1" in finding.message
+    assert "1 of 4" in finding.message and "(shape [2, 2])" in finding.message
+
+
+def test_compare_treats_nan_and_inf_as_failures_unless_reference_has_them():
+    expected = torch.tensor([1.0, math.inf, math.nan, -math.inf])
+    assert V.compare("o", expected.clone(), expected, 1e-3, 1e-5) is None
+    got = expected.clone()
+    got[0] = math.nan
+    assert V.compare("o", got, expected, 1e-3, 1e-5) is not None
+    got = expected.clone()
+    got[1] = -math.inf  # wrong sign of infinity
+    assert V.compare("o", got, expected, 1e-3, 1e-5) is not None
+    got = expected.clone()
+    got[2] = 0.0  # reference NaN, kernel finite
+    assert V.compare("o", got, expected, 1e-3, 1e-5) is not None
+
+
+def test_compare_integers_exactly_and_shapes():
+    e = torch.tensor([1, 2, 3], dtype=torch.int32)
+    assert V.compare("ids", e.clone(), e, 0.1, 10.0) is None
+    assert V.compare("ids", torch.tensor([1, 2, 4], dtype=torch.int32), e, 0.1, 10.0) is not None
+    assert "shape" in V.compare("ids", e[:2], e, 0.1, 1.0).message
+
+
+def test_precision_downgrade_fails_fp16_tolerance():
+    x = torch.linspace(-4, 4, 4096)
+    expected = torch.nn.functional.silu(x) * x
+    # bf16-precision arithmetic passed off as an fp16 result: errors of ~2^-8 relative
+    downgraded = (torch.nn.functional.silu(x.bfloat16()) * x.bfloat16()).half()
+    assert V.compare("out", downgraded, expected, 4e-3, 1e-4) is not None
+    assert V.compare("out", expected.half(), expected, 4e-3, 1e-4) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.int32, torch.int64])
+def test_unwritten_elements_are_found_through_two_poisons(dtype):
+    a = torch.empty(8, dtype=dtype)
+    b = torch.empty(8, dtype=dtype)
+    V.poison_(a, 0)
+    V.poison_(b, 1)
+    a[:6] = 1
+    b[:6] = 1
+    finding = V.unwritten("out", a, b)
+    assert finding is not None and finding.kind == "partial_output"
+    assert "2 of 8" in finding.message and "[6]" in finding.message
+    a[6:] = 0
+    b[6:] = 0
+    assert V.unwritten("out", a, b) is None
+
+
+def test_a_kernel_that_writes_nan_is_not_called_partial():
+    a = torch.full((4,), math.nan)
+    b = torch.full((4,), math.nan)  # wrote NaN both times: a wrong result, not unwritten memory
+    assert V.unwritten("out", a, b) is None
+
+
+def test_input_mutation_is_detected_bitwise():
+    x = torch.randn(16).half()
+    pristine = {"x": x.clone()}
+    assert V.check_inputs_unchanged({"x": x}, pristine, ["x"]) is None
+    x[3] = -x[3]
+    finding = V.check_inputs_unchanged({"x": x}, pristine, ["x"])
+    assert finding is not None and finding.kind == "input_mutation" and finding.is_guard
+
+
+def test_bitwise_equal_distinguishes_signed_zero_and_nan_payloads():
+    assert V.bitwise_equal(torch.tensor([0.0]), torch.tensor([0.0]))
+    assert not V.bitwise_equal(torch.tensor([0.0]), torch.tensor([-0.0]))
+    assert V.bitwise_equal(torch.tensor([math.nan]), torch.tensor([math.nan]))
+
+
+def test_check_outputs_uses_the_spec_hook_when_given():
+    def as_sets(name, got, expected):
+        return None if set(got.tolist()) == set(expected.tolist()) else f"{name}: sets differ"
+
+    got = {"ids": torch.tensor([3, 1, 2])}
+    assert V.check_outputs(got, {"ids": torch.tensor([1, 2, 3])}, {}, as_sets) is None
+    finding = V.check_outputs(got, {"ids": torch.tensor([1, 2, 4])}, {}, as_sets)
+    assert finding is not None and "sets differ" in finding.message
