@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,9 @@ PEERS = ["flashinfer", "torch_compile", "torch_eager", "liger"]
 
 
 def git_commit() -> str:
+    """The commit under test; KERNEL_SEARCH_COMMIT wins (the GPU machine gets no .git)."""
+    if os.environ.get("KERNEL_SEARCH_COMMIT"):
+        return os.environ["KERNEL_SEARCH_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
