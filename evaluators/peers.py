@@ -22,15 +22,20 @@ from kernels.spec import KernelSpec, shape_label
 
 
 def _compiled_reference(spec: KernelSpec) -> Callable[..., None]:
-    """torch.compile of the fp32 reference, writing rounded results into the outputs."""
+    """torch.compile of the fp32 reference, writing rounded results into the outputs.
+
+    Compiled afresh for every shape and dtype (static shapes, caches reset): the peer gets
+    kernels specialised to the shape, as a serving engine's compiled graph would, instead of
+    a dynamic-shape kernel or, past dynamo's recompile limit, silent eager fallback.
+    """
+    torch._dynamo.reset()
 
     def body(t: dict[str, torch.Tensor], shape: dict[str, int], constants: Any) -> None:
         expected = spec.reference(t, shape, constants)
         for name, value in expected.items():
             t[name].copy_(value)
 
-    compiled = torch.compile(body)
-    return compiled
+    return torch.compile(body, dynamic=False)
 
 
 def _peer_fns(spec: KernelSpec) -> dict[str, Callable[..., None]]:
@@ -89,7 +94,6 @@ def run_peers(ctx: Any, job: dict[str, Any], beat: Callable[[str], None]) -> dic
         name: Kernel(part["cubin"], spec, {shape_label(s): LaunchConfig(*c) for s, c in zip(shapes, part["launches"], strict=True)})
         for name, part in job.get("kernels", {}).items()
     }
-    fns = _peer_fns(spec)
     times: dict[str, dict[str, float]] = {}
     spreads: dict[str, dict[str, float]] = {}
     errors: dict[str, str] = {}
@@ -98,6 +102,7 @@ def run_peers(ctx: Any, job: dict[str, Any], beat: Callable[[str], None]) -> dic
         sets = [spec.make_inputs(shape, getattr(torch, dtype), torch.Generator(device=ctx.device).manual_seed(20_000 + k),
                                  "random", ctx.device) for k in (0, 1)]
         impls = [_timed_kernel(n, k, spec, shape, sets) for n, k in ours.items()]
+        fns = _peer_fns(spec)
         for name, fn in fns.items():
             if name in errors:
                 continue

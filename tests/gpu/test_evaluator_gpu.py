@@ -40,8 +40,9 @@ extern "C" __global__ void silu_and_mul(scalar_t* out, const scalar_t* x, int nu
 HANG_SILU = """
 // launch: grid=(num_tokens,) block=(256,) smem=0
 extern "C" __global__ void silu_and_mul(scalar_t* out, const scalar_t* x, int num_tokens, int d) {
-    volatile int spin = 1;
-    while (spin) { }
+    // clock64() is volatile: the loop cannot be optimised away, and it never ends
+    const long long t0 = clock64();
+    while (clock64() - t0 >= 0) { }
     out[0] = x[0];
 }
 """
