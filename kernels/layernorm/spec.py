@@ -1,0 +1,97 @@
+"""layernorm: out = (x - mean) * rsqrt(var + eps) * weight + bias per row (fp32 math)."""
+
+from __future__ import annotations
+
+from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, h = shape["num_tokens"], shape["hidden"]
+    x = torch.randn(t, h, generator=generator, device=device)
+    if case == "zeros":
+        x.zero_()  # variance 0: out = bias, only eps keeps rsqrt finite
+    elif case == "offset":
+        # Mean 300, spread 1: E[x^2] - E[x]^2 in fp32 cancels catastrophically, the
+        # variance has to be taken around the mean.
+        x = 300.0 + x
+    w = 1.0 + 0.5 * torch.randn(h, generator=generator, device=device)
+    b = 0.5 * torch.randn(h, generator=generator, device=device)
+    return {
+        "out": torch.empty(t, h, device=device, dtype=dtype),
+        "input": x.to(dtype),
+        "weight": w.to(dtype),
+        "bias": b.to(dtype),
+    }
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    x = inputs["input"].float()
+    out = torch.nn.functional.layer_norm(
+        x, (shape["hidden"],), inputs["weight"].float(), inputs["bias"].float(), constants["eps"]
+    )
+    return {"out": out}
+
+
+def torch_eager(t, shape, constants):
+    import torch
+
+    y = torch.nn.functional.layer_norm(t["input"], (shape["hidden"],), t["weight"], t["bias"], constants["eps"])
+    t["out"].copy_(y)
+
+
+def liger(t, shape, constants):
+    from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+
+    # Liger returns a new tensor; the copy into out is part of what this peer costs.
+    t["out"].copy_(LigerLayerNormFunction.apply(t["input"], t["weight"], t["bias"], constants["eps"]))
+
+
+SPEC = KernelSpec(
+    name="layernorm",
+    description=(
+        "LayerNorm with weight and bias, out of place. input and out have shape "
+        "[num_tokens, hidden] (row-major, contiguous); weight and bias have shape [hidden]. Per row, "
+        "in fp32: mean = sum(x) / hidden; var = sum((x - mean)^2) / hidden (biased); "
+        "out = (x - mean) * rsqrt(var + eps) * weight + bias, rounded once. eps = 1e-5. Rows can "
+        "have a large mean and a small spread, so E[x^2] - mean^2 is not accurate enough. "
+        "Memory-bound: reads and writes hidden elements per token."
+    ),
+    args=(
+        Arg("out", "tensor", role="out"),
+        Arg("input", "tensor"),
+        Arg("weight", "tensor"),
+        Arg("bias", "tensor"),
+        Arg("num_tokens", "int"),
+        Arg("hidden", "int"),
+        Arg("eps", "float"),
+    ),
+    # GPT-NeoX-20B / StarCoder2-15B 6144, Falcon-7B 4544, Falcon-40B 8192, Phi-2 2560,
+    # CLIP/ViT-H 1280, ViT-L 1024.
+    search_shapes=(
+        {"num_tokens": 1, "hidden": 4096},
+        {"num_tokens": 16, "hidden": 2560},
+        {"num_tokens": 128, "hidden": 6144},
+        {"num_tokens": 333, "hidden": 1280},
+        {"num_tokens": 512, "hidden": 4544},
+        {"num_tokens": 1024, "hidden": 8192},
+        {"num_tokens": 4096, "hidden": 4096},
+    ),
+    heldout_shapes=(
+        {"num_tokens": 7, "hidden": 8192},
+        {"num_tokens": 77, "hidden": 1024},
+        {"num_tokens": 2048, "hidden": 6144},
+        {"num_tokens": 8191, "hidden": 2560},
+    ),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: (2 * s["num_tokens"] + 2) * s["hidden"] * (4 if dt == "float32" else 2),
+    flops=lambda s: 7 * s["num_tokens"] * s["hidden"],
+    dtypes=("float16", "bfloat16"),
+    edge_cases=("zeros", "offset"),
+    constants={"eps": 1e-5},
+    peers={"torch_eager": torch_eager, "liger_kernel": liger},
+)

@@ -1,0 +1,104 @@
+"""merge_attn_states_multi: merge P partial attention states (values + base-2 LSE) into one."""
+
+from __future__ import annotations
+
+from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    p, t, h, d = shape["num_states"], shape["num_tokens"], shape["num_heads"], shape["head_dim"]
+    v = torch.randn(p, t, h, d, generator=generator, device=device)
+    lse = torch.randn(p, t, h, generator=generator, device=device) * 4.0
+    if case == "neg_inf_state":
+        # One state per (token, head) saw no keys (lse = -inf): it must get weight 0.
+        drop = torch.randint(0, p, (1, t, h), generator=generator, device=device)
+        states = torch.arange(p, device=device)[:, None, None]
+        lse = torch.where(states == drop, torch.full_like(lse, float("-inf")), lse)
+    elif case == "all_neg_inf":
+        lse[:, ::2] = float("-inf")  # by definition: out = 0, lse_out = -inf
+    elif case == "lse_gap":
+        lse = lse * 10.0  # weights 2^-100 and below: underflow must not produce NaN
+    return {
+        "v_out": torch.empty(t, h, d, device=device, dtype=dtype),
+        "lse_out": torch.empty(t, h, device=device, dtype=torch.float32),
+        "v": v.to(dtype),
+        "lse": lse.contiguous(),
+    }
+
+
+def _merge(v, lse):
+    import torch
+
+    m = lse.amax(dim=0)
+    any_state = torch.isfinite(m)
+    m = torch.where(any_state, m, torch.zeros_like(m))
+    w = torch.exp2(lse - m)  # exactly 0 for lse = -inf
+    s = w.sum(dim=0)
+    out = (v.float() * w[..., None]).sum(dim=0) / torch.where(any_state, s, torch.ones_like(s))[..., None]
+    lse_out = torch.where(any_state, torch.log2(s) + m, torch.full_like(m, float("-inf")))
+    return out, lse_out
+
+
+def reference(inputs, shape, constants):
+    out, lse_out = _merge(inputs["v"], inputs["lse"])
+    return {"v_out": out, "lse_out": lse_out}
+
+
+def torch_eager(t, shape, constants):
+    out, lse_out = _merge(t["v"], t["lse"])
+    t["v_out"].copy_(out)
+    t["lse_out"].copy_(lse_out)
+
+
+SPEC = KernelSpec(
+    name="merge_attn_states_multi",
+    description=(
+        "Multi-way merge of partial attention states (split-KV decode, cascade attention). "
+        "v is [num_states, num_tokens, num_heads, head_dim] (contiguous, scalar_t), lse is fp32 "
+        "[num_states, num_tokens, num_heads] in base 2 (finite or -inf); v_out is "
+        "[num_tokens, num_heads, head_dim] and lse_out fp32 [num_tokens, num_heads]. Per token and "
+        "head, in fp32: m = max_p lse[p]; w_p = 2^(lse[p] - m); S = sum_p w_p; "
+        "v_out = sum_p v[p] * w_p / S rounded once; lse_out = log2(S) + m. If every state has "
+        "lse = -inf: v_out = 0 and lse_out = -inf. Memory-bound: reads num_states values per output."
+    ),
+    args=(
+        Arg("v_out", "tensor", role="out"),
+        Arg("lse_out", "tensor", dtype="float32", role="out"),
+        Arg("v", "tensor"),
+        Arg("lse", "tensor", dtype="float32"),
+        Arg("num_states", "int"),
+        Arg("num_tokens", "int"),
+        Arg("num_heads", "int"),
+        Arg("head_dim", "int"),
+    ),
+    # Llama-style 32/40/8 heads of 128; DeepSeek MLA decode with 16 or 128 heads of 512.
+    search_shapes=(
+        {"num_states": 4, "num_tokens": 1, "num_heads": 32, "head_dim": 128},
+        {"num_states": 8, "num_tokens": 16, "num_heads": 32, "head_dim": 128},
+        {"num_states": 16, "num_tokens": 128, "num_heads": 128, "head_dim": 512},
+        {"num_states": 4, "num_tokens": 333, "num_heads": 16, "head_dim": 512},
+        {"num_states": 4, "num_tokens": 512, "num_heads": 32, "head_dim": 128},
+        {"num_states": 8, "num_tokens": 1024, "num_heads": 8, "head_dim": 128},
+        {"num_states": 2, "num_tokens": 4096, "num_heads": 32, "head_dim": 128},
+    ),
+    heldout_shapes=(
+        {"num_states": 3, "num_tokens": 7, "num_heads": 28, "head_dim": 128},
+        {"num_states": 8, "num_tokens": 77, "num_heads": 64, "head_dim": 128},
+        {"num_states": 4, "num_tokens": 2048, "num_heads": 8, "head_dim": 128},
+        {"num_states": 2, "num_tokens": 8191, "num_heads": 32, "head_dim": 128},
+        {"num_states": 5, "num_tokens": 64, "num_heads": 16, "head_dim": 512},
+    ),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: (s["num_states"] + 1) * s["num_tokens"] * s["num_heads"] * (
+        s["head_dim"] * (4 if dt == "float32" else 2) + 4
+    ),
+    flops=lambda s: s["num_tokens"] * s["num_heads"] * (
+        s["head_dim"] * (2 * s["num_states"] + 1) + 3 * s["num_states"]
+    ),
+    dtypes=("float16", "bfloat16"),
+    edge_cases=("neg_inf_state", "all_neg_inf", "lse_gap"),
+    peers={"torch_eager": torch_eager},
+)

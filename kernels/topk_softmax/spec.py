@@ -1,0 +1,101 @@
+"""topk_softmax: MoE routing. gating [T, E] -> fp32 softmax top-k weights [T, k] and int32 ids."""
+
+from __future__ import annotations
+
+from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, e, k = shape["num_tokens"], shape["num_experts"], shape["topk"]
+    z = torch.randn(t, e, generator=generator, device=device)
+    if case == "ties":
+        logits = torch.zeros(t, e, device=device)  # every expert ties: ids 0..k-1
+    elif case == "large_logits":
+        # Logits around 100: exp overflows fp32 unless the row maximum is subtracted first.
+        logits = 100.0 + (z * 10.0).round().clamp(-30.0, 30.0)
+    else:
+        # Logits on a 1/32 grid (exact in fp16 and bf16): two distinct logits are far apart
+        # compared with fp32 exp error, so the selection is unambiguous, and exact ties occur
+        # often enough to exercise the lower-index rule.
+        logits = (z * 64.0).round().clamp(-256.0, 256.0) / 32.0
+    return {
+        "topk_weights": torch.empty(t, k, device=device, dtype=torch.float32),
+        "topk_ids": torch.empty(t, k, device=device, dtype=torch.int32),
+        "gating_output": logits.to(dtype),
+    }
+
+
+def _route(gating, k, renormalize):
+    import torch
+
+    probs = torch.softmax(gating.float(), dim=-1)
+    # A stable descending sort keeps equal probabilities in index order: ties go to the lower id.
+    ids = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :k]
+    weights = probs.gather(1, ids)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    weights, ids = _route(inputs["gating_output"], shape["topk"], shape["renormalize"])
+    return {"topk_weights": weights, "topk_ids": ids.to(torch.int32)}
+
+
+def torch_eager(t, shape, constants):
+    # A stable sort rather than torch.topk: topk may order (or pick) tied experts differently.
+    weights, ids = _route(t["gating_output"], shape["topk"], shape["renormalize"])
+    t["topk_weights"].copy_(weights)
+    t["topk_ids"].copy_(ids)
+
+
+SPEC = KernelSpec(
+    name="topk_softmax",
+    description=(
+        "MoE router: softmax over experts, then top-k. gating_output has shape "
+        "[num_tokens, num_experts] (row-major, contiguous, element type scalar_t); topk_weights is "
+        "fp32 [num_tokens, topk] and topk_ids is int32 [num_tokens, topk]. Per row, in fp32: "
+        "p = softmax(gating) (subtract the row max first: logits can be ~130); pick the topk "
+        "experts with the largest p in descending order of p, equal p going to the lower expert "
+        "index; topk_ids holds their indices and topk_weights their p. If renormalize is nonzero, "
+        "topk_weights is divided by its row sum. Ids are compared exactly. Small rows: "
+        "num_experts is 8 to 256 and need not be a power of two."
+    ),
+    args=(
+        Arg("topk_weights", "tensor", dtype="float32", role="out"),
+        Arg("topk_ids", "tensor", dtype="int32", role="out"),
+        Arg("gating_output", "tensor"),
+        Arg("num_tokens", "int"),
+        Arg("num_experts", "int"),
+        Arg("topk", "int"),
+        Arg("renormalize", "int", min_value=0),
+    ),
+    # Mixtral 8 experts top-2 (renormalised), Qwen3-30B-A3B 128 top-8 (renormalised),
+    # DeepSeek-V3-sized 256 top-8, OLMoE 64 top-8, Qwen1.5-MoE 60 top-4, DBRX 16 top-4.
+    search_shapes=(
+        {"num_tokens": 1, "num_experts": 8, "topk": 2, "renormalize": 1},
+        {"num_tokens": 16, "num_experts": 128, "topk": 8, "renormalize": 1},
+        {"num_tokens": 128, "num_experts": 256, "topk": 8, "renormalize": 0},
+        {"num_tokens": 333, "num_experts": 64, "topk": 8, "renormalize": 0},
+        {"num_tokens": 512, "num_experts": 8, "topk": 2, "renormalize": 1},
+        {"num_tokens": 1024, "num_experts": 128, "topk": 8, "renormalize": 1},
+        {"num_tokens": 4096, "num_experts": 256, "topk": 8, "renormalize": 0},
+    ),
+    heldout_shapes=(
+        {"num_tokens": 7, "num_experts": 60, "topk": 4, "renormalize": 0},
+        {"num_tokens": 77, "num_experts": 16, "topk": 4, "renormalize": 1},
+        {"num_tokens": 2048, "num_experts": 128, "topk": 8, "renormalize": 0},
+        {"num_tokens": 8191, "num_experts": 8, "topk": 2, "renormalize": 1},
+    ),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: s["num_tokens"] * (s["num_experts"] * (4 if dt == "float32" else 2) + 8 * s["topk"]),
+    flops=lambda s: 4 * s["num_tokens"] * s["num_experts"],
+    dtypes=("float16", "bfloat16"),
+    edge_cases=("ties", "large_logits"),
+    peers={"torch_eager": torch_eager},
+)
