@@ -1,0 +1,107 @@
+"""The embedded (offline) agent: a rule-based planner and a source-transforming coder.
+
+It needs no network and no GPU: it reads the parent's evaluation and the lineage history,
+ranks plans by its seeded strategy, applies them as source transformations or family
+recipes, and proposes only variants that keep the signature, have a valid launch header on
+every shape, and compile with NVRTC.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from functools import lru_cache
+
+from agents.base import Agent, AgentContext, Attempt, Proposal
+from agents.embedded.coder import Applied, apply_plan, check_variant
+from agents.embedded.planner import Signals, candidate_plans, learn, rank_plans
+from agents.embedded.recipes import recipes_for
+from agents.embedded.strategies import STRATEGIES, pick_strategy
+from evaluators.variant import Variant, source_hash
+from kernels.spec import KernelSpec, load_kernel
+
+__all__ = ["EmbeddedAgent", "STRATEGIES"]
+
+
+@lru_cache(maxsize=64)
+def _spec(kernel: str) -> KernelSpec:
+    # Specs hold functions from dynamically imported modules: cached per process, never pickled.
+    return load_kernel(kernel)
+
+
+class EmbeddedAgent(Agent):
+    """Offline planner/coder pair.
+
+    Args:
+        seed: drives the strategy choice (when ``strategy`` is None) and the tie-breaking
+            jitter, so agents of one population explore differently.
+        strategy: one of :data:`STRATEGIES` (``family-recipe-first``, ``vectorize-first``,
+            ``launch-config-first``, ``fast-math-first``, ``explore``) or None for by-seed.
+
+    Raises:
+        KeyError: an unknown strategy name.
+    """
+
+    def __init__(self, seed: int, strategy: str | None = None) -> None:
+        self.seed = int(seed)
+        self.strategy = pick_strategy(self.seed, strategy)
+        self.name = f"embedded-{self.strategy.name}-{self.seed}"
+        self._observed: list[Attempt] = []
+        self._calls = 0
+
+    def observe(self, attempts: Sequence[Attempt]) -> None:
+        """Keeps verdicts of this agent's proposals that the context's history may lack."""
+        self._observed.extend(attempts)
+
+    def propose(self, ctx: AgentContext) -> list[Proposal]:
+        """Up to ``ctx.n_variants`` distinct, compiling variants derived from ``ctx.parent``."""
+        spec = _spec(ctx.kernel)
+        history = (*ctx.history, *self._observed)
+        recipes = {r.name: r for r in recipes_for(spec)}
+        applied = tuple(ctx.parent.meta.get("transformations", ()))
+        speedups = {a.variant.id: a.evaluation.speedup for a in history
+                    if a.evaluation is not None and a.evaluation.speedup is not None}
+        if ctx.parent_eval is not None and ctx.parent_eval.speedup is not None:
+            speedups[ctx.parent.id] = ctx.parent_eval.speedup
+        knowledge = learn(history, speedups)
+        # Seeded per call as well, so one agent does not replay the same ties every round.
+        rng = random.Random(hash((self.seed, ctx.seed, ctx.round, self._calls)) & 0xFFFFFFFF)
+        self._calls += 1
+        plans = rank_plans(
+            candidate_plans(list(recipes), applied),
+            self.strategy,
+            knowledge,
+            Signals.read(ctx.parent_eval),
+            rng,
+            parent_is_recipe=any(s.startswith("recipe:") for s in applied),
+        )
+        seen = {ctx.parent.id} | {a.variant.id for a in (*history, *ctx.elites)}
+        out: list[Proposal] = []
+        for plan in plans:
+            if len(out) >= ctx.n_variants:
+                break
+            result = apply_plan(spec, ctx.parent.source, applied, plan, recipes)
+            if result is None or source_hash(result.source) in seen:
+                continue
+            seen.add(source_hash(result.source))
+            if check_variant(spec, result.source, ctx.dtype) is not None:
+                continue
+            out.append(self._proposal(ctx, result))
+        return out
+
+    def _proposal(self, ctx: AgentContext, result: Applied) -> Proposal:
+        label = " + ".join(result.steps)
+        variant = Variant(
+            kernel=ctx.parent.kernel or ctx.kernel,
+            source=result.source,
+            parent=ctx.parent.id,
+            author=self.name,
+            note=f"embedded: {label}",
+            round=ctx.round,
+            meta={
+                "steps": list(result.steps),
+                "transformations": list(result.transformations),
+                "strategy": self.strategy.name,
+            },
+        )
+        return Proposal(variant=variant, transformation=label)

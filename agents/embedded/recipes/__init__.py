@@ -1,0 +1,190 @@
+"""Kernel-family recipes: complete fast variants written from templates in this folder.
+
+A recipe recognises a family from the kernel's name and argument list (gated activations,
+row norms, attention-state merges), maps the spec's arguments onto the template's roles
+and writes a full variant file: launch header with tunables, device code, and an entry
+point with exactly the spec's name and argument list that forwards to the template.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from string import Template
+
+from kernels.spec import KernelSpec
+
+_DIR = Path(__file__).resolve().parent
+
+_ACTIVATIONS = {
+    "silu": "g / (1.0f + expf(-g))",
+    "gelu": "0.5f * g * (1.0f + erff(g * 0.70710678118654752f))",
+    "gelu_tanh": "0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)))",
+}
+
+
+class RecipeError(ValueError):
+    """The kernel's arguments do not fit the recipe's roles."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One family recipe.
+
+    Attributes:
+        name: transformation label, ``recipe:<family>/<variant>``.
+        family: the family it belongs to.
+        build: ``spec -> variant source``.
+    """
+
+    name: str
+    family: str
+    build: Callable[[KernelSpec], str]
+
+
+def _template(name: str) -> Template:
+    return Template((_DIR / name).read_text())
+
+
+def entry_point(spec: KernelSpec, bound: str, call: str) -> str:
+    """The spec's entry with ``__restrict__`` pointers, forwarding to ``call``."""
+    params = []
+    for a, (ctype, is_ptr) in zip(spec.args, spec.c_signature(), strict=True):
+        if is_ptr:
+            const = "const " if a.role == "in" else ""
+            params.append(f"{const}{ctype}* __restrict__ {a.name}")
+        else:
+            params.append(f"{ctype} {a.name}")
+    sig = ",\n    ".join(params)
+    # The explicit minimum of one block per SM: with the bare form ptxas sometimes caps
+    # registers for an occupancy it cannot reach and spills.
+    return (
+        f'extern "C" __global__ void __launch_bounds__({bound}, 1) {spec.name}(\n    {sig}) {{\n'
+        f"    {call};\n}}\n"
+    )
+
+
+def _guards(defaults: dict[str, int]) -> str:
+    return "".join(f"#ifndef {k}\n#define {k} {v}\n#endif\n" for k, v in defaults.items())
+
+
+def _header(grid: str, block: str, tune: Mapping[str, tuple[int, ...]]) -> str:
+    lines = [f"// launch: grid={grid} block={block} smem=0"]
+    lines += [f"// tune: {k}=" + ",".join(str(v) for v in vals) for k, vals in tune.items()]
+    return "\n".join(lines)
+
+
+def _fill(template: str, spec: KernelSpec, grid: str, block: str, bound: str,
+          tune: Mapping[str, tuple[int, ...]], call: str, **extra: str) -> str:
+    return _template(template).substitute(
+        kernel=spec.name,
+        header=_header(grid, block, tune),
+        guards=_guards({k: v[0] for k, v in tune.items()}),
+        entry=entry_point(spec, bound, call),
+        **extra,
+    )
+
+
+def _tensors(spec: KernelSpec, role: str) -> list[str]:
+    return [a.name for a in spec.args if a.kind == "tensor" and a.role == role]
+
+
+def _ints(spec: KernelSpec, n: int) -> list[str]:
+    ints = [a.name for a in spec.args if a.kind == "int"]
+    if len(ints) != n:
+        raise RecipeError(f"{spec.name}: expected {n} integer arguments, got {ints}")
+    return ints
+
+
+def activation_of(name: str) -> str | None:
+    m = re.fullmatch(r"(silu|gelu_tanh|gelu)_and_mul", name)
+    return m.group(1) if m else None
+
+
+def _gated(spec: KernelSpec, flat: bool) -> str:
+    act = activation_of(spec.name)
+    out, inp = _tensors(spec, "out"), _tensors(spec, "in")
+    if act is None or len(out) != 1 or len(inp) != 1:
+        raise RecipeError(f"{spec.name} is not a gated activation (out, x, tokens, d)")
+    rows, d = _ints(spec, 2)
+    call = f"gated_{'flat' if flat else 'rows'}({out[0]}, {inp[0]}, {rows}, {d})"
+    if flat:
+        grid = f"(cdiv({rows} * {d}, BLOCK * 8 * ITEMS),)"
+        tune = {"BLOCK": (256, 128, 512), "ITEMS": (2, 1, 4), "HINT": (0, 1)}
+        return _fill("gated_flat.cu", spec, grid, "(BLOCK,)", "BLOCK", tune, call, act=_ACTIVATIONS[act])
+    tune = {"BLOCK": (256, 128, 512, 1024), "ITEMS": (2, 1, 4), "HINT": (0, 1)}
+    return _fill("gated_rows.cu", spec, f"({rows},)", "(BLOCK,)", "BLOCK", tune, call, act=_ACTIVATIONS[act])
+
+
+def _row_norm(spec: KernelSpec) -> str:
+    inout, inp, out = _tensors(spec, "inout"), _tensors(spec, "in"), _tensors(spec, "out")
+    floats = [a.name for a in spec.args if a.kind == "float"]
+    rows, hidden = _ints(spec, 2)
+    if len(floats) != 1 or not inp:
+        raise RecipeError(f"{spec.name}: a row norm takes tensors, a weight, two sizes and eps")
+    weight = next((n for n in inp if "weight" in n or n in ("w", "gamma")), inp[-1])
+    if len(inout) == 2 and len(inp) == 1 and not out:  # fused residual add, in place
+        res = next((n for n in inout if "res" in n), inout[1])
+        src = next(n for n in inout if n != res)
+        call = f"row_norm({src}, {res}, {src}, {weight}, {rows}, {hidden}, {floats[0]})"
+        what = "x = input + residual; residual <- x; input <- x * rsqrt(mean(x^2) + eps) * w, fp32 math."
+        fused = "1"
+    elif len(out) == 1 and len(inp) == 2 and not inout:
+        src = next(n for n in inp if n != weight)
+        call = f"row_norm({out[0]}, nullptr, {src}, {weight}, {rows}, {hidden}, {floats[0]})"
+        what = "out = x * rsqrt(mean(x^2) + eps) * w per row, fp32 math."
+        fused = "0"
+    else:
+        raise RecipeError(f"{spec.name}: argument roles do not match a row norm")
+    gemma = "1" if "gemma" in spec.name else "0"
+    if gemma == "1":
+        what = what.replace("* w", "* (1 + w)")
+    # blockDim.x: a multiple of 32 just large enough that ITEMS 8-wide vectors per thread
+    # cover the row, capped so that blockDim.x * ROWS <= MAX_THREADS (512 threads for
+    # ITEMS=8, whose 64 kept floats need more than the 64 registers 1024 threads allow).
+    block = f"(min(min(1024, 4096 // ITEMS) // ROWS, max(32, 32 * cdiv({hidden}, 256 * ITEMS))), ROWS)"
+    tune = {"ITEMS": (4, 2, 8), "ROWS": (1, 2, 4, 8)}
+    return _fill("row_norm.cu", spec, f"(cdiv({rows}, ROWS),)", block, "MAX_THREADS", tune, call,
+                 what=what, fused=fused, gemma=gemma)
+
+
+def _merge(spec: KernelSpec) -> str:
+    out, inp = _tensors(spec, "out"), _tensors(spec, "in")
+    if len(out) != 2 or len(inp) != 4:
+        raise RecipeError(f"{spec.name}: expected v_out, s_out, v_a, s_a, v_b, s_b")
+    tokens, heads, head_dim = _ints(spec, 3)
+    call = f"merge_states({', '.join(out + inp)}, {tokens}, {heads}, {head_dim})"
+    grid = f"(cdiv({tokens} * {heads} * {head_dim}, BLOCK * 8 * ITEMS),)"
+    tune = {"BLOCK": (256, 128, 512), "ITEMS": (1, 2, 4)}
+    return _fill("merge_flat.cu", spec, grid, "(BLOCK,)", "BLOCK", tune, call)
+
+
+def family_of(spec: KernelSpec) -> str | None:
+    """The recipe family of a kernel, from its name and argument list."""
+    if activation_of(spec.name):
+        return "gated_act"
+    if re.search(r"(^|_)rms_?norm$", spec.name):
+        return "row_norm"
+    if spec.name.startswith("merge_attn_states") or spec.name == "merge_state":
+        return "merge" if len(_ints_or_empty(spec)) == 3 else None
+    return None
+
+
+def _ints_or_empty(spec: KernelSpec) -> list[str]:
+    return [a.name for a in spec.args if a.kind == "int"]
+
+
+RECIPES: tuple[Recipe, ...] = (
+    Recipe("recipe:gated_act/flat", "gated_act", lambda s: _gated(s, flat=True)),
+    Recipe("recipe:gated_act/rows", "gated_act", lambda s: _gated(s, flat=False)),
+    Recipe("recipe:row_norm/regs", "row_norm", _row_norm),
+    Recipe("recipe:merge/flat", "merge", _merge),
+)
+
+
+def recipes_for(spec: KernelSpec) -> tuple[Recipe, ...]:
+    """The recipes that apply to a kernel (empty for kernels of no known family)."""
+    fam = family_of(spec)
+    return tuple(r for r in RECIPES if r.family == fam)

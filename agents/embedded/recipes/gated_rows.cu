@@ -1,0 +1,78 @@
+// ${kernel}: out[t, i] = act(x[t, i]) * x[t, d + i], act computed in fp32 and rounded once.
+// Recipe gated_act/rows: one block per token as in the production kernels, threads stride
+// over the row in 16-byte vectors (8 halves) with ITEMS vectors in flight per thread; a
+// scalar path covers d that is not a multiple of the vector width or unaligned pointers.
+${header}
+${guards}
+constexpr int VEC = 16 / sizeof(scalar_t);
+
+__device__ __forceinline__ float act(float g) { return ${act}; }
+
+__device__ __forceinline__ uint4 load16(const uint4* p) {
+#if HINT
+    return __ldcs(p);  // streamed: every byte is read once, so do not keep it in L1/L2
+#else
+    return *p;
+#endif
+}
+
+__device__ __forceinline__ void store16(uint4* p, uint4 v) {
+#if HINT
+    __stcs(p, v);
+#else
+    *p = v;
+#endif
+}
+
+// Sixteen bytes seen as raw words (for the load/store instructions) or as elements.
+union Vec16 {
+    uint4 raw;
+    scalar_t e[VEC];
+};
+
+__device__ __forceinline__ uint4 gate_times_up(uint4 g, uint4 u) {
+    Vec16 gv, uv, ov;
+    gv.raw = g;
+    uv.raw = u;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+        ov.e[k] = static_cast<scalar_t>(act(static_cast<float>(gv.e[k])) * static_cast<float>(uv.e[k]));
+    }
+    return ov.raw;
+}
+
+__device__ __forceinline__ void gated_rows(scalar_t* __restrict__ out, const scalar_t* __restrict__ x,
+                                           int rows, int d) {
+    const long long row = blockIdx.x;
+    const scalar_t* gate = x + row * 2 * d;
+    scalar_t* dst = out + row * d;
+    const unsigned long long addr = reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(out);
+    if (d % VEC == 0 && (addr & 15) == 0) {
+        const int per_row = d / VEC;
+        const uint4* g16 = reinterpret_cast<const uint4*>(gate);
+        const uint4* u16 = reinterpret_cast<const uint4*>(gate + d);
+        uint4* o16 = reinterpret_cast<uint4*>(dst);
+        for (int first = threadIdx.x; first < per_row; first += BLOCK * ITEMS) {
+            uint4 g[ITEMS], u[ITEMS];
+#pragma unroll
+            for (int k = 0; k < ITEMS; ++k) {
+                if (first + k * BLOCK < per_row) {
+                    g[k] = load16(g16 + first + k * BLOCK);
+                    u[k] = load16(u16 + first + k * BLOCK);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < ITEMS; ++k) {
+                if (first + k * BLOCK < per_row) {
+                    store16(o16 + first + k * BLOCK, gate_times_up(g[k], u[k]));
+                }
+            }
+        }
+        return;
+    }
+    for (int i = threadIdx.x; i < d; i += BLOCK) {
+        dst[i] = static_cast<scalar_t>(act(static_cast<float>(gate[i])) * static_cast<float>(gate[d + i]));
+    }
+}
+
+${entry}
