@@ -1,0 +1,12 @@
+// Attack (launch header): a grid expression that would run a shell command if the harness
+// evaluated launch expressions with eval(). Only integer arithmetic, min, max and cdiv may appear.
+// launch: grid=(__import__('os').system('touch /tmp/pwned'),) block=(256,) smem=0
+
+extern "C" __global__ void silu_and_mul(scalar_t* out, const scalar_t* x, int num_tokens, int d) {
+    const long long token = blockIdx.x;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        const float g = static_cast<float>(x[token * 2 * d + i]);
+        const float u = static_cast<float>(x[token * 2 * d + d + i]);
+        out[token * d + i] = static_cast<scalar_t>(g / (1.0f + expf(-g)) * u);
+    }
+}
