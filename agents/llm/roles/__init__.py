@@ -1,0 +1,2 @@
+"""The LLM roles: tester (extra shapes), planner (suggestions), coder (variant files), and the
+single-agent prompt that plans and codes at once."""
