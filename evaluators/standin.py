@@ -1,0 +1,152 @@
+"""A CPU stand-in evaluator: a TEST DOUBLE, never a source of reported numbers.
+
+It exists so that the search loop (agents, Ray pool, selection, tuning, records, resume)
+can run end to end on a machine without a GPU. What is real: the launch header and
+signature checks and the NVRTC compilation, so compile errors are genuine. What is not:
+nothing is validated and nothing runs; the "timings" are a deterministic synthetic cost
+model of the source (vector loads, fast intrinsics, ``__restrict__``, block size and grid
+coverage make a variant "faster"). Every evaluation it returns carries
+``extra["evaluator"] == "standin"``, and runs that use it say so in their summary.
+
+Marker comments force outcomes, for testing the loop's failure paths::
+
+    // standin: crash | incorrect | timeout | rejected | incorrect-heldout
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import zlib
+from pathlib import Path
+
+from evaluators.api import EvalRequest, Evaluator
+from evaluators.compile import compile_variant
+from evaluators.launch import LaunchConfig, LaunchSpecError
+from evaluators.verdict import Evaluation, ShapeResult, Status
+from kernels.spec import KernelSpec, KernelSpecError, check_signature, load_kernel
+
+DEVICE_NAME = "cpu-standin"
+_COPY_BW = 4.3e12  # bytes/s; the H200's practical copy ceiling, so fractions look plausible
+_SMS = 132
+_LAUNCH_MS = 0.003
+_MARKER_RE = re.compile(r"^\s*//\s*standin\s*:\s*([a-z-]+)", re.MULTILINE)
+_FEATURES = (  # (pattern, efficiency gained): the levers the reference facts name
+    (re.compile(r"float4|uint4|int4|half2|__half2|__nv_bfloat162|reinterpret_cast"), 0.30),
+    (re.compile(r"__expf|__frcp_rn|__fdividef|__fmul_rn|rsqrtf|__shfl"), 0.08),
+    (re.compile(r"__restrict__"), 0.04),
+    (re.compile(r"--use_fast_math"), 0.04),
+)
+_STATUS_OF_MARKER = {
+    "crash": (Status.CRASH, "stand-in: forced CRASH by marker"),
+    "incorrect": (Status.INCORRECT, "stand-in: forced INCORRECT by marker"),
+    "timeout": (Status.TIMEOUT, "stand-in: forced TIMEOUT by marker"),
+    "rejected": (Status.REJECTED, "stand-in: forced REJECTED by marker"),
+}
+
+
+def _efficiency(source: str, launch: LaunchConfig, threads_needed: int) -> float:
+    eff = 0.45 + sum(gain for pattern, gain in _FEATURES if pattern.search(source))
+    threads = launch.block[0] * launch.block[1] * launch.block[2]
+    if threads < 64:
+        eff *= 0.6
+    elif threads > 512:
+        eff *= 0.95
+    blocks = launch.grid[0] * launch.grid[1] * launch.grid[2]
+    # Too few resident threads cannot keep HBM busy: scale by coverage of the machine.
+    coverage = min(1.0, blocks * threads / max(1, min(threads_needed, _SMS * 1024)))
+    return min(0.97, eff) * max(0.05, coverage)
+
+
+def synthetic_ms(source: str, launch: LaunchConfig, bytes_moved: int, salt: str) -> float:
+    """The stand-in's deterministic "time" of one launch (milliseconds)."""
+    eff = _efficiency(source, launch, max(1, bytes_moved // 16))
+    jitter = 1.0 + ((zlib.crc32(salt.encode()) % 2001) - 1000) / 50_000.0  # +-2%
+    return (_LAUNCH_MS + bytes_moved / (_COPY_BW * eff) * 1e3) * jitter
+
+
+class StandinEvaluator(Evaluator):
+    """CPU test double of the GPU evaluator (see the module docstring: not a measurement).
+
+    Args:
+        cache_dir: the compile cache (None: the default cache).
+        latency_s: seconds each evaluation sleeps, to give tests a slow evaluator.
+    """
+
+    kind = "standin"
+    device_name = DEVICE_NAME
+
+    def __init__(self, cache_dir: Path | None = None, latency_s: float = 0.0) -> None:
+        self.cache_dir = cache_dir
+        self.latency_s = latency_s
+        self._specs: dict[str, KernelSpec] = {}
+
+    def _spec(self, kernel: str) -> KernelSpec:
+        if kernel not in self._specs:
+            self._specs[kernel] = load_kernel(kernel)
+        return self._specs[kernel]
+
+    def _fail(self, request: EvalRequest, status: Status, message: str, **kw: object) -> Evaluation:
+        return Evaluation(
+            status=status, message=message, kernel=request.variant.kernel, dtype=request.dtype,
+            variant_id=request.variant.id, params=dict(request.params), shape_set=request.shape_set,
+            extra={"evaluator": self.kind}, **kw,  # type: ignore[arg-type]
+        )
+
+    def evaluate(self, request: EvalRequest) -> Evaluation:
+        start = time.perf_counter()
+        spec = self._spec(request.kernel)
+        source = request.variant.source
+        try:
+            launch = request.variant.launch()
+            spec.check_launch(launch)
+            check_signature(spec, source)
+            params = launch.validate_params(request.params)
+        except (LaunchSpecError, KernelSpecError) as exc:
+            return self._fail(request, Status.COMPILE_ERROR, str(exc))
+        compiled = compile_variant(source, spec.name, request.dtype, params, cache_dir=self.cache_dir)
+        if not compiled.ok:
+            return self._fail(request, Status.COMPILE_ERROR, compiled.log, compile_s=compiled.seconds)
+        if self.latency_s:
+            time.sleep(self.latency_s)
+        for marker in _MARKER_RE.findall(source):
+            if marker == "incorrect-heldout" and request.shape_set == "heldout":
+                return self._fail(request, Status.INCORRECT, "stand-in: forced INCORRECT on held-out shapes")
+            if marker in _STATUS_OF_MARKER:
+                return self._fail(request, *_STATUS_OF_MARKER[marker])
+        results = []
+        if request.time:
+            try:
+                results = self._time(spec, request, params)
+            except LaunchSpecError as exc:
+                return self._fail(request, Status.RESOURCE_ERROR, str(exc))
+        return Evaluation(
+            status=Status.OK, message="stand-in: synthetic timing, not a measurement",
+            kernel=spec.name, dtype=request.dtype, variant_id=request.variant.id,
+            params=params, shapes=tuple(results), shape_set=request.shape_set,
+            registers=compiled.registers, compile_s=compiled.seconds,
+            eval_s=time.perf_counter() - start, extra={"evaluator": self.kind},
+        )
+
+    def _time(self, spec: KernelSpec, request: EvalRequest, params: dict[str, int]) -> list[ShapeResult]:
+        base_src = spec.baseline_source()
+        base_launch = request.variant.__class__(spec.name, base_src).launch()
+        out = []
+        for shape in spec.shapes(request.shape_set):
+            cand = request.variant.launch().resolve(shape, params)
+            threads = cand.block[0] * cand.block[1] * cand.block[2]
+            if threads > 1024:
+                raise LaunchSpecError(f"block of {threads} threads exceeds 1024 for {dict(shape)}")
+            base = base_launch.resolve(shape, base_launch.default_params())
+            nbytes = spec.bytes_moved(shape, request.dtype)
+            label = f"{sorted(shape.items())}{request.dtype}"
+            c_ms = synthetic_ms(request.variant.source, cand, nbytes, f"{request.variant.id}{params}{label}")
+            b_ms = synthetic_ms(base_src, base, nbytes, f"baseline{label}")
+            out.append(
+                ShapeResult(
+                    shape=dict(shape), candidate_ms=c_ms, baseline_ms=b_ms, bytes_moved=nbytes,
+                    repetitions=request.timing.repetitions,
+                    copy_bw_fraction=nbytes / (c_ms * 1e-3) / _COPY_BW,
+                )
+            )
+        return out

@@ -1,0 +1,1 @@
+"""The search engine: population of agents, selection, tuning, records and the CLI."""

@@ -1,0 +1,132 @@
+"""End of a run: held-out re-validation of the winners, final timing, peers, best files.
+
+A winner must also pass on the held-out shapes the search never saw; one that fails there
+is dropped and the next elite is tried (the baseline is the last resort). The survivors are
+re-timed with the full protocol in a fresh evaluator actor, which also times the
+production peers on the same shapes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from evaluators.api import EvalRequest, TimingConfig
+from evaluators.verdict import Evaluation
+from search.controller import Controller, Job
+from search.pool import spawn_evaluator
+from search.records import EvalRecord, eval_key
+from search.selection import Scored
+from search.state import KernelState
+
+
+@dataclass
+class KernelResult:
+    """The outcome for one kernel.
+
+    Attributes:
+        state: the kernel's search state.
+        winner: the variant reported (at its best parameters).
+        heldout: its verdict on the held-out shapes.
+        final: its full-protocol timing on the search shapes, in a fresh evaluator.
+        peers: ``{peer: {shape label: ms}}`` on the search shapes.
+        rejected: variants that were better on the search shapes but failed held-out.
+    """
+
+    state: KernelState
+    winner: Scored
+    heldout: Evaluation
+    final: Evaluation
+    peers: dict[str, dict[str, float]] = field(default_factory=dict)
+    rejected: list[str] = field(default_factory=list)
+
+
+def _heldout_winners(ctl: Controller) -> dict[str, tuple[Scored, Evaluation, list[str]]]:
+    """Walks each kernel's elites in rank order until one passes on the held-out shapes."""
+    queues: dict[str, list[Scored]] = {}
+    for st in ctl.states:
+        assert st.baseline_scored is not None
+        queues[st.name] = [*st.archive.ranked(), st.baseline_scored]
+    winners: dict[str, tuple[Scored, Evaluation, list[str]]] = {}
+    rejected: dict[str, list[str]] = {st.name: [] for st in ctl.states}
+
+    def on_done(st: KernelState, item: Scored, evaluation: Evaluation) -> None:
+        if evaluation.status.is_ok or item.variant.id == st.baseline.id:
+            winners[st.name] = (item, evaluation, rejected[st.name])
+            return
+        st.archive.remove(item.variant.id)
+        rejected[st.name].append(item.variant.id)
+        queues[st.name].pop(0)
+        submit(st)
+
+    def submit(st: KernelState) -> None:
+        item = queues[st.name][0]
+        job = Job(st, item.variant, "heldout", item.params, lambda ev: on_done(st, item, ev),
+                  agent=None, shape_set="heldout")
+        ctl._submit(job, compiled=False)
+
+    for st in ctl.states:
+        submit(st)
+    ctl.drain(lambda: len(winners) == len(ctl.states))
+    return winners
+
+
+def _final_timing(ctl: Controller, actor: Any, st: KernelState, item: Scored) -> Evaluation:
+    params = dict(item.params)
+    key = eval_key(item.variant.id, params, st.dtype, "final", "search")
+    if key in ctl.cache:
+        return ctl.cache[key].evaluation
+    request = EvalRequest(kernel=st.ref, variant=item.variant, params=params, dtype=st.dtype,
+                          timing=TimingConfig.full(), seeds=ctl.config.evaluator.seeds, noise_floor=True)
+    evaluation, busy = ray.get(actor.evaluate.remote(request))
+    ctl.pool.busy_s += busy
+    record = EvalRecord(
+        run_id=ctl.records.run_id, kernel=st.name, dtype=st.dtype, round=st.rounds_done, agent=item.variant.author,
+        stage="final", trial=None, variant=item.variant, evaluation=evaluation, params=params,
+        time=time.time(), busy_s=busy,
+    )
+    ctl.records.evaluation(record)
+    ctl.cache[key] = record
+    return evaluation
+
+
+def finalize(ctl: Controller) -> tuple[list[KernelResult], str]:
+    """Re-validates, re-times and writes ``best/``; returns the results and the device name."""
+    winners = _heldout_winners(ctl)
+    ctl.pool.shutdown()  # free the GPUs for the fresh actor
+    actor = spawn_evaluator(ctl.config.evaluator.kind, ctl.pool.latency_s)
+    try:
+        device = ray.get(actor.device_name.remote())
+        results = []
+        for st in ctl.states:
+            item, heldout, rejected = winners[st.name]
+            final = _final_timing(ctl, actor, st, item)
+            peers = ray.get(actor.time_peers.remote(st.ref, st.dtype, "search"))
+            results.append(KernelResult(st, item, heldout, final, peers, rejected))
+        ray.get(actor.close.remote())
+    finally:
+        ray.kill(actor)
+    for result in results:
+        write_best(ctl, result)
+    return results, device
+
+
+def write_best(ctl: Controller, result: KernelResult) -> None:
+    st, variant = result.state, result.winner.variant
+    evidence = {
+        "kernel": st.name,
+        "dtype": st.dtype,
+        "variant": variant.to_dict(),
+        "params": result.winner.params,
+        "heldout_status": result.heldout.status.value,
+        "heldout": result.heldout.to_dict(),
+        "final": result.final.to_dict(),
+        "peers_ms": result.peers,
+        "rejected_on_heldout": result.rejected,
+        "lineage": st.lineage(variant.id),
+        "evaluations": [r.to_dict() for r in ctl.cache.values() if r.variant.id == variant.id and r.kernel == st.name],
+    }
+    ctl.records.write_best(st.name, variant.source, evidence)

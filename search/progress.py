@@ -1,0 +1,65 @@
+"""The live progress line: round, evaluations, best speedup per kernel, GPU busy fraction."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+
+def busy_fraction(busy_s: float, wall_s: float, n_gpus: int) -> float:
+    """Seconds spent evaluating on the evaluator actors over the seconds they could have."""
+    if wall_s <= 0 or n_gpus <= 0:
+        return 0.0
+    return min(1.0, busy_s / (wall_s * n_gpus))
+
+
+class Progress:
+    """Writes one status line: rewritten in place on a terminal, plain lines otherwise.
+
+    Args:
+        stream: where to write (stderr by default, so stdout keeps the report).
+        n_gpus: evaluator actors, for the busy fraction.
+        interval_s: least time between two updates that are not forced.
+    """
+
+    def __init__(self, stream: TextIO | None = None, n_gpus: int = 1, interval_s: float = 1.0) -> None:
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.n_gpus = n_gpus
+        self.interval_s = interval_s if self.tty else max(interval_s, 10.0)
+        self._last = 0.0
+        self._width = 0
+
+    def line(self, controller: Any) -> str:
+        states = controller.states
+        rounds = controller.config.search.rounds
+        current = min((st.rounds_done for st in states), default=0)
+        best = " ".join(
+            f"{st.name}={st.best().score:.3f}x" for st in states if st.baseline_scored is not None
+        )
+        wall = time.time() - controller.start
+        busy = busy_fraction(controller.pool.busy_s, wall, self.n_gpus)
+        return (
+            f"round {min(current + 1, rounds)}/{rounds} | evaluations {len(controller.cache)} | "
+            f"best {best or '-'} | gpu busy {busy:.0%} | {wall:.0f}s"
+        )
+
+    def update(self, controller: Any, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < self.interval_s:
+            return
+        self._last = now
+        text = self.line(controller)
+        if self.tty:
+            pad = max(0, self._width - len(text))
+            self.stream.write("\r" + text + " " * pad)
+            self._width = len(text)
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def finish(self) -> None:
+        if self.tty and self._width:
+            self.stream.write("\n")
+            self.stream.flush()

@@ -1,0 +1,167 @@
+"""The run's report: summary.json, the printed table, and parquet tables.
+
+``python -m search.report RUN_DIR`` rewrites the tables from the records (also for a run
+that is still going or was killed) and prints the summary if the run finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import polars as pl
+
+from evaluators.verdict import geomean
+from kernels.spec import shape_label
+from search.records import atomic_write, read_jsonl
+
+STANDIN_WARNING = "STAND-IN EVALUATOR: synthetic numbers from a CPU test double, not measurements"
+
+
+def git_commit(repo: Path) -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def _peer_speedups(shapes: list[dict[str, Any]], peers: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Per peer, the geometric mean of peer time / our time over the shapes both have."""
+    out = {}
+    for peer, times in peers.items():
+        ratios = [times[s["label"]] / s["best_ms"] for s in shapes if s["label"] in times and times[s["label"]] > 0]
+        if ratios:
+            out[peer] = geomean(ratios)
+    return out
+
+
+def kernel_summary(result: Any, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """One kernel's entry of summary.json (``result`` is a :class:`search.finalize.KernelResult`)."""
+    st, final, heldout = result.state, result.final, result.heldout
+    shapes = [
+        {"shape": s.shape, "label": shape_label(s.shape), "baseline_ms": s.baseline_ms, "best_ms": s.candidate_ms,
+         "speedup": s.speedup, "copy_bw_fraction": s.copy_bw_fraction}
+        for s in final.shapes
+    ]
+    mine = [r for r in records if r["kernel"] == st.name]
+    fractions = [s["copy_bw_fraction"] for s in shapes if s["copy_bw_fraction"] > 0]
+    return {
+        "kernel": st.name,
+        "dtype": st.dtype,
+        "winner": result.winner.variant.id,
+        "params": result.winner.params,
+        "final_status": final.status.value,
+        "speedup_search": final.speedup,
+        "speedup_search_screened": result.winner.score,
+        "speedup_heldout": heldout.speedup,
+        "heldout_status": heldout.status.value,
+        "noise_floor": final.noise_floor,
+        "shapes": shapes,
+        "speedup_over_peers": _peer_speedups(shapes, result.peers),
+        "copy_bw_fraction": geomean(fractions) if fractions else None,
+        "variants_evaluated": len({r["variant"]["id"] for r in mine}),
+        "trials_evaluated": sum(1 for r in mine if r["stage"] == "screen"),
+        "evaluations": len(mine),
+        "rejected_on_heldout": result.rejected,
+        "lineage": st.lineage(result.winner.variant.id),
+    }
+
+
+def build_summary(run_dir: Path, results: Sequence[Any], meta: dict[str, Any]) -> dict[str, Any]:
+    records = list(read_jsonl(run_dir / "evaluations.jsonl"))
+    summary = {
+        **meta,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "git_commit": git_commit(Path(__file__).resolve().parent.parent),
+        "kernels": [kernel_summary(r, records) for r in results],
+    }
+    if meta.get("evaluator") == "standin":
+        summary["warning"] = STANDIN_WARNING
+    atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
+    return summary
+
+
+def _fmt(x: float | None, spec: str = ".3f", suffix: str = "x") -> str:
+    return "-" if x is None else f"{x:{spec}}{suffix}"
+
+
+def print_summary(summary: dict[str, Any], out: TextIO | None = None) -> None:
+    w = (out or sys.stdout).write
+    if summary.get("warning"):
+        w(f"!! {summary['warning']}\n")
+    w(f"run {summary.get('run_id', '')} on {summary.get('gpu', '?')} ({summary.get('evaluator', '?')}), "
+      f"wall {summary.get('wall_s', 0):.0f}s, gpu busy {summary.get('gpu_busy_fraction', 0):.0%}\n")
+    for k in summary["kernels"]:
+        w(f"\n== {k['kernel']} ({k['dtype']}): winner {k['winner']} {k['params'] or ''}\n")
+        w(f"   {'shape':<22}{'baseline ms':>14}{'best ms':>12}{'speedup':>10}{'copy bw':>9}\n")
+        for s in k["shapes"]:
+            w(f"   {s['label']:<22}{s['baseline_ms']:>14.4f}{s['best_ms']:>12.4f}{_fmt(s['speedup'], '.2f'):>10}"
+              f"{s['copy_bw_fraction']:>9.0%}\n")
+        w(f"   geomean search {_fmt(k['speedup_search'])} | held-out {k['heldout_status']} "
+          f"{_fmt(k['speedup_heldout'])} | noise floor {_fmt(k['noise_floor'], '.3f', '')}\n")
+        for peer, s in k["speedup_over_peers"].items():
+            w(f"   vs {peer}: {s:.3f}x\n")
+        if k["rejected_on_heldout"]:
+            w(f"   failed held-out (not reported): {', '.join(k['rejected_on_heldout'])}\n")
+        w(f"   evaluated {k['variants_evaluated']} variants, {k['trials_evaluated']} screening trials\n")
+        w("   lineage: " + " <- ".join(f"{x['id'][:8]} ({x['author']}: {x['note'] or x['transformation'] or '-'})"
+                                         for x in k["lineage"]) + "\n")
+
+
+def _flat_record(d: dict[str, Any]) -> dict[str, Any]:
+    ev, var = d["evaluation"], d["variant"]
+    return {
+        "run_id": d.get("run_id", ""), "kernel": d["kernel"], "dtype": d["dtype"], "round": d.get("round", 0),
+        "agent": d.get("agent", ""), "stage": d["stage"], "trial": d.get("trial"),
+        "variant_id": var.get("id", ""), "parent": var.get("parent", ""), "author": var.get("author", ""),
+        "note": var.get("note", ""), "params": json.dumps(d.get("params", {}), sort_keys=True),
+        "shape_set": d.get("shape_set", "search"), "status": ev["status"], "speedup": ev.get("speedup"),
+        "message": (ev.get("message") or "")[:500], "registers": ev.get("registers"),
+        "compile_key": d.get("compile_key", ""), "busy_s": d.get("busy_s", 0.0), "time": d.get("time", 0.0),
+    }
+
+
+def write_tables(run_dir: Path) -> tuple[Path, Path]:
+    """evaluations.parquet from the records and best.parquet from ``best/*.json``."""
+    run_dir = Path(run_dir)
+    rows = [_flat_record(d) for d in read_jsonl(run_dir / "evaluations.jsonl")]
+    evals = pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame()
+    evals.write_parquet(run_dir / "evaluations.parquet")
+    best_rows = []
+    for path in sorted((run_dir / "best").glob("*.json")):
+        b = json.loads(path.read_text())
+        best_rows.append({
+            "kernel": b["kernel"], "dtype": b["dtype"], "variant_id": b["variant"]["id"],
+            "params": json.dumps(b["params"], sort_keys=True), "heldout_status": b["heldout_status"],
+            "speedup_search": b["final"].get("speedup"), "speedup_heldout": b["heldout"].get("speedup"),
+            "lineage_depth": len(b["lineage"]),
+        })
+    best = pl.DataFrame(best_rows, infer_schema_length=None) if best_rows else pl.DataFrame()
+    best.write_parquet(run_dir / "best.parquet")
+    return run_dir / "evaluations.parquet", run_dir / "best.parquet"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m search.report", description=__doc__)
+    parser.add_argument("run_dir", type=Path)
+    args = parser.parse_args(argv)
+    if not (args.run_dir / "evaluations.jsonl").is_file():
+        print(f"error: {args.run_dir} holds no evaluations.jsonl", file=sys.stderr)
+        return 2
+    evals, best = write_tables(args.run_dir)
+    print(f"wrote {evals} and {best}")
+    summary_path = args.run_dir / "summary.json"
+    if summary_path.is_file():
+        print_summary(json.loads(summary_path.read_text()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

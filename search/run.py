@@ -1,0 +1,227 @@
+"""``python -m search.run``: search for faster kernels with a population of agents on Ray.
+
+Examples::
+
+    python -m search.run --population 8 --rounds 5
+    python -m search.run --kernel silu_and_mul --dtype bfloat16 --agent llm --model o4-mini
+    python -m search.run --evaluator standin --rounds 2      # CPU dry run, numbers not real
+    python -m search.run --resume runs/20261129-101500-ab12
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from agents.factory import AgentConfigError, make_agent
+from kernels.spec import KernelSpec, KernelSpecError, list_kernels, load_kernel
+from search.config import ConfigError, RunConfig, dump_config, load_config, override
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class UsageError(ValueError):
+    """A run that cannot start as asked (missing GPU, bad resume directory, ...)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, no usage dump: scripts and people read the reason, not the synopsis.
+        self.exit(2, f"error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m search.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="YAML config file (command-line options override it)")
+    p.add_argument("--kernel", action="append", dest="kernels", help="library kernel name (repeatable)")
+    p.add_argument("--kernel-dir", help="folder of kernel folders to optimise instead of the library")
+    p.add_argument("--population", type=int, help="agent actors, one lineage each")
+    p.add_argument("--rounds", type=int, help="search rounds")
+    p.add_argument("--variants", type=int, help="proposals per agent per round")
+    p.add_argument("--trials", type=int, help="Optuna trials per tunable variant")
+    p.add_argument("--dtype", choices=("float16", "bfloat16", "float32"))
+    p.add_argument("--gpus", type=int, help="evaluator actors (default: every GPU of the cluster)")
+    p.add_argument("--address", help="address of an existing Ray cluster")
+    p.add_argument("--agent", help="embedded, llm, or module:Class")
+    p.add_argument("--model", help="model name for --agent llm")
+    p.add_argument("--evaluator", choices=("gpu", "standin"), help="standin: CPU test double, never for reported numbers")
+    p.add_argument("--out", help="parent folder of run directories (default runs/)")
+    p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a killed run")
+    p.add_argument("--seed", type=int)
+    return p
+
+
+def resolve_config(args: argparse.Namespace) -> RunConfig:
+    """The file (or the resumed run's config), then the command-line overrides."""
+    if args.resume is not None:
+        saved = args.resume / "config.yaml"
+        if not saved.is_file():
+            raise UsageError(f"--resume {args.resume}: no config.yaml there (not a run directory)")
+        config = load_config(saved)
+    else:
+        config = load_config(args.config)
+    return override(config, {
+        "kernels": tuple(args.kernels) if args.kernels else None, "kernel_dir": args.kernel_dir,
+        "dtype": args.dtype, "out": args.out, "seed": args.seed, "address": args.address,
+        "search.population": args.population, "search.rounds": args.rounds, "search.variants": args.variants,
+        "search.trials": args.trials, "agent.kind": args.agent, "agent.model": args.model,
+        "evaluator.kind": args.evaluator, "evaluator.gpus": args.gpus,
+    })
+
+
+def resolve_kernels(config: RunConfig) -> list[tuple[KernelSpec, str]]:
+    """(spec, reference the evaluators load it by) per kernel; checks the dtype fits."""
+    if config.kernel_dir:
+        folder = Path(config.kernel_dir)
+        if not folder.is_dir():
+            raise UsageError(f"--kernel-dir {folder} is not a folder")
+        refs = [str((folder / n).resolve()) for n in list_kernels(folder)]
+        if not refs:
+            raise UsageError(f"--kernel-dir {folder} holds no kernel folders (NAME/spec.py)")
+    else:
+        refs = list(config.kernels)
+    out = []
+    for ref in refs:
+        spec = load_kernel(ref)
+        if config.dtype not in spec.dtypes:
+            raise ConfigError(f"kernel {spec.name} supports {', '.join(spec.dtypes)}, not {config.dtype}")
+        out.append((spec, ref))
+    return out
+
+
+def check_local_gpu(config: RunConfig) -> None:
+    if config.evaluator.kind != "gpu" or config.address:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError("no CUDA GPU visible; run on a GPU machine, join a cluster with --address, "
+                         "or dry-run with --evaluator standin")
+
+
+def start_ray(config: RunConfig) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    if config.address:
+        ray.init(address=config.address)
+        return
+    # Workers import this repository's packages; say where they are.
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    ray.init(include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": path}}, log_to_driver=False)
+
+
+def evaluator_count(config: RunConfig) -> int:
+    import ray
+
+    if config.evaluator.kind == "standin":
+        return config.evaluator.gpus or 1
+    available = int(ray.cluster_resources().get("GPU", 0))
+    if available == 0:
+        raise UsageError("the Ray cluster has no GPU; use --evaluator standin for a dry run")
+    wanted = config.evaluator.gpus or available
+    if wanted > available:
+        raise UsageError(f"--gpus {wanted} but the Ray cluster has {available} GPU(s)")
+    return wanted
+
+
+@dataclass
+class Prepared:
+    """A run ready to start: its config, kernels and directory."""
+
+    config: RunConfig
+    kernels: list[tuple[KernelSpec, str]]
+    run_dir: Path
+    resume: bool
+
+
+def prepare(args: argparse.Namespace) -> Prepared:
+    config = resolve_config(args)
+    kernels = resolve_kernels(config)
+    make_agent(config.agent.kind, config.agent, config.seed)  # fail fast on a missing backend
+    check_local_gpu(config)
+    if args.resume is not None:
+        run_dir = args.resume
+    else:
+        run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+        run_dir = Path(config.out) / run_id
+        run_dir.mkdir(parents=True, exist_ok=False)
+    return Prepared(config, kernels, run_dir, args.resume is not None)
+
+
+def run_search(prep: Prepared, command: str) -> dict[str, Any]:
+    """Runs (or resumes) the search, then finalizes and reports; returns the summary."""
+    import ray
+
+    from search.controller import Controller
+    from search.finalize import finalize
+    from search.pool import AgentActor, EvalPool
+    from search.progress import Progress, busy_fraction
+    from search.records import RunRecords, load_history
+    from search.report import build_summary, print_summary, write_tables
+    from search.state import KernelState
+    from search.tuning import TuningStore
+
+    cfg, start = prep.config, time.time()
+    dump_config(cfg, prep.run_dir / "config.yaml")
+    start_ray(cfg)
+    n_gpus = evaluator_count(cfg)
+    history = load_history(prep.run_dir) if prep.resume else None
+    records = RunRecords(prep.run_dir, prep.run_dir.name)
+    states = [KernelState(spec, ref, cfg.dtype, cfg.search.population, cfg.search.top_k, cfg.search.migrate_every)
+              for spec, ref in prep.kernels]
+    actor_cls = ray.remote(AgentActor).options(num_cpus=0)
+    agents: list[Any] = [actor_cls.remote(cfg.agent.kind, cfg.agent, cfg.seed * 1000 + i) for i in range(cfg.search.population)]
+    pool = EvalPool(cfg.evaluator.kind, n_gpus, cfg.evaluator.retries, cfg.evaluator.standin_latency_s)
+    progress = Progress(n_gpus=n_gpus)
+    ctl = Controller(cfg, states, records, pool, agents, TuningStore(prep.run_dir, cfg.seed), progress, history)
+    try:
+        ctl.run()
+        progress.finish()
+        results, device = finalize(ctl)
+    finally:
+        records.close()
+        for actor in agents:
+            ray.kill(actor)
+    wall = time.time() - start
+    meta = {"run_id": prep.run_dir.name, "command": command, "gpu": device, "evaluator": cfg.evaluator.kind,
+            "n_gpus": n_gpus, "wall_s": wall, "gpu_busy_fraction": busy_fraction(pool.busy_s, wall, n_gpus),
+            "evaluator_actors_replaced": pool.replaced, "resumed": prep.resume}
+    summary = build_summary(prep.run_dir, results, meta)
+    write_tables(prep.run_dir)
+    print_summary(summary)
+    print(f"\nrun directory: {prep.run_dir}")
+    return summary
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        prep = prepare(args)
+    except (ConfigError, KernelSpecError, AgentConfigError, UsageError, FileExistsError) as exc:
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    command = "python -m search.run " + shlex.join(sys.argv[1:] if argv is None else list(argv))
+    try:
+        run_search(prep, command)
+    except UsageError as exc:
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,131 @@
+"""The search state of one kernel: elites, islands, dedupe sets, lineages and histories."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from agents.base import AgentContext, Attempt
+from evaluators.variant import Variant
+from evaluators.verdict import Evaluation
+from kernels.spec import KernelSpec, shape_label
+from search.selection import Dedupe, EliteArchive, Islands, Scored
+
+
+class SearchError(RuntimeError):
+    """The search cannot go on for a kernel (e.g. its baseline fails to evaluate)."""
+
+
+@dataclass
+class RoundState:
+    """Bookkeeping of one kernel's current round.
+
+    Attributes:
+        number: the round (0-based).
+        outstanding: proposals, compilations and evaluations not yet finished.
+        phase: ``screen`` (proposals and tuning) then ``full`` (contenders).
+        attempts: per agent, what it tried this round and the verdicts.
+        scored: correct variants of this round at their best screened parameters.
+    """
+
+    number: int
+    outstanding: int = 0
+    phase: str = "screen"
+    attempts: dict[int, list[Attempt]] = field(default_factory=dict)
+    scored: list[Scored] = field(default_factory=list)
+
+
+class KernelState:
+    """Everything the search knows about one kernel.
+
+    Args:
+        spec: the kernel spec.
+        ref: how evaluators find the kernel (library name or folder path).
+        dtype: run dtype.
+        population / top_k / migrate_every: selection settings.
+    """
+
+    def __init__(self, spec: KernelSpec, ref: str, dtype: str, population: int, top_k: int, migrate_every: int) -> None:
+        self.spec, self.ref, self.dtype = spec, ref, dtype
+        self.baseline = Variant(spec.name, spec.baseline_source(), author="baseline", note="baseline")
+        self.baseline_scored: Scored | None = None
+        self.archive = EliteArchive(top_k)
+        self.islands = Islands(population, migrate_every)
+        self.dedupe = Dedupe()
+        self.history: dict[int, list[Attempt]] = {i: [] for i in range(population)}
+        self.variants: dict[str, Variant] = {self.baseline.id: self.baseline}
+        self.notes: dict[str, dict[str, Any]] = {}  # variant id -> transformation, agent
+        self.verdicts: dict[str, Evaluation] = {}  # variant id -> best screening verdict
+        self.full_done: set[str] = set()
+        self.round: RoundState | None = None
+        self.rounds_done = 0
+        self.evaluated: set[str] = set()
+        self.trials = 0
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def set_baseline(self, evaluation: Evaluation) -> None:
+        """Records the baseline's own evaluation; it must be correct to start a search.
+
+        Raises:
+            SearchError: the baseline does not pass.
+        """
+        if evaluation.speedup is None:
+            raise SearchError(
+                f"{self.name}: the baseline itself failed ({evaluation.status.value}): "
+                f"{evaluation.message.splitlines()[0] if evaluation.message else ''}"
+            )
+        self.baseline_scored = Scored(self.baseline, evaluation, "screen")
+        self.verdicts[self.baseline.id] = evaluation
+
+    def best(self) -> Scored:
+        best = self.archive.best()
+        assert self.baseline_scored is not None
+        return best if best is not None and best.score > self.baseline_scored.score else self.baseline_scored
+
+    def best_ms(self) -> dict[str, float]:
+        """Per-shape times of the best variant so far (for the evaluator's early cutoff)."""
+        return {shape_label(s.shape): s.candidate_ms for s in self.best().evaluation.shapes}
+
+    def context(self, agent: int, round_: int, n_variants: int, seed: int) -> AgentContext:
+        assert self.baseline_scored is not None
+        parent, _ = self.islands.parent(agent, round_, self.archive, self.baseline_scored)
+        elites = tuple(Attempt(s.variant, s.evaluation) for s in self.archive.ranked())
+        return AgentContext(
+            kernel=self.name,
+            description=self.spec.description,
+            signature=", ".join(f"{a.name}:{a.kind}" for a in self.spec.args),
+            shapes=tuple(dict(s) for s in self.spec.search_shapes),
+            dtype=self.dtype,
+            parent=parent.variant,
+            parent_eval=parent.evaluation,
+            history=tuple(self.history[agent]),
+            elites=elites,
+            round=round_,
+            n_variants=n_variants,
+            seed=seed,
+        )
+
+    def offer(self, agent: int | None, item: Scored) -> None:
+        """A correct variant (screened or fully timed) enters selection."""
+        self.archive.add(item)
+        if agent is not None:
+            self.islands.update(agent, item)
+        if item.stage == "screen" and self.round is not None:
+            self.round.scored.append(item)
+
+    def lineage(self, variant_id: str) -> list[dict[str, Any]]:
+        """The chain from a variant back to the baseline, newest first."""
+        chain, seen = [], set()
+        current = self.variants.get(variant_id)
+        while current is not None and current.id not in seen:
+            seen.add(current.id)
+            extra = self.notes.get(current.id, {})
+            chain.append(
+                {"id": current.id, "author": current.author, "note": current.note, "round": current.round,
+                 "parent": current.parent, "transformation": extra.get("transformation", "")}
+            )
+            current = self.variants.get(current.parent) if current.parent else None
+        return chain
