@@ -70,10 +70,12 @@ class Evaluator(ABC):
     def evaluate(self, request: EvalRequest) -> Evaluation:
         """Returns a verdict; kernel faults become statuses, never exceptions."""
 
-    def time_peers(self, kernel: str, dtype: str, shape_set: str = "search") -> dict[str, dict[str, float]]:
+    def time_peers(self, kernel: str, dtype: str, shape_set: str = "search",
+                   ours: dict[str, tuple[str, dict[str, int]]] | None = None) -> dict[str, dict[str, float]]:
         """Graph-timed production peers (FlashInfer, torch.compile, torch eager) on the
-        kernel's shapes: ``{peer: {shape label: median ms}}``; peers that cannot run are
-        left out. Stand-ins return ``{}``."""
+        kernel's shapes, with our own kernels ``{name: (source, params)}`` in the same
+        interleaved loop: ``{implementation: {shape label: median ms}}``; peers that cannot
+        run are left out. Stand-ins return ``{}``."""
         return {}
 
     def close(self) -> None:  # noqa: B027 - optional

@@ -44,8 +44,8 @@ class SearchConfig:
 
     population: int = 8
     rounds: int = 5
-    variants: int = 4
-    trials: int = 8
+    variants: int = 2
+    trials: int = 4
     top_k: int = 4
     migrate_every: int = 2
     contenders: int = 2

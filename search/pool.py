@@ -122,8 +122,9 @@ class EvaluatorActor:
         evaluation = self.evaluator.evaluate(request)
         return evaluation, time.perf_counter() - start
 
-    def time_peers(self, kernel: str, dtype: str, shape_set: str) -> dict[str, dict[str, float]]:
-        return self.evaluator.time_peers(kernel, dtype, shape_set)
+    def time_peers(self, kernel: str, dtype: str, shape_set: str,
+                   ours: dict[str, tuple[str, dict[str, int]]] | None = None) -> dict[str, dict[str, float]]:
+        return self.evaluator.time_peers(kernel, dtype, shape_set, ours)
 
     def device_name(self) -> str:
         name = getattr(self.evaluator, "device_name", None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -25,6 +26,9 @@ STANDIN_WARNING = "STAND-IN EVALUATOR: synthetic numbers from a CPU test double,
 
 
 def git_commit(repo: Path) -> str:
+    """The commit under test; KERNEL_SEARCH_COMMIT wins (the GPU machine gets no .git)."""
+    if os.environ.get("KERNEL_SEARCH_COMMIT"):
+        return os.environ["KERNEL_SEARCH_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
@@ -33,10 +37,18 @@ def git_commit(repo: Path) -> str:
 
 
 def _peer_speedups(shapes: list[dict[str, Any]], peers: dict[str, dict[str, float]]) -> dict[str, float]:
-    """Per peer, the geometric mean of peer time / our time over the shapes both have."""
+    """Per peer, the geometric mean of peer time / our time over the shapes both have.
+
+    Our time is the winner's time from the same interleaved loop as the peers (``best``)
+    when the evaluator gave one, else the final evaluation's.
+    """
     out = {}
+    ours = peers.get("best", {})
     for peer, times in peers.items():
-        ratios = [times[s["label"]] / s["best_ms"] for s in shapes if s["label"] in times and times[s["label"]] > 0]
+        if peer == "best":
+            continue
+        ratios = [times[s["label"]] / ours.get(s["label"], s["best_ms"]) for s in shapes
+                  if s["label"] in times and times[s["label"]] > 0]
         if ratios:
             out[peer] = geomean(ratios)
     return out
