@@ -34,8 +34,18 @@ _PRELUDE = "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n#include <cuda_fp8.h
 # must be a literal <name> or "name": a macro operand could name any file on the machine.
 _INCLUDE_RE = re.compile(r"^[ \t]*(?:#|%:|\?\?=)[ \t]*(include\w*|import|embed)\b(.*)$", re.MULTILINE)
 _INCLUDE_OPERAND_RE = re.compile(r'^(?:<([^<>"]+)>|"([^<>"]+)")$')
-# Comments and string literals, so that comments can be blanked before directives are read.
-_COMMENT_OR_STRING_RE = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|//[^\n]*|/\*.*?\*/', re.DOTALL)
+# The tokens that decide where a comment starts: raw strings (which span lines), identifiers,
+# numbers (with ' digit separators), string and character literals, then the two comments.
+# Tokenising in the compiler's order keeps a '/*' inside a literal from hiding a directive.
+_TOKEN_RE = re.compile(
+    r"""(?P<raw>(?:u8|[uUL])?R"(?P<delim>[^()\\\s"]{0,16})\(.*?\)(?P=delim)")"""
+    r"|[A-Za-z_]\w*"
+    r"|\.?\d(?:[eEpP][+-]|'\w|[\w.])*"
+    r'|"(?:\\.|[^"\\\n])*"'
+    r"|'(?:\\.|[^'\\\n])*'"
+    r"|(?P<comment>//[^\n]*|/\*.*?\*/)",
+    re.DOTALL,
+)
 _FLAGS_RE = re.compile(r"^\s*//\s*flags\s*:(.*)$", re.MULTILINE)
 _SCALAR_T = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float"}
 
@@ -135,9 +145,9 @@ def _preprocessor_view(source: str) -> str:
 
     def blank(m: re.Match[str]) -> str:
         token = m.group(0)
-        return token if token[0] in "\"'" else " " + "\n" * token.count("\n")
+        return " " + "\n" * token.count("\n") if m.group("comment") else token
 
-    return _COMMENT_OR_STRING_RE.sub(blank, text)
+    return _TOKEN_RE.sub(blank, text)
 
 
 def check_includes(source: str) -> None:
@@ -225,6 +235,12 @@ def _atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def _text_section(entry: str) -> bytes:
+    """The ELF section name of an unmangled kernel, NUL-terminated so that no longer name
+    matches (the ptxas report is not always in NVRTC's log)."""
+    return b".text." + entry.encode() + b"\x00"
+
+
 def _nvrtc_compile(source: str, options: Sequence[str], entry: str) -> tuple[bool, bytes, str]:
     from cuda.bindings import nvrtc
 
@@ -281,7 +297,7 @@ def compile_variant(
     seconds = time.perf_counter() - start
     # An entry counts only as an unmangled __global__ symbol of exactly that name: a C++
     # (mangled) kernel or another kernel whose name merely contains ``entry`` cannot be loaded.
-    if ok and entry not in _PTXAS_ENTRY.findall(log):
+    if ok and entry not in _PTXAS_ENTRY.findall(log) and _text_section(entry) not in cubin:
         ok, log = False, f'{log}\nno kernel named {entry} in the binary (use extern "C" __global__ void {entry}(...))'
     if ok:
         _atomic_write(bin_path, cubin)

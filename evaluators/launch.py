@@ -73,8 +73,8 @@ def _check_node(node: ast.AST, expr: str) -> None:
 def _eval_node(node: ast.AST, env: Mapping[str, int], expr: str) -> int:
     if isinstance(node, ast.Expression):
         return _eval_node(node.body, env, expr)
-    if isinstance(node, ast.Constant):
-        return int(node.value)
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return node.value
     if isinstance(node, ast.Name):
         if node.id not in env:
             raise LaunchSpecError(f"unknown name {node.id!r} in {expr!r}; known: {sorted(env)}")
@@ -136,6 +136,12 @@ def evaluate(expr: str, env: Mapping[str, int]) -> int:
             that ``env`` lacks.
     """
     return Expr(expr).evaluate(env)
+
+
+def _pad3(sizes: list[int]) -> tuple[int, int, int]:
+    """A 1- to 3-dimensional size padded with ones to CUDA's three dimensions."""
+    x, y, z = (*sizes, 1, 1, 1)[:3]
+    return (x, y, z)
 
 
 def _as_int(name: str, value: object) -> int:
@@ -213,8 +219,7 @@ class LaunchSpec:
             raise LaunchSpecError(f"grid {grid} and block {block} must be positive for {dict(env)}")
         if smem < 0:
             raise LaunchSpecError(f"shared memory {smem} is negative for {dict(env)}")
-        pad = lambda xs: tuple(xs) + (1,) * (3 - len(xs))  # noqa: E731
-        return LaunchConfig(grid=pad(grid), block=pad(block), smem_bytes=smem)  # type: ignore[arg-type]
+        return LaunchConfig(grid=_pad3(grid), block=_pad3(block), smem_bytes=smem)
 
     def macro_defines(self, params: Mapping[str, int]) -> dict[str, int]:
         return dict(self.validate_params(params))
