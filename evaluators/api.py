@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from evaluators.variant import Variant
 from evaluators.verdict import Evaluation
+
+if TYPE_CHECKING:
+    from kernels.spec import KernelSpec
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,8 @@ class EvalRequest:
         best_ms: per-shape best times so far (for the early cutoff), keyed by shape label.
         time: False to validate only.
         noise_floor: also time the baseline against itself (A/A) and report the spread.
+        extra_shapes: shapes added to the kernel's search shapes for this run (the tester's);
+            ignored for the held-out set, which the search must never see.
     """
 
     kernel: str
@@ -60,6 +66,14 @@ class EvalRequest:
     best_ms: dict[str, float] = field(default_factory=dict)
     time: bool = True
     noise_floor: bool = False
+    extra_shapes: tuple[dict[str, int], ...] = ()
+
+    def shapes(self, spec: KernelSpec) -> tuple[dict[str, int], ...]:
+        """The shapes to evaluate: the spec's set, plus ``extra_shapes`` for ``search``."""
+        own = spec.shapes(self.shape_set)
+        if self.shape_set != "search":
+            return own
+        return own + tuple(dict(s) for s in self.extra_shapes)
 
 
 class Evaluator(ABC):

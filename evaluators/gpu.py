@@ -160,7 +160,7 @@ class GpuEvaluator(Evaluator):
     def evaluate(self, request: EvalRequest) -> Evaluation:
         start = time.perf_counter()
         spec = self.spec(request.kernel)
-        shapes = spec.shapes(request.shape_set)
+        shapes = request.shapes(spec)
         base_meta = dict(kernel=spec.name, dtype=request.dtype, variant_id=request.variant.id,
                          shape_set=request.shape_set)
         cand, cand_launch, params, error = self._compile(spec, request.variant.source, request.params,

@@ -132,7 +132,7 @@ class StandinEvaluator(Evaluator):
         base_src = spec.baseline_source()
         base_launch = request.variant.__class__(spec.name, base_src).launch()
         out = []
-        for shape in spec.shapes(request.shape_set):
+        for shape in request.shapes(spec):
             cand = request.variant.launch().resolve(shape, params)
             threads = cand.block[0] * cand.block[1] * cand.block[2]
             if threads > 1024:

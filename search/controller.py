@@ -184,6 +184,7 @@ class Controller:
             shape_set=job.shape_set, timing=TimingConfig.screen() if screen else TimingConfig.full(),
             seeds=self.config.evaluator.seeds, best_ms=st.best_ms() if screen and st.baseline_scored else {},
             noise_floor=job.stage in ("full", "final"),
+            extra_shapes=st.extra_shapes if job.shape_set == "search" else (),
         )
         self.pool.submit(job, request)
 

@@ -80,7 +80,8 @@ def _final_timing(ctl: Controller, actor: Any, st: KernelState, item: Scored) ->
     if key in ctl.cache:
         return ctl.cache[key].evaluation
     request = EvalRequest(kernel=st.ref, variant=item.variant, params=params, dtype=st.dtype,
-                          timing=TimingConfig.full(), seeds=ctl.config.evaluator.seeds, noise_floor=True)
+                          timing=TimingConfig.full(), seeds=ctl.config.evaluator.seeds, noise_floor=True,
+                          extra_shapes=st.extra_shapes)
     evaluation, busy = ray.get(actor.evaluate.remote(request))
     ctl.pool.busy_s += busy
     record = EvalRecord(

@@ -6,17 +6,23 @@ Examples::
     python -m search.run --kernel silu_and_mul --dtype bfloat16 --agent llm --model o4-mini
     python -m search.run --evaluator standin --rounds 2      # CPU dry run, numbers not real
     python -m search.run --resume runs/20261129-101500-ab12
+
+With ``--agent llm`` the endpoint is checked before anything starts (a wrong URL, key or
+model exits 2 within seconds), and the tester proposes extra search shapes once per kernel;
+they are recorded in ``extra_shapes.json`` and reused when the run is resumed.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import shlex
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -24,8 +30,10 @@ from typing import Any, NoReturn
 from agents.factory import AgentConfigError, make_agent
 from kernels.spec import KernelSpec, KernelSpecError, list_kernels, load_kernel
 from search.config import ConfigError, RunConfig, dump_config, load_config, override
+from search.records import RunRecords, atomic_write, read_jsonl
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+EXTRA_SHAPES_FILE = "extra_shapes.json"
 
 
 class UsageError(ValueError):
@@ -144,10 +152,69 @@ class Prepared:
     resume: bool
 
 
+def check_agent(config: RunConfig) -> None:
+    """Builds one agent so that a missing backend fails now; for ``llm`` also checks, in
+    seconds and before Ray starts, that the endpoint answers, takes the key and serves the model.
+
+    Raises:
+        AgentConfigError: the backend cannot be imported or built.
+        UsageError: a bad ``llm`` setting or an unusable endpoint.
+    """
+    if config.agent.kind != "llm":
+        make_agent(config.agent.kind, config.agent, config.seed)
+        return
+    try:
+        from agents.llm import LLMConfigError, PreflightError
+    except ImportError as exc:
+        raise AgentConfigError(f"the LLM agent backend cannot be imported: {exc}") from None
+    try:
+        make_agent("llm", config.agent, config.seed).preflight()  # type: ignore[attr-defined]
+    except (LLMConfigError, PreflightError) as exc:
+        raise UsageError(f"LLM endpoint check failed: {exc}") from None
+
+
+def recorded_extra_shapes(run_dir: Path) -> dict[str, list[dict[str, int]]]:
+    """Extra shapes an earlier attempt at this run already got from the tester, per kernel.
+
+    ``extra_shapes.json`` first; the tester's call records in ``llm_calls.jsonl`` fill in
+    kernels whose answer was recorded before a kill cut the run short of writing the file.
+    """
+    path = run_dir / EXTRA_SHAPES_FILE
+    shapes: dict[str, list[dict[str, int]]] = json.loads(path.read_text()) if path.is_file() else {}
+    for call in read_jsonl(run_dir / "llm_calls.jsonl"):
+        if call.get("role") == "tester" and call.get("kernel") not in shapes:
+            shapes[call["kernel"]] = list(call.get("accepted_shapes") or [])
+    return shapes
+
+
+def tester_shapes(prep: Prepared, records: RunRecords) -> dict[str, list[dict[str, int]]]:
+    """Extra search shapes per kernel from the LLM tester, asked once per kernel and run.
+
+    A resumed run reuses what was recorded and asks only about kernels without a record, so
+    every evaluation of the run, before and after a resume, uses the same shapes. The tester's
+    calls go to ``llm_calls.jsonl``; the shapes to ``extra_shapes.json``.
+    """
+    cfg = prep.config
+    if cfg.agent.kind != "llm":
+        return {}
+    shapes = recorded_extra_shapes(prep.run_dir) if prep.resume else {}
+    missing = [spec for spec, _ in prep.kernels if spec.name not in shapes]
+    if missing:
+        tester: Any = make_agent("llm", cfg.agent, cfg.seed)
+        _ = tester.client  # built once here: the threads below share it
+        with ThreadPoolExecutor(max_workers=min(len(missing), tester.config.concurrency)) as pool:
+            answers = list(pool.map(tester.propose_shapes, missing))
+        for call in tester.tester_calls:
+            records.append("llm_calls", {**call, "variant_id": "", "run_id": records.run_id})
+        shapes.update({spec.name: answer for spec, answer in zip(missing, answers, strict=True)})
+    atomic_write(prep.run_dir / EXTRA_SHAPES_FILE, json.dumps(shapes, indent=2))
+    return shapes
+
+
 def prepare(args: argparse.Namespace) -> Prepared:
     config = resolve_config(args)
     kernels = resolve_kernels(config)
-    make_agent(config.agent.kind, config.agent, config.seed)  # fail fast on a missing backend
+    check_agent(config)
     check_local_gpu(config)
     if args.resume is not None:
         run_dir = args.resume
@@ -166,19 +233,24 @@ def run_search(prep: Prepared, command: str) -> dict[str, Any]:
     from search.finalize import finalize
     from search.pool import AgentActor, EvalPool
     from search.progress import Progress, busy_fraction
-    from search.records import RunRecords, load_history
+    from search.records import load_history
     from search.report import build_summary, print_summary, write_tables
     from search.state import KernelState
     from search.tuning import TuningStore
 
     cfg, start = prep.config, time.time()
     dump_config(cfg, prep.run_dir / "config.yaml")
-    start_ray(cfg)
-    n_gpus = evaluator_count(cfg)
     history = load_history(prep.run_dir) if prep.resume else None
     records = RunRecords(prep.run_dir, prep.run_dir.name)
-    states = [KernelState(spec, ref, cfg.dtype, cfg.search.population, cfg.search.top_k, cfg.search.migrate_every)
-              for spec, ref in prep.kernels]
+    try:
+        extra = tester_shapes(prep, records)
+        start_ray(cfg)
+        n_gpus = evaluator_count(cfg)
+    except BaseException:
+        records.close()
+        raise
+    states = [KernelState(spec, ref, cfg.dtype, cfg.search.population, cfg.search.top_k, cfg.search.migrate_every,
+                          tuple(extra.get(spec.name, ()))) for spec, ref in prep.kernels]
     actor_cls = ray.remote(AgentActor).options(num_cpus=0)
     agents: list[Any] = [actor_cls.remote(cfg.agent.kind, cfg.agent, cfg.seed * 1000 + i) for i in range(cfg.search.population)]
     pool = EvalPool(cfg.evaluator.kind, n_gpus, cfg.evaluator.retries, cfg.evaluator.standin_latency_s)
@@ -195,7 +267,8 @@ def run_search(prep: Prepared, command: str) -> dict[str, Any]:
     wall = time.time() - start
     meta = {"run_id": prep.run_dir.name, "command": command, "gpu": device, "evaluator": cfg.evaluator.kind,
             "n_gpus": n_gpus, "wall_s": wall, "gpu_busy_fraction": busy_fraction(pool.busy_s, wall, n_gpus),
-            "evaluator_actors_replaced": pool.replaced, "resumed": prep.resume}
+            "evaluator_actors_replaced": pool.replaced, "resumed": prep.resume,
+            "extra_shapes": {st.name: list(st.extra_shapes) for st in states}}
     summary = build_summary(prep.run_dir, results, meta)
     write_tables(prep.run_dir)
     print_summary(summary)

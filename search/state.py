@@ -43,10 +43,13 @@ class KernelState:
         ref: how evaluators find the kernel (library name or folder path).
         dtype: run dtype.
         population / top_k / migrate_every: selection settings.
+        extra_shapes: shapes the tester added to the search shapes for this run.
     """
 
-    def __init__(self, spec: KernelSpec, ref: str, dtype: str, population: int, top_k: int, migrate_every: int) -> None:
+    def __init__(self, spec: KernelSpec, ref: str, dtype: str, population: int, top_k: int, migrate_every: int,
+                 extra_shapes: tuple[dict[str, int], ...] = ()) -> None:
         self.spec, self.ref, self.dtype = spec, ref, dtype
+        self.extra_shapes = tuple(dict(s) for s in extra_shapes)
         self.baseline = Variant(spec.name, spec.baseline_source(), author="baseline", note="baseline")
         self.baseline_scored: Scored | None = None
         self.archive = EliteArchive(top_k)
@@ -65,6 +68,10 @@ class KernelState:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    def search_shapes(self) -> tuple[dict[str, int], ...]:
+        """The spec's search shapes and the tester's extra ones (never held-out shapes)."""
+        return tuple(dict(s) for s in self.spec.search_shapes) + self.extra_shapes
 
     def set_baseline(self, evaluation: Evaluation) -> None:
         """Records the baseline's own evaluation; it must be correct to start a search.
@@ -97,7 +104,7 @@ class KernelState:
             kernel=self.name,
             description=self.spec.description,
             signature=", ".join(f"{a.name}:{a.kind}" for a in self.spec.args),
-            shapes=tuple(dict(s) for s in self.spec.search_shapes),
+            shapes=self.search_shapes(),
             dtype=self.dtype,
             parent=parent.variant,
             parent_eval=parent.evaluation,

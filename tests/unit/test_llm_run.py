@@ -1,0 +1,146 @@
+"""The LLM agent inside the search run, on the CPU: preflight at start-up, the tester's extra
+shapes (search only, recorded, reused on resume), and the scripted demonstration end to end.
+
+The search runs as a real ``python -m search.run`` subprocess (local Ray, stand-in evaluator)
+against the scripted OpenAI-compatible server of ``tests/llm_server.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from evaluators.api import EvalRequest
+from evaluators.standin import StandinEvaluator
+from evaluators.variant import Variant
+from experiments import llm_demo
+from kernels.spec import load_kernel, shape_label
+from search.records import read_jsonl
+from search.run import EXTRA_SHAPES_FILE, REPO_ROOT
+from tests.llm_server import ScriptedLLMServer
+
+SPEC = load_kernel("silu_and_mul")
+SEARCH = [shape_label(s) for s in SPEC.search_shapes]
+HELDOUT = [shape_label(s) for s in SPEC.heldout_shapes]
+EXTRA = shape_label(llm_demo.EXTRA_SHAPE)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path, dict]:
+    """The demonstration with the stand-in evaluator: (exit code, its out folder, its report)."""
+    out = tmp_path_factory.mktemp("llm-demo")
+    code = llm_demo.main(["--evaluator", "standin", "--out", str(out), "--timeout-s", "300"])
+    return code, out, json.loads((out / "llm-demo.json").read_text())
+
+
+def _labels(record: dict) -> list[str]:
+    return [shape_label(s["shape"]) for s in record["evaluation"]["shapes"]]
+
+
+def test_demo_runs_end_to_end_with_the_standin(demo):
+    code, out, report = demo
+    assert code == 0, report.get("stderr_tail") or report["checks"]
+    assert report["ok"] and report["checks"] and all(report["checks"].values())
+    assert report["winner"] == report["expected_variant"] == Variant("silu_and_mul", llm_demo.VARIANT_FILE.read_text()).id
+    assert [c["role"] for c in report["chain"]] == ["tester", "planner", "coder"]
+    assert report["served_roles"] == ["tester", "planner", "coder"]
+    assert all(c["prompt_tokens"] > 0 and c["completion_tokens"] > 0 and c["latency_s"] > 0 for c in report["chain"])
+    assert report["gpu"] == "cpu-standin" and "STAND-IN" in report["warning"]
+    assert report["speedup_search"] > 1.0
+    md = (out / "llm-demo.md").read_text()
+    assert report["winner"] in md and "| coder |" in md and "STAND-IN" in md
+
+
+def test_extra_shapes_join_search_evaluations_and_never_heldout(demo):
+    _, _, report = demo
+    run_dir = Path(report["run_dir"])
+    records = list(read_jsonl(run_dir / "evaluations.jsonl"))
+    search = [r for r in records if r["shape_set"] == "search" and r["evaluation"]["shapes"]]
+    heldout = [r for r in records if r["shape_set"] == "heldout"]
+    assert {r["stage"] for r in search} == {"screen", "full", "final"} and heldout
+    # Every search evaluation, the baseline's included, has the tester's shape after the spec's.
+    assert any(r["variant"]["author"] == "baseline" for r in search)
+    assert all(_labels(r) == [*SEARCH, EXTRA] for r in search)
+    assert all(_labels(r) == HELDOUT for r in heldout)
+    assert json.loads((run_dir / EXTRA_SHAPES_FILE).read_text()) == {"silu_and_mul": [llm_demo.EXTRA_SHAPE]}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["extra_shapes"] == {"silu_and_mul": [llm_demo.EXTRA_SHAPE]}
+    assert [s["label"] for s in summary["kernels"][0]["shapes"]] == [*SEARCH, EXTRA]  # the final timing
+    # The agents are told about it too: the planner's prompt lists it among the search shapes.
+    planner = next(c for c in read_jsonl(run_dir / "llm_calls.jsonl") if c["role"] == "planner")
+    assert EXTRA in planner["messages"][1]["content"]
+
+
+def test_request_shapes_add_extras_to_search_only(tmp_path):
+    extra = ({"num_tokens": 3, "d": 4104},)
+    base = Variant("silu_and_mul", SPEC.baseline_source())
+    search = EvalRequest("silu_and_mul", base, extra_shapes=extra)
+    held = EvalRequest("silu_and_mul", base, shape_set="heldout", extra_shapes=extra)
+    assert search.shapes(SPEC) == (*SPEC.search_shapes, *extra)
+    assert held.shapes(SPEC) == SPEC.heldout_shapes
+    evaluator = StandinEvaluator(cache_dir=tmp_path)
+    assert [s.shape for s in evaluator.evaluate(search).shapes][-1] == extra[0]
+    assert [s.shape for s in evaluator.evaluate(held).shapes] == list(SPEC.heldout_shapes)
+
+
+def test_resume_reuses_recorded_extra_shapes_without_asking_the_tester(demo, tmp_path):
+    _, _, report = demo
+    run_dir = tmp_path / "runs" / Path(report["run_dir"]).name
+    shutil.copytree(report["run_dir"], run_dir)
+    faster = SPEC.baseline_source().replace("expf(", "__expf(")
+    replies = llm_demo.scripted_replies(faster)
+    del replies["tester"]  # asking the tester again would get a 500 and leave a record
+    with ScriptedLLMServer(api_key=llm_demo.API_KEY, models=[llm_demo.MODEL],
+                           responder=llm_demo.make_responder(replies)) as server:
+        out = subprocess.run([sys.executable, "-m", "search.run", "--resume", str(run_dir), "--rounds", "2"],
+                             cwd=REPO_ROOT, env=llm_demo.server_env(server), capture_output=True, text=True,
+                             timeout=240)
+        served = [llm_demo.role_of(r["body"]) for r in server.chat_requests()]
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert served == ["planner", "coder"]  # the second round only; no tester call
+    calls = list(read_jsonl(run_dir / "llm_calls.jsonl"))
+    assert [c["role"] for c in calls if c["role"] == "tester"] == ["tester"]
+    new = [r for r in read_jsonl(run_dir / "evaluations.jsonl") if r["variant"]["id"] == Variant("silu_and_mul", faster).id]
+    assert new and all(_labels(r) == [*SEARCH, EXTRA] for r in new if r["shape_set"] == "search")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed"] is True and summary["extra_shapes"] == {"silu_and_mul": [llm_demo.EXTRA_SHAPE]}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_llm(base_url: str, key: str, out: Path, model: str = "scripted") -> subprocess.CompletedProcess:
+    env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": key}
+    cmd = [sys.executable, "-m", "search.run", "--kernel", "silu_and_mul", "--agent", "llm", "--model", model,
+           "--evaluator", "standin", "--out", str(out)]
+    # 30 s bounds a start-up check; the client's own timeouts and retries would take minutes.
+    return subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.parametrize("case", ["closed-port", "wrong-key", "unknown-model"])
+def test_preflight_failure_exits_2_with_one_line_before_anything_starts(tmp_path, case):
+    out = tmp_path / "runs"
+    with ScriptedLLMServer(api_key="right-key", models=["scripted"]) as server:
+        if case == "closed-port":
+            proc = _run_llm(f"http://127.0.0.1:{_free_port()}/v1", "right-key", out)
+        elif case == "wrong-key":
+            proc = _run_llm(server.base_url, "wrong-key", out)
+        else:
+            proc = _run_llm(server.base_url, "right-key", out, model="no-such-model")
+        assert not server.chat_requests()
+    expected = {"closed-port": "cannot reach", "wrong-key": "refused the API key", "unknown-model": "no-such-model"}
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: LLM endpoint check failed"), proc.stderr
+    assert expected[case] in lines[0] and "right-key" not in lines[0]
+    assert not out.exists() or not any(out.iterdir())  # no run directory, no Ray
