@@ -87,6 +87,7 @@ class EvaluatorConfig:
         seeds: validation seeds per evaluation.
         retries: times an evaluation is retried after its evaluator actor died.
         standin_latency_s: stand-in only: seconds each evaluation sleeps (slow-evaluator tests).
+        peers: time the production peers beside the winners at the end of the run.
     """
 
     kind: str = "gpu"
@@ -94,6 +95,7 @@ class EvaluatorConfig:
     seeds: tuple[int, ...] = (0, 1)
     retries: int = 1
     standin_latency_s: float = 0.0
+    peers: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in ("gpu", "standin"):

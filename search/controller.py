@@ -13,6 +13,7 @@ so a resumed run rebuilds the same state and evaluates nothing twice.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -169,7 +170,7 @@ class Controller:
         if check_binary:
             first = job.state.dedupe.same_binary(out.binary_key, job.variant.id)
             if first is not None:
-                self._when_final(job.state, first, job.on_same or job.on_done)
+                self._when_final(job.state, first, lambda ev: self._same_as(job, first, ev))
                 return
         if cached is not None:
             job.on_done(cached.evaluation)
@@ -188,7 +189,19 @@ class Controller:
         )
         self.pool.submit(job, request)
 
+    def _same_as(self, job: Job, first: str, evaluation: Evaluation) -> None:
+        """A variant whose binary was already judged takes that verdict, and a record says so
+        (so every proposal has a verdict on record; none is run twice)."""
+        copied = dataclasses.replace(evaluation, variant_id=job.variant.id,
+                                     extra={**evaluation.extra, "same_binary_as": first})
+        self._record(job, copied, 0.0)
+        (job.on_same or job.on_done)(copied)
+
     def _finish(self, job: Job, evaluation: Evaluation, busy_s: float) -> None:
+        self._record(job, evaluation, busy_s)
+        job.on_done(evaluation)
+
+    def _record(self, job: Job, evaluation: Evaluation, busy_s: float) -> None:
         st = job.state
         record = EvalRecord(
             run_id=self.records.run_id, kernel=st.name, dtype=st.dtype,
@@ -200,7 +213,6 @@ class Controller:
         )
         self.records.evaluation(record)
         self.cache[record.key] = record
-        job.on_done(evaluation)
 
     # -- variants: dedupe, tuning, verdicts ----------------------------------------------
 

@@ -108,7 +108,8 @@ def finalize(ctl: Controller) -> tuple[list[KernelResult], str]:
             # The winner and the baseline are timed again in the same interleaved loop as the
             # peers, so that speedups over peers compare times from one loop.
             ours = {"best": (item.variant.source, dict(item.params)), "baseline": (st.baseline.source, {})}
-            peers = ray.get(actor.time_peers.remote(st.ref, st.dtype, "search", ours))
+            peers = (ray.get(actor.time_peers.remote(st.ref, st.dtype, "search", ours))
+                     if ctl.config.evaluator.peers else {})
             results.append(KernelResult(st, item, heldout, final, peers, rejected))
         ray.get(actor.close.remote())
     finally:

@@ -1,0 +1,142 @@
+"""Evaluation integrity on the GPU machine: every adversarial fixture's verdict, and the
+accounting of a search run in which a fraction of the proposals were hostile.
+
+    python -m experiments.integrity fixtures --out OUT            # table of fixtures and verdicts
+    python -m experiments.integrity run RUN_DIR --fixtures-json OUT.json --out OUT
+
+``fixtures`` evaluates every file of tests/adversarial/fixtures.yaml with the GPU evaluator
+(5 warm-ups, 20 timed repetitions) and, after every fault, the baseline again (it must still
+be OK). ``run`` reads a search run's proposals.jsonl and evaluations.jsonl and checks that
+every proposal has a verdict on record, then writes OUT.json and OUT.md with both parts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from evaluators.api import EvalRequest, TimingConfig
+from evaluators.variant import Variant
+from kernels.spec import load_kernel
+
+INDEX = Path(__file__).resolve().parents[1] / "tests" / "adversarial" / "fixtures.yaml"
+
+
+def run_fixtures() -> dict[str, Any]:
+    from evaluators.gpu import GpuEvaluator
+
+    data = yaml.safe_load(INDEX.read_text())
+    evaluator = GpuEvaluator(step_timeout_s=15.0)
+    rows = []
+    try:
+        gpu = evaluator.info()["gpu"]
+        for fx in data["fixtures"]:
+            source = (INDEX.parent / fx["file"]).read_text()
+            ev = evaluator.evaluate(EvalRequest(fx["kernel"], Variant(fx["kernel"], source), dtype="float16",
+                                                timing=TimingConfig(5, 20, 0.0)))
+            row = {"file": fx["file"], "kernel": fx["kernel"], "expected": fx["status"],
+                   "expected_guard": fx.get("guard", ""), "got": ev.status.value, "guard": ev.guard,
+                   "message": ev.message[:300], "restarts_so_far": evaluator.restarts}
+            if ev.status.value not in ("OK", "COMPILE_ERROR"):
+                spec = load_kernel(fx["kernel"])
+                after = evaluator.evaluate(EvalRequest(fx["kernel"], Variant(spec.name, spec.baseline_source()),
+                                                       time=False))
+                row["baseline_after"] = after.status.value
+            guard_ok = fx["status"] != "REJECTED" or ev.guard == fx.get("guard")
+            row["as_expected"] = ev.status.value == fx["status"] and guard_ok
+            rows.append(row)
+            print(f"{fx['file']:<40} expected {fx['status']:<14} got {ev.status.value:<14} {ev.guard}", flush=True)
+    finally:
+        evaluator.close()
+    return {"gpu": gpu, "fixtures": rows, "not_applicable": data.get("not_applicable", [])}
+
+
+def account_run(run_dir: Path) -> dict[str, Any]:
+    """Every proposal must have at least one evaluation on record (by variant id)."""
+    proposals = [json.loads(line) for line in (run_dir / "proposals.jsonl").read_text().splitlines() if line.strip()]
+    evals = [json.loads(line) for line in (run_dir / "evaluations.jsonl").read_text().splitlines() if line.strip()]
+    judged = {(e["kernel"], e["variant"]["id"]) for e in evals}
+    missing = [p["variant_id"] for p in proposals if not p.get("failure") and (p["kernel"], p["variant_id"]) not in judged]
+    injected = [p for p in proposals if p["variant"].get("meta", {}).get("injected")]
+    verdicts: Counter[str] = Counter()
+    as_expected = 0
+    for p in injected:
+        statuses = {e["evaluation"]["status"] for e in evals
+                    if e["kernel"] == p["kernel"] and e["variant"]["id"] == p["variant_id"]}
+        status = sorted(statuses)[0] if statuses else "MISSING"
+        verdicts[status] += 1
+        as_expected += p["variant"]["meta"]["expected_status"] in statuses
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    return {
+        "run_dir": run_dir.name, "command": summary.get("command", ""), "proposals": len(proposals),
+        "injected": len(injected), "injected_fraction": len(injected) / max(1, len(proposals)),
+        "evaluations": len(evals), "proposals_without_verdict": missing,
+        "evaluations_by_status": dict(Counter(e["evaluation"]["status"] for e in evals)),
+        "injected_verdicts": dict(verdicts), "injected_as_expected": as_expected,
+        "winners_injected": [k["winner"] for k in summary.get("kernels", [])
+                             if any(p["variant_id"] == k["winner"] for p in injected)],
+        "completed": bool(summary), "wall_s": summary.get("wall_s"),
+    }
+
+
+def to_markdown(doc: dict[str, Any]) -> str:
+    fx = doc["fixtures"]
+    good = sum(r["as_expected"] for r in fx["fixtures"])
+    lines = [f"# Evaluation integrity on {fx['gpu']}", "", f"- commit: {doc['git_commit']}", f"- date: {doc['date']}",
+             f"- fixtures: {good} of {len(fx['fixtures'])} got the expected verdict "
+             "(evaluated with 5 warm-ups and 20 timed repetitions; after every fault the baseline was evaluated again)",
+             "", "| fixture | kernel | expected | got | guard | baseline after | as expected |", "|---|---|---|---|---|---|---|"]
+    for r in fx["fixtures"]:
+        lines.append(f"| {r['file']} | {r['kernel']} | {r['expected']} {r['expected_guard']} | {r['got']} | "
+                     f"{r['guard']} | {r.get('baseline_after', '-')} | {'yes' if r['as_expected'] else 'NO'} |")
+    if fx["not_applicable"]:
+        lines += ["", "Not applicable to device-only code compiled by NVRTC:", ""]
+        lines += [f"- {json.dumps(item) if not isinstance(item, str) else item}" for item in fx["not_applicable"]]
+    run = doc.get("run")
+    if run:
+        lines += ["", "## Search run with hostile proposals", "", f"- command: `{run['command']}`",
+                  f"- completed: {run['completed']}, wall {run['wall_s']} s",
+                  f"- proposals: {run['proposals']}, of which injected hostile: {run['injected']} "
+                  f"({run['injected_fraction']:.0%})",
+                  f"- evaluations on record: {run['evaluations']}; by status: {run['evaluations_by_status']}",
+                  f"- proposals without a verdict on record: {len(run['proposals_without_verdict'])}",
+                  f"- injected proposals' verdicts: {run['injected_verdicts']} "
+                  f"({run['injected_as_expected']} with the fixture's expected status)",
+                  f"- winners that were injected: {run['winners_injected'] or 'none'}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    f = sub.add_parser("fixtures")
+    f.add_argument("--out", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("run_dir", type=Path)
+    r.add_argument("--fixtures-json", required=True)
+    r.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if args.cmd == "fixtures":
+        out.with_suffix(".json").write_text(json.dumps(run_fixtures(), indent=1))
+        return 0
+    doc = {"git_commit": os.environ.get("KERNEL_SEARCH_COMMIT", "unknown"),
+           "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+           "fixtures": json.loads(Path(args.fixtures_json).read_text()), "run": account_run(args.run_dir)}
+    out.with_suffix(".json").write_text(json.dumps(doc, indent=1))
+    out.with_suffix(".md").write_text(to_markdown(doc))
+    print(to_markdown(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
