@@ -225,8 +225,12 @@ def prepare(args: argparse.Namespace) -> Prepared:
     return Prepared(config, kernels, run_dir, args.resume is not None)
 
 
-def run_search(prep: Prepared, command: str) -> dict[str, Any]:
-    """Runs (or resumes) the search, then finalizes and reports; returns the summary."""
+def run_search(prep: Prepared, command: str, progress_cls: Any = None) -> dict[str, Any]:
+    """Runs (or resumes) the search, then finalizes and reports; returns the summary.
+
+    ``progress_cls`` replaces :class:`search.progress.Progress` (same constructor), e.g. the
+    sweep's per-library progress line.
+    """
     import ray
 
     from search.controller import Controller
@@ -254,7 +258,7 @@ def run_search(prep: Prepared, command: str) -> dict[str, Any]:
     actor_cls = ray.remote(AgentActor).options(num_cpus=0)
     agents: list[Any] = [actor_cls.remote(cfg.agent.kind, cfg.agent, cfg.seed * 1000 + i) for i in range(cfg.search.population)]
     pool = EvalPool(cfg.evaluator.kind, n_gpus, cfg.evaluator.retries, cfg.evaluator.standin_latency_s)
-    progress = Progress(n_gpus=n_gpus)
+    progress = (progress_cls or Progress)(n_gpus=n_gpus)
     ctl = Controller(cfg, states, records, pool, agents, TuningStore(prep.run_dir, cfg.seed), progress, history)
     try:
         ctl.run()

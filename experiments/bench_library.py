@@ -1,0 +1,254 @@
+"""The kernel library beside its production peers, with plots, on the GPU machine.
+
+    python -m experiments.bench_library --best runs/sweep-20261129-101500-ab12
+    python -m experiments.bench_library --kernel rmsnorm --kernel layernorm --merge
+
+For every kernel, dtype (default float16) and search shape: our baseline, the best kernel a
+sweep or run found (``--best DIR``: its ``best/<kernel>.cu`` and ``.json``; optional), torch
+eager, torch.compile, Liger and FlashInfer where the spec has them, all timed in one
+interleaved loop (:meth:`evaluators.gpu.GpuEvaluator.time_peers_full`), with the achieved
+fraction of the measured copy bandwidth. Every figure is kernel time: CUDA events around one
+launch (ours) or one CUDA-graph replay (peers), L2 flushed before each repetition.
+
+Writes OUT.json and OUT.md (command, git commit, GPU, date) and one PNG per kernel and dtype
+(OUT-<kernel>-<dtype>.png; needs matplotlib, the ``plots`` extra). ``--merge`` keeps the
+entries of an earlier OUT.json for kernels not timed this time, so the library can be timed
+in several shorter runs and still give one table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from evaluators.verdict import geomean
+from kernels.spec import KernelSpec, list_kernels, load_kernel, shape_label
+from search.report import git_commit
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TIMING = ("median of the repetitions after 20 warm-ups; CUDA events around one launch (ours) or one CUDA-graph "
+          "replay (peers); inputs restored and L2 flushed before every repetition; implementations interleaved "
+          "in one loop; torch_compile = torch.compile of the fp32 reference")
+PLOT_TITLE = "kernel time, CUDA events / graph replay, L2 flushed"
+OURS = ("baseline", "best")
+
+
+def find_best(best_dir: Path | None, kernel: str) -> tuple[Path, dict[str, Any]] | None:
+    """The best kernel a sweep or run directory recorded for ``kernel``: (source path, evidence)."""
+    if best_dir is None:
+        return None
+    candidates = [best_dir / "best"] + sorted(p / "best" for p in best_dir.iterdir() if p.is_dir())
+    for folder in candidates:
+        source, evidence = folder / f"{kernel}.cu", folder / f"{kernel}.json"
+        if source.is_file() and evidence.is_file():
+            return source, json.loads(evidence.read_text())
+    return None
+
+
+def kernel_result(spec: KernelSpec, dtype: str, shape_set: str, reply: dict[str, Any],
+                  best: dict[str, Any] | None) -> dict[str, Any]:
+    """One kernel's entry of the results from a ``time_peers_full`` reply (no GPU needed).
+
+    Args:
+        spec: the kernel.
+        dtype: the dtype timed.
+        shape_set: ``search`` or ``heldout``.
+        reply: ``{"peers": {impl: {label: ms}}, "iqr": ..., "errors": ..., "copy_bw_bytes_per_s": ...}``.
+        best: what is known of the best kernel timed as ``best`` (variant id, source path), or None.
+    """
+    copy_bw = float(reply["copy_bw_bytes_per_s"])
+    rows = []
+    for shape in spec.shapes(shape_set):
+        label, nbytes = shape_label(shape), spec.bytes_moved(shape, dtype)
+        impl = {}
+        for name, per_shape in reply["peers"].items():
+            ms = per_shape.get(label)
+            if ms is None or ms <= 0:
+                continue
+            bw = nbytes / (ms * 1e-3)
+            impl[name] = {"median_us": ms * 1e3, "iqr_us": reply.get("iqr", {}).get(name, {}).get(label, 0.0) * 1e3,
+                          "bandwidth_tb_s": bw / 1e12, "copy_bw_fraction": bw / copy_bw}
+        rows.append({"shape": dict(shape), "label": label, "bytes_moved": nbytes, "impl": impl})
+    return {"kernel": spec.name, "dtype": dtype, "shape_set": shape_set, "best": best, "rows": rows,
+            "peer_errors": dict(reply.get("errors", {})), "copy_bw_tb_s": copy_bw / 1e12,
+            "summary": summarize(rows)}
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Geometric-mean speedups of our kernel (best, else baseline) over every other
+    implementation, on the shapes both have, and its copy-bandwidth fraction on the largest shape."""
+    names = {n for r in rows for n in r["impl"]}
+    ours = "best" if "best" in names else "baseline"
+    speedups = {}
+    for other in sorted(names - {ours}):
+        ratios = [r["impl"][other]["median_us"] / r["impl"][ours]["median_us"] for r in rows
+                  if other in r["impl"] and ours in r["impl"]]
+        if ratios:
+            speedups[other] = geomean(ratios)
+    largest = max(rows, key=lambda r: r["bytes_moved"], default=None)
+    fraction = largest["impl"].get(ours, {}).get("copy_bw_fraction") if largest else None
+    return {"ours": ours, "speedup_over": speedups, "largest_shape": largest["label"] if largest else None,
+            "copy_bw_fraction_largest": fraction}
+
+
+def implementations(results: list[dict[str, Any]]) -> list[str]:
+    """Every implementation in the results, ours first, then the peers by name."""
+    names = {n for r in results for row in r["rows"] for n in row["impl"]}
+    return [n for n in OURS if n in names] + sorted(names - set(OURS))
+
+
+def _x(v: float | None, spec: str = ".2f", suffix: str = "x") -> str:
+    return "-" if v is None else f"{v:{spec}}{suffix}"
+
+
+def to_markdown(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
+    """The summary table (one line per kernel and dtype) and a per-shape table per kernel."""
+    peers = [n for n in implementations(results) if n not in OURS]
+    lines = [f"# The kernel library beside its peers on {meta['gpu']}", "",
+             f"- command: `{meta['command']}`", f"- git commit: {meta['git_commit']}", f"- date: {meta['date']}",
+             f"- best kernels from: {meta.get('best_dir') or '- (baselines only)'}",
+             f"- timing: {meta['timing']}", ""]
+    if meta.get("failed"):
+        lines += ["Could not be timed: " + "; ".join(f"{k}: {v}" for k, v in sorted(meta["failed"].items())), ""]
+    lines += ["Speedup = peer time / our time (geometric mean over the shapes both ran); ours = the best kernel "
+             "found where there is one, else our baseline.", "",
+             "| kernel | dtype | ours | " + " | ".join(f"vs {p}" for p in peers) + " | copy bw (largest shape) |",
+             "|---|---|---|" + "---|" * len(peers) + "---|"]
+    for r in results:
+        s = r["summary"]
+        bw = "-" if s["copy_bw_fraction_largest"] is None else f"{s['copy_bw_fraction_largest']:.0%} {s['largest_shape']}"
+        lines.append(f"| {r['kernel']} | {r['dtype']} | {s['ours']} | "
+                     + " | ".join(_x(s["speedup_over"].get(p)) for p in peers) + f" | {bw} |")
+    for r in results:
+        impls = implementations([r])
+        lines += ["", f"## {r['kernel']} ({r['dtype']}, {r['shape_set']} shapes)", ""]
+        if r.get("best"):
+            lines += [f"best: {r['best'].get('variant_id', '')} from {r['best'].get('source', '')}", ""]
+        lines += ["| shape | " + " | ".join(f"{i} us (% copy)" for i in impls) + " |", "|---|" + "---|" * len(impls)]
+        for row in r["rows"]:
+            cells = [f"{v['median_us']:.2f} ({v['copy_bw_fraction']:.0%})" if (v := row["impl"].get(i)) else "-"
+                     for i in impls]
+            lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
+        if r["peer_errors"]:
+            lines += ["", "Not timed: " + "; ".join(f"{k}: {v}" for k, v in sorted(r["peer_errors"].items()))]
+    return "\n".join(lines) + "\n"
+
+
+def plot_kernel(result: dict[str, Any], path: Path, gpu: str = "") -> Path:
+    """Time per shape for each implementation, log scale; writes a PNG.
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install .[plots]``).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display on the GPU machine
+    import matplotlib.pyplot as plt
+
+    labels = [row["label"] for row in result["rows"]]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(labels) + 2), 4.5))
+    markers = "osD^v<>ph*"
+    for i, name in enumerate(implementations([result])):
+        points = [(x, row["impl"][name]["median_us"]) for x, row in enumerate(result["rows"]) if name in row["impl"]]
+        if points:
+            xs, ys = zip(*points, strict=True)
+            ax.plot(xs, ys, marker=markers[i % len(markers)], linewidth=2.5 if name in OURS else 1.2, label=name)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
+    ax.set_xlabel(f"shape ({', '.join(result['rows'][0]['shape']) if result['rows'] else ''})")
+    ax.set_ylabel("time per call (us, log scale)")
+    where = f" on {gpu}" if gpu else ""
+    ax.set_title(f"{result['kernel']} ({result['dtype']}){where}\n{PLOT_TITLE}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def bench_kernel(evaluator: Any, name: str, dtype: str, shape_set: str, best_dir: Path | None,
+                 repetitions: int) -> dict[str, Any]:
+    """Times one kernel and dtype on the GPU (``evaluator``: a GpuEvaluator)."""
+    spec = load_kernel(name)
+    ours: dict[str, tuple[str, dict[str, int]]] = {"baseline": (spec.baseline_source(), {})}
+    found, best = find_best(best_dir, spec.name), None
+    if found is not None and found[1].get("dtype") == dtype:
+        # Only in the dtype it was validated in: this loop times, it does not check results.
+        source, evidence = found
+        ours["best"] = (source.read_text(), dict(evidence.get("params") or {}))
+        best = {"variant_id": evidence.get("variant", {}).get("id", ""), "source": str(source),
+                "params": evidence.get("params") or {}, "heldout_status": evidence.get("heldout_status")}
+    reply = evaluator.time_peers_full(spec.name, dtype, shape_set, ours, repetitions=repetitions)
+    return kernel_result(spec, dtype, shape_set, reply, best)
+
+
+def merge(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Earlier results with the newly timed (kernel, dtype) entries replaced or added."""
+    fresh = {(r["kernel"], r["dtype"]) for r in new}
+    kept = [r for r in old if (r["kernel"], r["dtype"]) not in fresh]
+    return sorted(kept + new, key=lambda r: (r["kernel"], r["dtype"]))
+
+
+def write_outputs(out: Path, meta: dict[str, Any], results: list[dict[str, Any]], plots: bool = True) -> list[Path]:
+    """Writes OUT.json, OUT.md and (if matplotlib is there) a PNG per kernel; returns the files."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    written = [out.with_suffix(".json"), out.with_suffix(".md")]
+    written[0].write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    written[1].write_text(to_markdown(meta, results))
+    if plots:
+        try:
+            for r in results:
+                written.append(plot_kernel(r, out.parent / f"{out.name}-{r['kernel']}-{r['dtype']}.png", meta["gpu"]))
+        except ImportError:
+            print("matplotlib is not installed: no plots (pip install .[plots])", file=sys.stderr)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--kernel", action="append", help="kernels (default: the whole library)")
+    p.add_argument("--dtype", action="append", help="dtypes (default: float16)")
+    p.add_argument("--shapes", default="search", choices=("search", "heldout"))
+    p.add_argument("--best", type=Path, help="sweep or run directory whose best/ kernels to time too")
+    p.add_argument("--repetitions", type=int, default=100)
+    p.add_argument("--out", type=Path, default=Path("experiments/results/sweep-h200"))
+    p.add_argument("--merge", action="store_true", help="keep earlier OUT.json entries of other kernels")
+    p.add_argument("--no-plots", action="store_true")
+    args = p.parse_args(argv)
+    if args.best is not None and not args.best.is_dir():
+        p.error(f"--best {args.best} is not a directory")
+    from evaluators.gpu import EvaluatorError, GpuEvaluator
+
+    evaluator = GpuEvaluator(step_timeout_s=60.0)
+    results, failed = [], {}
+    try:
+        gpu = evaluator.info()["gpu"]
+        for name in args.kernel or list_kernels():
+            for dtype in args.dtype or ["float16"]:
+                print(f"{name} {dtype} ...", flush=True)
+                try:
+                    results.append(bench_kernel(evaluator, name, dtype, args.shapes, args.best, args.repetitions))
+                except EvaluatorError as exc:  # one kernel's failure must not lose the others' numbers
+                    failed[f"{name} {dtype}"] = " ".join(str(exc).split())[:500]
+    finally:
+        evaluator.close()
+    old = json.loads(args.out.with_suffix(".json").read_text())["results"] if args.merge and args.out.with_suffix(".json").is_file() else []
+    meta = {"command": "python -m experiments.bench_library " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "git_commit": git_commit(REPO_ROOT), "gpu": gpu, "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "best_dir": str(args.best or ""), "timing": TIMING.replace("the repetitions", f"{args.repetitions} repetitions"),
+            "failed": failed}
+    results = merge(old, results)
+    for path in write_outputs(args.out, meta, results, plots=not args.no_plots):
+        print(f"wrote {path}")
+    print(to_markdown(meta, results))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
