@@ -88,6 +88,8 @@ class EvaluatorConfig:
         retries: times an evaluation is retried after its evaluator actor died.
         standin_latency_s: stand-in only: seconds each evaluation sleeps (slow-evaluator tests).
         peers: time the production peers beside the winners at the end of the run.
+        sanitize: run compute-sanitizer (memcheck, racecheck) on each winner before it is
+            reported; a winner with findings is replaced by the baseline.
     """
 
     kind: str = "gpu"
@@ -96,6 +98,7 @@ class EvaluatorConfig:
     retries: int = 1
     standin_latency_s: float = 0.0
     peers: bool = True
+    sanitize: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in ("gpu", "standin"):

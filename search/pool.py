@@ -126,6 +126,16 @@ class EvaluatorActor:
                    ours: dict[str, tuple[str, dict[str, int]]] | None = None) -> dict[str, dict[str, float]]:
         return self.evaluator.time_peers(kernel, dtype, shape_set, ours)
 
+    def sanitize(self, kernel: str, source: str, dtype: str, params: dict[str, int]) -> dict[str, Any]:
+        """compute-sanitizer (memcheck, racecheck) on one launch of a winner; the stand-in
+        has no GPU to check on and says so."""
+        if self.kind != "gpu":
+            return {"status": "SKIPPED", "summary": "stand-in evaluator: no GPU to sanitize on"}
+        from evaluators.sanitize import sanitize
+
+        report = sanitize(kernel, source, dtype, params=params)
+        return dict(report.to_dict(), summary=report.summary())
+
     def device_name(self) -> str:
         name = getattr(self.evaluator, "device_name", None)
         if name:

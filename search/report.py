@@ -82,6 +82,8 @@ def kernel_summary(result: Any, records: list[dict[str, Any]]) -> dict[str, Any]
         "trials_evaluated": sum(1 for r in mine if r["stage"] == "screen"),
         "evaluations": len(mine),
         "rejected_on_heldout": result.rejected,
+        "sanitizer": getattr(result, "sanitizer", {}).get("summary", ""),
+        "sanitizer_status": getattr(result, "sanitizer", {}).get("status", "SKIPPED"),
         "lineage": st.lineage(result.winner.variant.id),
     }
 
