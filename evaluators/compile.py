@@ -21,9 +21,8 @@ from pathlib import Path
 
 DEFAULT_ARCH = "sm_90"
 # Headers a variant may include; anything else could read files of the harness at compile time.
-ALLOWED_INCLUDES = frozenset(
-    {"cuda_fp16.h", "cuda_bf16.h", "cuda_fp8.h", "stdint.h", "cstdint", "float.h", "math_constants.h"}
-)
+# Only headers NVRTC itself can find: it ships no C library headers (stdint.h, float.h, ...).
+ALLOWED_INCLUDES = frozenset({"cuda_fp16.h", "cuda_bf16.h", "cuda_fp8.h", "math_constants.h"})
 # Compiler flags a variant may ask for with '// flags: ...'.
 ALLOWED_FLAGS = re.compile(
     r"^(--use_fast_math|-use_fast_math|--extra-device-vectorization|-ftz=(true|false)|"

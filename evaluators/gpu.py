@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import time
+from dataclasses import replace
 from typing import Any
 
 from evaluators.api import EvalRequest, Evaluator
@@ -161,12 +162,14 @@ class GpuEvaluator(Evaluator):
         start = time.perf_counter()
         spec = self.spec(request.kernel)
         shapes = request.shapes(spec)
-        base_meta = dict(kernel=spec.name, dtype=request.dtype, variant_id=request.variant.id,
-                         shape_set=request.shape_set)
         cand, cand_launch, params, error = self._compile(spec, request.variant.source, request.params,
                                                          request.dtype, shapes)
+        # The compile-error verdict; every later outcome is this record with status, message and
+        # measurements replaced (dataclasses.replace keeps the keyword arguments type-checked).
+        head = Evaluation(Status.COMPILE_ERROR, error, kernel=spec.name, dtype=request.dtype,
+                          variant_id=request.variant.id, shape_set=request.shape_set, params=params)
         if error:
-            return Evaluation(Status.COMPILE_ERROR, error, params=params, **base_meta)
+            return head
         assert cand is not None
         base, base_launch, _, base_error = self._compile(spec, spec.baseline_source(), {}, request.dtype, shapes)
         if base_error or base is None:
@@ -187,25 +190,26 @@ class GpuEvaluator(Evaluator):
             "noise_floor": request.noise_floor,
         }
         kind, reply = self._job(job)
-        meta = dict(base_meta, params=params, registers=cand.registers, compile_s=cand.seconds)
+        head = replace(head, registers=cand.registers, compile_s=cand.seconds)
         if kind == "timeout":
-            return Evaluation(Status.TIMEOUT, f"no progress for {self.step_timeout_s:.0f} s after "
-                              f"'{reply['last_step']}': the kernel hangs or runs far too long; the sandbox "
-                              "was restarted", eval_s=time.perf_counter() - start, **meta)
+            return replace(head, status=Status.TIMEOUT, message=f"no progress for {self.step_timeout_s:.0f} s "
+                           f"after '{reply['last_step']}': the kernel hangs or runs far too long; the sandbox "
+                           "was restarted", eval_s=time.perf_counter() - start)
         if kind == "died":
-            return Evaluation(Status.CRASH, f"the sandbox process died (exit code {reply['exitcode']}) after "
-                              f"'{reply['last_step']}'", eval_s=time.perf_counter() - start, **meta)
-        return self._to_evaluation(reply, meta, time.perf_counter() - start)
+            return replace(head, status=Status.CRASH, message=f"the sandbox process died (exit code "
+                           f"{reply['exitcode']}) after '{reply['last_step']}'", eval_s=time.perf_counter() - start)
+        return self._to_evaluation(reply, head, time.perf_counter() - start)
 
-    def _to_evaluation(self, reply: dict[str, Any], meta: dict[str, Any], eval_s: float) -> Evaluation:
+    def _to_evaluation(self, reply: dict[str, Any], head: Evaluation, eval_s: float) -> Evaluation:
         if reply["status"] == "INTERNAL":
             raise EvaluatorError(f"evaluator bug: {reply['message']}\n{reply.get('traceback', '')}")
         attrs = reply.get("attributes", {})
         extra = dict(reply.get("extra", {}))
         extra.update({k: v for k, v in attrs.items() if k not in ("registers",)})
-        return Evaluation(
-            Status(reply["status"]),
-            reply.get("message", ""),
+        return replace(
+            head,
+            status=Status(reply["status"]),
+            message=reply.get("message", ""),
             shapes=tuple(ShapeResult.from_dict(s) for s in reply.get("shapes", [])),
             guard=reply.get("guard", ""),
             noise_floor=reply.get("noise_floor"),
@@ -213,7 +217,7 @@ class GpuEvaluator(Evaluator):
             local_bytes=attrs.get("local_bytes"),
             eval_s=eval_s,
             extra=extra,
-            **{**meta, "registers": attrs.get("registers", meta.get("registers"))},
+            registers=attrs.get("registers", head.registers),
         )
 
     def time_peers(self, kernel: str, dtype: str, shape_set: str = "search",

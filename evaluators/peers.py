@@ -10,7 +10,7 @@ time of a Python call (REFERENCE.md section 1).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -18,7 +18,12 @@ from evaluators import validate as V
 from evaluators.launch import LaunchConfig
 from evaluators.launcher import Kernel
 from evaluators.timing import Timed, capture_graph, time_interleaved
-from kernels.spec import KernelSpec, shape_label
+from kernels.spec import KernelSpec, Shape, shape_label
+
+if TYPE_CHECKING:  # the worker imports this module lazily; no import cycle at run time
+    from evaluators.worker import Context
+
+InputSets = list[dict[str, torch.Tensor]]  # two input sets, alternated between repetitions
 
 
 def _compiled_reference(spec: KernelSpec) -> Callable[..., None]:
@@ -44,7 +49,9 @@ def _peer_fns(spec: KernelSpec) -> dict[str, Callable[..., None]]:
     return fns
 
 
-def _check_peer(spec, name, fn, shape, dtype, ctx) -> str | None:
+def _check_peer(
+    spec: KernelSpec, name: str, fn: Callable[..., None], shape: Shape, dtype: str, ctx: Context
+) -> str | None:
     """Runs a peer once on fresh inputs and checks it against the reference: a peer whose
     semantics differ from ours is not a fair comparison."""
     gen = torch.Generator(device=ctx.device).manual_seed(7)
@@ -52,12 +59,17 @@ def _check_peer(spec, name, fn, shape, dtype, ctx) -> str | None:
     expected = spec.reference({k: v.clone() for k, v in t.items()}, shape, spec.constants)
     fn(t, shape, spec.constants)
     torch.cuda.synchronize()
-    tol = {a.name: tuple(x * 2 for x in spec.tolerance(a.tensor_dtype(dtype))) for a in spec.written_args}
+    tol: dict[str, tuple[float, float]] = {}
+    for a in spec.written_args:
+        rtol, atol = spec.tolerance(a.tensor_dtype(dtype))
+        tol[a.name] = (rtol * 2, atol * 2)
     finding = V.check_outputs({a.name: t[a.name] for a in spec.written_args}, expected, tol, spec.compare)
     return finding.message if finding else None
 
 
-def _timed_graph(name, fn, spec, shape, sets) -> Timed:
+def _timed_graph(
+    name: str, fn: Callable[..., None], spec: KernelSpec, shape: Shape, sets: InputSets
+) -> Timed:
     buf = {n: v.clone() for n, v in sets[0].items()}
     readable = [a.name for a in spec.args if a.kind == "tensor" and a.role in ("in", "inout")]
     graph = capture_graph(lambda: fn(buf, shape, spec.constants))
@@ -69,7 +81,7 @@ def _timed_graph(name, fn, spec, shape, sets) -> Timed:
     return Timed(name, prepare, graph.replay)
 
 
-def _timed_kernel(name, kernel: Kernel, spec, shape, sets) -> Timed:
+def _timed_kernel(name: str, kernel: Kernel, spec: KernelSpec, shape: Shape, sets: InputSets) -> Timed:
     buf = {n: v.clone() for n, v in sets[0].items()}
     readable = [a.name for a in spec.args if a.kind == "tensor" and a.role in ("in", "inout")]
     args = kernel.args(buf, shape)
@@ -82,7 +94,7 @@ def _timed_kernel(name, kernel: Kernel, spec, shape, sets) -> Timed:
     return Timed(name, prepare, lambda: kernel.launch(label, args))
 
 
-def run_peers(ctx: Any, job: dict[str, Any], beat: Callable[[str], None]) -> dict[str, Any]:
+def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) -> dict[str, Any]:
     """Times peers (and optionally our kernels) on each shape; returns medians in ms.
 
     Job keys: kernel_dir, dtype, shapes, warmup, repetitions, and optionally ``kernels``

@@ -43,6 +43,16 @@ class ShapeResult:
     copy_bw_fraction: float = 0.0  # candidate's effective bandwidth / measured copy bandwidth
     roofline_ms: float = 0.0  # bytes_moved at the measured copy bandwidth: no honest kernel is faster
 
+    def __post_init__(self) -> None:
+        # A zero time is never a measurement. Without a positive candidate time or roofline the
+        # speedup would divide by zero; the geometric mean refuses infinities, so fail here,
+        # where the bad record is made, rather than later in an unrelated aggregate.
+        if not max(self.candidate_ms, self.roofline_ms) > 0:
+            raise ValueError(
+                f"shape {self.shape}: candidate_ms={self.candidate_ms} and roofline_ms="
+                f"{self.roofline_ms}; at least one must be a positive time to compute a speedup"
+            )
+
     @property
     def speedup(self) -> float:
         """baseline / candidate, the candidate's time clamped at the roofline so that one shape

@@ -21,7 +21,7 @@ from evaluators.launch import LaunchConfig
 from evaluators.launcher import Kernel, LaunchResourceError
 from evaluators.timing import Flusher, Timed, measure_copy_bandwidth, time_interleaved
 from evaluators.verdict import ShapeResult, Status, geomean
-from kernels.spec import KernelSpec, load_kernel, shape_label
+from kernels.spec import KernelSpec, Shape, load_kernel, shape_label
 
 ROOFLINE_MARGIN = 1.3  # a kernel above 130% of copy bandwidth is measuring something else
 Beat = Callable[[str], None]
@@ -70,11 +70,20 @@ def _tolerances(spec: KernelSpec, dtype: str, scale: float = 1.0) -> dict[str, t
     return out
 
 
-def _launch(kernel: Kernel, label: str, tensors: dict[str, torch.Tensor], shape: dict[str, int]) -> None:
+def _launch(kernel: Kernel, label: str, tensors: dict[str, torch.Tensor], shape: Shape) -> None:
     kernel.launch(label, kernel.args(tensors, shape))
 
 
-def _run_twice(spec, kernel, label, shape, inputs, pristine, in_names, ctx_msg):
+def _run_twice(
+    spec: KernelSpec,
+    kernel: Kernel,
+    label: str,
+    shape: Shape,
+    inputs: dict[str, torch.Tensor],
+    pristine: dict[str, torch.Tensor],
+    in_names: list[str],
+    ctx_msg: str,
+) -> list[dict[str, torch.Tensor]]:
     """Two launches with different output poisons; returns the outputs of both."""
     outs = []
     for which in (0, 1):
@@ -92,7 +101,16 @@ def _run_twice(spec, kernel, label, shape, inputs, pristine, in_names, ctx_msg):
     return outs
 
 
-def _validate_case(ctx, spec, job, shape, case, seed, cand, base) -> None:
+def _validate_case(
+    ctx: Context,
+    spec: KernelSpec,
+    job: dict[str, Any],
+    shape: Shape,
+    case: str,
+    seed: int,
+    cand: Kernel,
+    base: Kernel,
+) -> None:
     dtype = job["dtype"]
     label = shape_label(shape)
     where = f"(shape {label}, {dtype}, case {case}, seed {seed})"
@@ -137,7 +155,9 @@ def _perturb_(t: torch.Tensor, gen: torch.Generator, count: int = 8) -> None:
     flat[dst] = flat[src]
 
 
-def _time_shape(ctx, spec, job, shape, cand, base) -> tuple[ShapeResult, float | None, bool]:
+def _time_shape(
+    ctx: Context, spec: KernelSpec, job: dict[str, Any], shape: Shape, cand: Kernel, base: Kernel
+) -> tuple[ShapeResult, float | None, bool]:
     """Interleaved timing on inputs that change every repetition; validates the last outputs."""
     dtype, label, timing = job["dtype"], shape_label(shape), job["timing"]
     sets = []
@@ -214,7 +234,7 @@ def _time_shape(ctx, spec, job, shape, cand, base) -> tuple[ShapeResult, float |
     return result, aa, c.cut
 
 
-def _kernel(ctx, spec, part, shapes) -> Kernel:
+def _kernel(ctx: Context, spec: KernelSpec, part: dict[str, Any], shapes: list[Shape]) -> Kernel:
     launches = {shape_label(s): LaunchConfig(*cfg) for s, cfg in zip(shapes, part["launches"], strict=True)}
     return Kernel(part["cubin"], spec, launches)
 

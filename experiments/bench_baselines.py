@@ -44,7 +44,7 @@ def git_commit() -> str:
 
 def bench_kernel(evaluator: Any, name: str, dtype: str, shape_set: str, extra: dict[str, str]) -> dict[str, Any]:
     spec = load_kernel(name)
-    ours = {"baseline": (spec.baseline_source(), {})}
+    ours: dict[str, tuple[str, dict[str, int]]] = {"baseline": (spec.baseline_source(), {})}
     for label, path in extra.items():
         ours[label] = (Path(path).read_text(), {})
     reply = evaluator.time_peers_full(name, dtype, shape_set, ours)

@@ -192,9 +192,13 @@ class Controller:
     def _same_as(self, job: Job, first: str, evaluation: Evaluation) -> None:
         """A variant whose binary was already judged takes that verdict, and a record says so
         (so every proposal has a verdict on record; none is run twice)."""
-        copied = dataclasses.replace(evaluation, variant_id=job.variant.id,
-                                     extra={**evaluation.extra, "same_binary_as": first})
-        self._record(job, copied, 0.0)
+        recorded = self.cache.get(job.key)
+        if recorded is not None:  # written before a resume: replay it, a second line would duplicate it
+            copied = recorded.evaluation
+        else:
+            copied = dataclasses.replace(evaluation, variant_id=job.variant.id,
+                                         extra={**evaluation.extra, "same_binary_as": first})
+            self._record(job, copied, 0.0)
         (job.on_same or job.on_done)(copied)
 
     def _finish(self, job: Job, evaluation: Evaluation, busy_s: float) -> None:

@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from evaluators.compile import CompileResult, build_options, cache_key, compile_variant
+from evaluators.compile import (
+    ALLOWED_INCLUDES,
+    CompileResult,
+    build_options,
+    cache_key,
+    compile_variant,
+)
 from kernels.spec import load_kernel
 
 pytest.importorskip("cuda.bindings.nvrtc")
@@ -108,6 +114,20 @@ def test_forbidden_includes_are_refused_before_nvrtc_reads_them(include: str, co
     assert "is not allowed" in result.log
     assert "hostname(1)" not in result.log  # NVRTC never opened the file
     assert not compile_cache.exists()  # refused before compiling: nothing cached
+
+
+@pytest.mark.parametrize("name", sorted(ALLOWED_INCLUDES))
+def test_every_allowed_include_is_found_by_nvrtc(name: str, compile_cache: Path) -> None:
+    result = _compile(f"#include <{name}>\n" + SIMPLE)
+    assert result.ok, result.log
+
+
+@pytest.mark.parametrize("name", ["stdint.h", "cstdint", "float.h"])
+def test_c_library_headers_nvrtc_lacks_are_refused_with_the_allowed_list(name: str, compile_cache: Path) -> None:
+    result = _compile(f"#include <{name}>\n" + SIMPLE)
+    assert not result.ok
+    assert "is not allowed" in result.log and "cuda_fp16.h" in result.log
+    assert not compile_cache.exists()
 
 
 @pytest.mark.parametrize(

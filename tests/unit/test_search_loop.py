@@ -82,6 +82,18 @@ def test_search_end_to_end_with_standin(local_ray, tmp_path, capsys):
     assert "STAND-IN" in capsys.readouterr().out
 
 
+def test_resuming_a_finished_run_evaluates_and_records_nothing_again(local_ray, tmp_path):
+    # Resuming replays every step from the records, including the verdicts copied to variants
+    # whose binary an earlier variant had (deterministic, unlike killing a run at a random point).
+    prep = _prepare(tmp_path)
+    run_search(prep, "test")
+    before = _records(prep.run_dir)
+    assert any("same_binary_as" in r.evaluation.extra for r in before), "no copied verdict to replay"
+    summary = run_search(Prepared(prep.config, prep.kernels, prep.run_dir, resume=True), "test --resume")
+    assert [r.key for r in _records(prep.run_dir)] == [r.key for r in before]
+    assert summary["resumed"] is True and summary["kernels"][0]["heldout_status"] == "OK"
+
+
 def test_winner_failing_heldout_is_not_reported(local_ray, tmp_path):
     prep = _prepare(tmp_path, "--rounds", "1")
     cfg = override(prep.config, {"agent.kind": "tests.unit.search_toy_agent:HeldoutCheater"})

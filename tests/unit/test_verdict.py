@@ -73,6 +73,16 @@ def test_shape_speedup_clamps_the_candidate_at_the_roofline() -> None:
     assert _shape(1, 0.08, 0.1, roofline_ms=0.05).speedup == pytest.approx(1.25)
 
 
+@pytest.mark.parametrize(("candidate_ms", "roofline_ms"), [(0.0, 0.0), (-1.0, 0.0), (math.nan, 0.0), (0.0, math.nan)])
+def test_shape_without_a_positive_time_is_refused_at_construction(candidate_ms: float, roofline_ms: float) -> None:
+    with pytest.raises(ValueError, match="positive time"):
+        _shape(1, candidate_ms, 0.1, roofline_ms=roofline_ms)
+
+
+def test_shape_with_zero_candidate_time_still_counts_at_the_roofline() -> None:
+    assert _shape(1, 0.0, 0.1, roofline_ms=0.05).speedup == pytest.approx(2.0)
+
+
 def test_evaluation_speedup_is_the_geomean_of_shape_speedups() -> None:
     assert _evaluation().speedup == pytest.approx(2.0)
     mixed = Evaluation(Status.OK, shapes=(_shape(1, 1.0, 4.0), _shape(2, 1.0, 1.0)))
