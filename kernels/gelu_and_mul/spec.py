@@ -2,24 +2,8 @@
 
 from __future__ import annotations
 
-from kernels.spec import Arg, KernelSpec
-
-
-def make_inputs(shape, dtype, generator, case, device):
-    import torch
-
-    t, d = shape["num_tokens"], shape["d"]
-    if case == "zeros":
-        x = torch.zeros(t, 2 * d, device=device)
-    elif case == "wide":
-        # Magnitudes from 1e-4 to ~150 with random signs: tiny values, the erf tails (where
-        # gelu(v) -> 0 or v) and large products that still fit fp16.
-        mag = 10 ** (torch.rand(t, 2 * d, generator=generator, device=device) * 6.2 - 4.0)
-        sign = torch.randint(0, 2, (t, 2 * d), generator=generator, device=device) * 2 - 1
-        x = mag * sign
-    else:
-        x = torch.randn(t, 2 * d, generator=generator, device=device) * 2.0
-    return {"out": torch.empty(t, d, device=device, dtype=dtype), "x": x.to(dtype)}
+from kernels import gated
+from kernels.spec import KernelSpec
 
 
 def reference(inputs, shape, constants):
@@ -53,12 +37,7 @@ SPEC = KernelSpec(
         "computed in fp32 and rounded once to the element type. 2*d*sizeof(scalar_t) is a multiple "
         "of 16 bytes. Memory-bound: reads 2d and writes d elements per token."
     ),
-    args=(
-        Arg("out", "tensor", role="out"),
-        Arg("x", "tensor"),
-        Arg("num_tokens", "int"),
-        Arg("d", "int"),
-    ),
+    args=gated.ARGS,
     # Gemma-2B 16384, Gemma-7B 24576, BERT/ViT-style 3072 and 4096, Phi-2 10240.
     search_shapes=(
         {"num_tokens": 1, "d": 24576},
@@ -75,11 +54,11 @@ SPEC = KernelSpec(
         {"num_tokens": 2048, "d": 24576},
         {"num_tokens": 8191, "d": 4096},
     ),
-    make_inputs=make_inputs,
+    make_inputs=gated.make_inputs,
     reference=reference,
-    bytes_moved=lambda s, dt: 3 * s["num_tokens"] * s["d"] * (4 if dt == "float32" else 2),
+    bytes_moved=gated.bytes_moved,
     flops=lambda s: 10 * s["num_tokens"] * s["d"],
     dtypes=("float16", "bfloat16"),
-    edge_cases=("zeros", "wide"),
+    edge_cases=gated.EDGE_CASES,
     peers={"torch_eager": torch_eager, "flashinfer": flashinfer},
 )

@@ -2,80 +2,10 @@
 
 from __future__ import annotations
 
-from kernels.spec import Arg, KernelSpec
+from functools import partial
 
-STYLE_NEOX = False
-
-
-def make_inputs(shape, dtype, generator, case, device):
-    import torch
-
-    t, rot, max_pos = shape["num_tokens"], shape["rot_dim"], shape["max_position"]
-    hs = shape["head_size"]
-    if case == "zero_positions":
-        pos = torch.zeros(t, dtype=torch.int64, device=device)  # cos = 1, sin = 0: identity
-    elif case == "last_position":
-        pos = torch.full((t,), max_pos - 1, dtype=torch.int64, device=device)  # last cache row
-    else:
-        pos = torch.randint(0, max_pos, (t,), generator=generator, device=device)
-    # The cache a model builds: cos and sin of position * base^(-2i/rot), base 10000.
-    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, rot, 2, device=device, dtype=torch.float32) / rot))
-    angles = torch.arange(max_pos, device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]
-    q = torch.randn(t, shape["num_heads"], hs, generator=generator, device=device)
-    k = torch.randn(t, shape["num_kv_heads"], hs, generator=generator, device=device)
-    return {
-        "positions": pos,
-        "query": q.to(dtype),
-        "key": k.to(dtype),
-        "cos_sin_cache": torch.cat([angles.cos(), angles.sin()], dim=-1).contiguous(),
-    }
-
-
-def _pair_views(x, rot):
-    """The two halves of every rotated pair: NeoX (i, i + rot/2) or GPT-J (2i, 2i + 1)."""
-    if STYLE_NEOX:
-        return x[..., : rot // 2], x[..., rot // 2 : rot]
-    return x[..., 0:rot:2], x[..., 1:rot:2]
-
-
-def _cos_sin(inputs, rot):
-    cache = inputs["cos_sin_cache"][inputs["positions"]]
-    return cache[:, None, : rot // 2], cache[:, None, rot // 2 : rot]
-
-
-def reference(inputs, shape, constants):
-    rot = shape["rot_dim"]
-    cos, sin = _cos_sin(inputs, rot)
-    out = {}
-    for name in ("query", "key"):
-        x = inputs[name].float().clone()
-        a, b = _pair_views(x, rot)
-        a_new, b_new = a * cos - b * sin, b * cos + a * sin
-        a.copy_(a_new)
-        b.copy_(b_new)
-        out[name] = x
-    return out
-
-
-def torch_eager(t, shape, constants):
-    rot = shape["rot_dim"]
-    cos, sin = _cos_sin(t, rot)
-    for name in ("query", "key"):
-        a, b = _pair_views(t[name], rot)
-        af, bf = a.float(), b.float()  # copies: the writes below do not disturb them
-        a.copy_(af * cos - bf * sin)
-        b.copy_(bf * cos + af * sin)
-
-
-def flashinfer(t, shape, constants):
-    import flashinfer as fi
-
-    n = shape["num_tokens"]
-    fi.rope.apply_rope_with_cos_sin_cache_inplace(
-        t["positions"], t["query"].view(n, -1), t["key"].view(n, -1), shape["head_size"],
-        t["cos_sin_cache"], is_neox=STYLE_NEOX,
-    )
-
+from kernels import rotary
+from kernels.spec import KernelSpec
 
 SPEC = KernelSpec(
     name="rotary_embedding_gptj",
@@ -88,18 +18,7 @@ SPEC = KernelSpec(
         "x = v[2i], y = v[2i + 1] (fp32): v[2i] <- x*c - y*s, v[2i + 1] <- y*c + x*s, each rounded "
         "once. Elements at index >= rot_dim (partial rotary) are left unchanged. Memory-bound."
     ),
-    args=(
-        Arg("positions", "tensor", dtype="int64"),
-        Arg("query", "tensor", role="inout"),
-        Arg("key", "tensor", role="inout"),
-        Arg("cos_sin_cache", "tensor", dtype="float32"),
-        Arg("num_tokens", "int"),
-        Arg("num_heads", "int"),
-        Arg("num_kv_heads", "int"),
-        Arg("head_size", "int"),
-        Arg("rot_dim", "int"),
-        Arg("max_position", "int"),
-    ),
+    args=rotary.ARGS,
     # DeepSeek-V3 MLA rope part 128/1/64, GPT-J-6B 16/16/256 with rot_dim 64,
     # ChatGLM2-6B 32/2/128 with rot_dim 64, Llama-3-8B 32/8/128 interleaved.
     search_shapes=(
@@ -117,13 +36,11 @@ SPEC = KernelSpec(
         {"num_tokens": 2048, "num_heads": 32, "num_kv_heads": 8, "head_size": 128, "rot_dim": 128, "max_position": 8192},
         {"num_tokens": 8191, "num_heads": 16, "num_kv_heads": 16, "head_size": 256, "rot_dim": 64, "max_position": 2048},
     ),
-    make_inputs=make_inputs,
-    reference=reference,
-    bytes_moved=lambda s, dt: s["num_tokens"] * (
-        8 + 4 * s["rot_dim"] + 2 * (s["num_heads"] + s["num_kv_heads"]) * s["rot_dim"] * (4 if dt == "float32" else 2)
-    ),
-    flops=lambda s: 3 * s["num_tokens"] * (s["num_heads"] + s["num_kv_heads"]) * s["rot_dim"],
+    make_inputs=rotary.make_inputs,
+    reference=partial(rotary.reference, neox=False),
+    bytes_moved=rotary.bytes_moved,
+    flops=rotary.flops,
     dtypes=("float16", "bfloat16"),
     edge_cases=("zero_positions", "last_position"),
-    peers={"torch_eager": torch_eager, "flashinfer": flashinfer},
+    peers={"torch_eager": partial(rotary.torch_eager, neox=False), "flashinfer": partial(rotary.flashinfer, neox=False)},
 )

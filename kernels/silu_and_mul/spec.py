@@ -2,27 +2,8 @@
 
 from __future__ import annotations
 
-from kernels.spec import Arg, KernelSpec
-
-
-def make_inputs(shape, dtype, generator, case, device):
-    import torch
-
-    t, d = shape["num_tokens"], shape["d"]
-    if case == "zeros":
-        x = torch.zeros(t, 2 * d, device=device, dtype=torch.float32)
-    elif case == "wide":
-        # Magnitudes from 1e-4 to ~150 with random signs: exercises tiny values and the
-        # exp overflow region of the gate while the product stays inside fp16's range.
-        mag = 10 ** (torch.rand(t, 2 * d, generator=generator, device=device) * 6.2 - 4.0)
-        sign = torch.randint(0, 2, (t, 2 * d), generator=generator, device=device) * 2 - 1
-        x = mag * sign
-    else:
-        x = torch.randn(t, 2 * d, generator=generator, device=device) * 2.0
-    return {
-        "x": x.to(dtype),
-        "out": torch.empty(t, d, device=device, dtype=dtype),
-    }
+from kernels import gated
+from kernels.spec import KernelSpec
 
 
 def reference(inputs, shape, constants):
@@ -55,12 +36,7 @@ SPEC = KernelSpec(
         "silu(v) = v / (1 + exp(-v)), computed in fp32 and rounded once to the element type. "
         "2*d*sizeof(scalar_t) is a multiple of 16 bytes. Memory-bound: reads 2d and writes d elements per token."
     ),
-    args=(
-        Arg("out", "tensor", role="out"),
-        Arg("x", "tensor"),
-        Arg("num_tokens", "int"),
-        Arg("d", "int"),
-    ),
+    args=gated.ARGS,
     search_shapes=(
         {"num_tokens": 1, "d": 11008},
         {"num_tokens": 16, "d": 14336},
@@ -76,11 +52,11 @@ SPEC = KernelSpec(
         {"num_tokens": 2048, "d": 18432},
         {"num_tokens": 8191, "d": 4096},
     ),
-    make_inputs=make_inputs,
+    make_inputs=gated.make_inputs,
     reference=reference,
-    bytes_moved=lambda s, dt: 3 * s["num_tokens"] * s["d"] * (4 if dt == "float32" else 2),
+    bytes_moved=gated.bytes_moved,
     flops=lambda s: 6 * s["num_tokens"] * s["d"],
     dtypes=("float16", "bfloat16"),
-    edge_cases=("zeros", "wide"),
+    edge_cases=gated.EDGE_CASES,
     peers={"torch_eager": torch_eager, "flashinfer": flashinfer},
 )
