@@ -10,11 +10,12 @@ coverage make a variant "faster"). Every evaluation it returns carries
 
 Marker comments force outcomes, for testing the loop's failure paths::
 
-    // standin: crash | incorrect | timeout | rejected | incorrect-heldout
+    // standin: crash | incorrect | timeout | rejected | incorrect-heldout | kill-process
 """
 
 from __future__ import annotations
 
+import os
 import re
 import time
 import zlib
@@ -110,6 +111,10 @@ class StandinEvaluator(Evaluator):
         if self.latency_s:
             time.sleep(self.latency_s)
         for marker in _MARKER_RE.findall(source):
+            if marker == "kill-process":
+                # Stands in for a fault that takes the evaluator's own process down (as a
+                # driver failure could): the run must replace the actor and go on.
+                os._exit(17)
             if marker == "incorrect-heldout" and request.shape_set == "heldout":
                 return self._fail(request, Status.INCORRECT, "stand-in: forced INCORRECT on held-out shapes")
             if marker in _STATUS_OF_MARKER:
