@@ -100,10 +100,14 @@ def to_markdown(summary: dict[str, Any], targets: list[dict[str, Any]]) -> str:
                      f"{'-' if k['noise_floor'] is None else format(k['noise_floor'], '.3f')} |")
     for k in summary["kernels"]:
         lines += ["", f"## {k['kernel']} ({k['dtype']}): winner {k['winner']} {k['params']}", "",
-                  "| shape | baseline us | best us | speedup | copy bw |", "|---|---|---|---|---|"]
+                  "| shape | baseline us | best us | speedup | copy bw | FlashInfer us | torch.compile us |",
+                  "|---|---|---|---|---|---|---|"]
         for s in k["shapes"]:
+            loop = s.get("loop_ms", {})  # the end-of-run interleaved loop, when recorded
+            peer = lambda name: f"{loop[name] * 1e3:.2f}" if name in loop else "-"  # noqa: E731
             lines.append(f"| {s['label']} | {s['baseline_ms'] * 1e3:.2f} | {s['best_ms'] * 1e3:.2f} | "
-                         f"{s['speedup']:.3f}x | {s['copy_bw_fraction']:.0%} |")
+                         f"{s['speedup']:.3f}x | {s['copy_bw_fraction']:.0%} | {peer('flashinfer')} | "
+                         f"{peer('torch_compile')} |")
         lines += ["", "lineage: " + " <- ".join(f"{x['id'][:8]} ({x['author']}: {x['note']})" for x in k["lineage"])]
     lines += ["", "## Targets", "", "| kernel | target | required | measured | met |", "|---|---|---|---|---|"]
     for t in targets:

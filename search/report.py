@@ -59,7 +59,9 @@ def kernel_summary(result: Any, records: list[dict[str, Any]]) -> dict[str, Any]
     st, final, heldout = result.state, result.final, result.heldout
     shapes = [
         {"shape": s.shape, "label": shape_label(s.shape), "baseline_ms": s.baseline_ms, "best_ms": s.candidate_ms,
-         "speedup": s.speedup, "copy_bw_fraction": s.copy_bw_fraction}
+         "speedup": s.speedup, "copy_bw_fraction": s.copy_bw_fraction,
+         # every implementation timed in the end-of-run interleaved loop (best, baseline, peers)
+         "loop_ms": {impl: t[shape_label(s.shape)] for impl, t in result.peers.items() if shape_label(s.shape) in t}}
         for s in final.shapes
     ]
     mine = [r for r in records if r["kernel"] == st.name]
