@@ -66,6 +66,12 @@ def check_targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _loop_us(shape: dict[str, Any], impl: str) -> str:
+    """An implementation's time on a shape in the end-of-run interleaved loop, if recorded."""
+    loop = shape.get("loop_ms", {})
+    return f"{loop[impl] * 1e3:.2f}" if impl in loop else "-"
+
+
 def largest(kernel: dict[str, Any]) -> dict[str, Any]:
     """The kernel's shape with the most elements (where bandwidth matters most)."""
     return max(kernel["shapes"], key=lambda s: math.prod(s["shape"].values()))
@@ -103,11 +109,9 @@ def to_markdown(summary: dict[str, Any], targets: list[dict[str, Any]]) -> str:
                   "| shape | baseline us | best us | speedup | copy bw | FlashInfer us | torch.compile us |",
                   "|---|---|---|---|---|---|---|"]
         for s in k["shapes"]:
-            loop = s.get("loop_ms", {})  # the end-of-run interleaved loop, when recorded
-            peer = lambda name: f"{loop[name] * 1e3:.2f}" if name in loop else "-"  # noqa: E731
             lines.append(f"| {s['label']} | {s['baseline_ms'] * 1e3:.2f} | {s['best_ms'] * 1e3:.2f} | "
-                         f"{s['speedup']:.3f}x | {s['copy_bw_fraction']:.0%} | {peer('flashinfer')} | "
-                         f"{peer('torch_compile')} |")
+                         f"{s['speedup']:.3f}x | {s['copy_bw_fraction']:.0%} | {_loop_us(s, 'flashinfer')} | "
+                         f"{_loop_us(s, 'torch_compile')} |")
         lines += ["", "lineage: " + " <- ".join(f"{x['id'][:8]} ({x['author']}: {x['note']})" for x in k["lineage"])]
     lines += ["", "## Targets", "", "| kernel | target | required | measured | met |", "|---|---|---|---|---|"]
     for t in targets:
