@@ -24,6 +24,8 @@ from evaluators.verdict import Evaluation, ShapeResult, Status
 from kernels.spec import check_signature, list_kernels, load_kernel
 
 ASTRA = ("silu_and_mul", "fused_add_rmsnorm", "merge_attn_states_lse")
+ROW_NORMS = ("fused_add_rmsnorm", "rmsnorm", "gemma_fused_add_rmsnorm")
+LATENCY_RECIPES = ("recipe:row_norm/warp", "recipe:row_norm/prefetch")
 SEEDS = (0, 1, 2, 3, 4, 11)
 
 
@@ -265,10 +267,71 @@ def test_recipes_compile_at_every_tunable_value(kernel):
             assert not res.spill_bytes, f"{recipe.name} {params} spills {res.spill_bytes} bytes"
 
 
+def _latency_recipes(kernel: str):
+    spec = load_kernel(kernel)
+    by_name = {r.name: r for r in recipes_for(spec)}
+    assert set(LATENCY_RECIPES) <= set(by_name), sorted(by_name)
+    return spec, [by_name[n] for n in LATENCY_RECIPES]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel", ROW_NORMS)
+def test_latency_row_norm_recipes_compile_without_spills_at_every_tunable_value(kernel):
+    _need(kernel)
+    spec, recipes = _latency_recipes(kernel)
+    for recipe in recipes:
+        src = recipe.build(spec)
+        check_signature(spec, src)
+        assert launch_problem(spec, src) is None
+        grid = list(parse_launch_header(src).param_grid())
+        assert len(grid) > 1, f"{recipe.name} declares no tunables"
+        for params in grid:
+            for dtype in ("float16", "bfloat16"):
+                res = compile_variant(src, kernel, dtype, params)
+                assert res.ok, f"{recipe.name} {params} {dtype}:\n{res.log}"
+                assert not res.spill_bytes, f"{recipe.name} {params} {dtype} spills {res.spill_bytes} bytes"
+
+
+@pytest.mark.parametrize("kernel", ROW_NORMS)
+def test_latency_row_norm_launches_cover_every_row_with_busy_threads(kernel):
+    _need(kernel)
+    spec, recipes = _latency_recipes(kernel)
+    rows_sym, hidden_sym = (a.name for a in spec.args if a.kind == "int")
+    for recipe in recipes:
+        launch = parse_launch_header(recipe.build(spec))
+        for shape in (*spec.search_shapes, *spec.heldout_shapes):
+            rows, hidden = shape[rows_sym], shape[hidden_sym]
+            for params in launch.param_grid():
+                cfg = launch.resolve(shape, params)
+                threads = cfg.block[0] * cfg.block[1] * cfg.block[2]
+                assert threads <= 1024 and cfg.smem_bytes == 0, (recipe.name, shape, params)
+                if recipe.name.endswith("/warp"):
+                    # One warp per row: blocks of ROWS warps cover every row exactly once.
+                    assert cfg.block[:2] == (32, params["ROWS"]), (shape, params)
+                    assert cfg.grid[0] * params["ROWS"] >= rows > (cfg.grid[0] - 1) * params["ROWS"]
+                else:
+                    # One block per row, sized to it: no warp is left without a vector (8 wide)
+                    # unless the row is shorter than one warp's worth; capped blocks loop.
+                    assert cfg.grid[0] == rows and cfg.block[0] % 32 == 0, (shape, params)
+                    capped = cfg.block[0] == min(512, 4096 // params["CACHE"])
+                    assert capped or cfg.block[0] * params["CACHE"] * 8 >= hidden, (shape, params)
+                    assert cfg.block[0] == 32 or (cfg.block[0] - 32) * params["CACHE"] * 8 < hidden, (shape, params)
+
+
+@pytest.mark.parametrize("kernel", ROW_NORMS)
+@pytest.mark.parametrize("strategy", ["family-recipe-first", "explore"])
+def test_planner_proposes_the_latency_row_norm_recipes(kernel, strategy):
+    _need(kernel)
+    labels = {p.transformation for seed in range(4)
+              for p in EmbeddedAgent(seed, strategy).propose(_ctx(kernel, n=12, seed=seed))}
+    for name in LATENCY_RECIPES:
+        assert any(label.split(" + ")[0] == name for label in labels), (name, sorted(labels))
+
+
 # -- GPU: the recipes are correct on every shape ----------------------------------------------
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ASTRA)
+@pytest.mark.parametrize("kernel", sorted(set(ASTRA) | set(ROW_NORMS)))
 def test_recipes_validate_on_every_shape(kernel):
     import torch
 

@@ -118,7 +118,17 @@ def _gated(spec: KernelSpec, flat: bool) -> str:
     return _fill("gated_rows.cu", spec, f"({rows},)", "(BLOCK,)", "BLOCK", tune, call, act=_ACTIVATIONS[act])
 
 
-def _row_norm(spec: KernelSpec) -> str:
+@dataclass(frozen=True)
+class _RowNormRoles:
+    """How a row-norm kernel's arguments map onto the template's call."""
+
+    call: str
+    what: str
+    fused: str
+    gemma: str
+
+
+def _row_norm_roles(spec: KernelSpec) -> _RowNormRoles:
     inout, inp, out = _tensors(spec, "inout"), _tensors(spec, "in"), _tensors(spec, "out")
     floats = [a.name for a in spec.args if a.kind == "float"]
     rows, hidden = _ints(spec, 2)
@@ -141,13 +151,46 @@ def _row_norm(spec: KernelSpec) -> str:
     gemma = "1" if "gemma" in spec.name else "0"
     if gemma == "1":
         what = what.replace("* w", "* (1 + w)")
+    return _RowNormRoles(call, what, fused, gemma)
+
+
+def _row_norm(spec: KernelSpec) -> str:
+    roles = _row_norm_roles(spec)
+    rows, hidden = _ints(spec, 2)
     # blockDim.x: a multiple of 32 just large enough that ITEMS 8-wide vectors per thread
     # cover the row, capped so that blockDim.x * ROWS <= MAX_THREADS (512 threads for
     # ITEMS=8, whose 64 kept floats need more than the 64 registers 1024 threads allow).
     block = f"(min(min(1024, 4096 // ITEMS) // ROWS, max(32, 32 * cdiv({hidden}, 256 * ITEMS))), ROWS)"
     tune = {"ITEMS": (4, 2, 8), "ROWS": (1, 2, 4, 8)}
-    return _fill("row_norm.cu", spec, f"(cdiv({rows}, ROWS),)", block, "MAX_THREADS", tune, call,
-                 what=what, fused=fused, gemma=gemma)
+    return _fill("row_norm.cu", spec, f"(cdiv({rows}, ROWS),)", block, "MAX_THREADS", tune, roles.call,
+                 what=roles.what, fused=roles.fused, gemma=roles.gemma)
+
+
+def _row_norm_warp(spec: KernelSpec) -> str:
+    """One warp per row, ROWS rows per block: shuffle reductions only, no barrier."""
+    roles = _row_norm_roles(spec)
+    rows, _ = _ints(spec, 2)
+    # CACHE=16 (a whole 4096-wide row per warp) needs more than 255 registers for bf16: the
+    # rest of such rows goes through the chunked tail.
+    tune = {"CACHE": (8, 4), "ROWS": (4, 1, 2, 8)}
+    layout = "one warp per row, ROWS rows per block; warp shuffles reduce, no barrier, no shared memory."
+    return _fill("row_norm_prefetch.cu", spec, f"(cdiv({rows}, ROWS),)", "(32, ROWS)", "MAX_THREADS", tune,
+                 roles.call, what=roles.what, fused=roles.fused, gemma=roles.gemma, warp_row="1",
+                 variant="warp", layout=layout)
+
+
+def _row_norm_prefetch(spec: KernelSpec) -> str:
+    """One block per row, sized to the row so that every thread holds CACHE vectors."""
+    roles = _row_norm_roles(spec)
+    rows, hidden = _ints(spec, 2)
+    # A multiple of 32 threads just large enough that CACHE 8-wide vectors per thread cover
+    # the row, so no thread idles; capped at MAX_THREADS (the template's register budget).
+    block = f"(min(min(512, 4096 // CACHE), max(32, 32 * cdiv({hidden}, 256 * CACHE))),)"
+    tune = {"CACHE": (2, 1, 4)}
+    layout = "one block per row, sized to the row; warp shuffles and one barrier reduce."
+    return _fill("row_norm_prefetch.cu", spec, f"({rows},)", block, "MAX_THREADS", tune, roles.call,
+                 what=roles.what, fused=roles.fused, gemma=roles.gemma, warp_row="0",
+                 variant="prefetch", layout=layout)
 
 
 def _merge(spec: KernelSpec) -> str:
@@ -180,6 +223,8 @@ RECIPES: tuple[Recipe, ...] = (
     Recipe("recipe:gated_act/flat", "gated_act", lambda s: _gated(s, flat=True)),
     Recipe("recipe:gated_act/rows", "gated_act", lambda s: _gated(s, flat=False)),
     Recipe("recipe:row_norm/regs", "row_norm", _row_norm),
+    Recipe("recipe:row_norm/warp", "row_norm", _row_norm_warp),
+    Recipe("recipe:row_norm/prefetch", "row_norm", _row_norm_prefetch),
     Recipe("recipe:merge/flat", "merge", _merge),
 )
 
