@@ -110,12 +110,14 @@ def _gated(spec: KernelSpec, flat: bool) -> str:
         raise RecipeError(f"{spec.name} is not a gated activation (out, x, tokens, d)")
     rows, d = _ints(spec, 2)
     call = f"gated_{'flat' if flat else 'rows'}({out[0]}, {inp[0]}, {rows}, {d})"
+    # The device helpers both layouts share; the comment line naming the file is dropped.
+    common = _template("gated_common.cu").substitute(act=_ACTIVATIONS[act]).split("\n", 2)[2]
     if flat:
         grid = f"(cdiv({rows} * {d}, BLOCK * 8 * ITEMS),)"
         tune = {"BLOCK": (256, 128, 512), "ITEMS": (2, 1, 4), "HINT": (0, 1)}
-        return _fill("gated_flat.cu", spec, grid, "(BLOCK,)", "BLOCK", tune, call, act=_ACTIVATIONS[act])
+        return _fill("gated_flat.cu", spec, grid, "(BLOCK,)", "BLOCK", tune, call, common=common)
     tune = {"BLOCK": (256, 128, 512, 1024), "ITEMS": (2, 1, 4), "HINT": (0, 1)}
-    return _fill("gated_rows.cu", spec, f"({rows},)", "(BLOCK,)", "BLOCK", tune, call, act=_ACTIVATIONS[act])
+    return _fill("gated_rows.cu", spec, f"({rows},)", "(BLOCK,)", "BLOCK", tune, call, common=common)
 
 
 @dataclass(frozen=True)

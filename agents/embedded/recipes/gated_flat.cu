@@ -5,43 +5,7 @@
 // multiple of the vector width and pointers that are not 16-byte aligned.
 ${header}
 ${guards}
-constexpr int VEC = 16 / sizeof(scalar_t);
-
-__device__ __forceinline__ float act(float g) { return ${act}; }
-
-__device__ __forceinline__ uint4 load16(const uint4* p) {
-#if HINT
-    return __ldcs(p);  // streamed: every byte is read once, so do not keep it in L1/L2
-#else
-    return *p;
-#endif
-}
-
-__device__ __forceinline__ void store16(uint4* p, uint4 v) {
-#if HINT
-    __stcs(p, v);
-#else
-    *p = v;
-#endif
-}
-
-// Sixteen bytes seen as raw words (for the load/store instructions) or as elements.
-union Vec16 {
-    uint4 raw;
-    scalar_t e[VEC];
-};
-
-__device__ __forceinline__ uint4 gate_times_up(uint4 g, uint4 u) {
-    Vec16 gv, uv, ov;
-    gv.raw = g;
-    uv.raw = u;
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-        ov.e[k] = static_cast<scalar_t>(act(static_cast<float>(gv.e[k])) * static_cast<float>(uv.e[k]));
-    }
-    return ov.raw;
-}
-
+${common}
 __device__ __forceinline__ void gated_flat(scalar_t* __restrict__ out, const scalar_t* __restrict__ x,
                                            int rows, int d) {
     const unsigned long long addr = reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(out);

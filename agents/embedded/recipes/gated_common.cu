@@ -1,0 +1,38 @@
+// Shared by the gated_act recipes: the activation, 16-byte loads and stores (streamed when
+// HINT is set) and the elementwise act(gate) * up on one vector.
+constexpr int VEC = 16 / sizeof(scalar_t);
+
+__device__ __forceinline__ float act(float g) { return ${act}; }
+
+__device__ __forceinline__ uint4 load16(const uint4* p) {
+#if HINT
+    return __ldcs(p);  // streamed: every byte is read once, so do not keep it in L1/L2
+#else
+    return *p;
+#endif
+}
+
+__device__ __forceinline__ void store16(uint4* p, uint4 v) {
+#if HINT
+    __stcs(p, v);
+#else
+    *p = v;
+#endif
+}
+
+// Sixteen bytes seen as raw words (for the load/store instructions) or as elements.
+union Vec16 {
+    uint4 raw;
+    scalar_t e[VEC];
+};
+
+__device__ __forceinline__ uint4 gate_times_up(uint4 g, uint4 u) {
+    Vec16 gv, uv, ov;
+    gv.raw = g;
+    uv.raw = u;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+        ov.e[k] = static_cast<scalar_t>(act(static_cast<float>(gv.e[k])) * static_cast<float>(uv.e[k]));
+    }
+    return ov.raw;
+}
