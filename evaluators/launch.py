@@ -221,9 +221,6 @@ class LaunchSpec:
             raise LaunchSpecError(f"shared memory {smem} is negative for {dict(env)}")
         return LaunchConfig(grid=_pad3(grid), block=_pad3(block), smem_bytes=smem)
 
-    def macro_defines(self, params: Mapping[str, int]) -> dict[str, int]:
-        return dict(self.validate_params(params))
-
 
 _LAUNCH_RE = re.compile(r"^\s*//\s*launch\s*:(.*)$", re.MULTILINE)
 _TUNE_RE = re.compile(r"^\s*//\s*tune\s*:(.*)$", re.MULTILINE)

@@ -222,7 +222,7 @@ def test_validate_params_fills_defaults_and_keeps_given_values() -> None:
     spec = parse_launch_header(HEADER)
     assert spec.validate_params({}) == {"BLOCK": 128, "ROWS": 1, "VEC": 8}
     assert spec.validate_params({"VEC": 4, "BLOCK": 512}) == {"BLOCK": 512, "ROWS": 1, "VEC": 4}
-    assert spec.macro_defines({"ROWS": 2}) == {"BLOCK": 128, "ROWS": 2, "VEC": 8}
+    assert spec.validate_params({"ROWS": 2}) == {"BLOCK": 128, "ROWS": 2, "VEC": 8}
 
 
 @pytest.mark.parametrize(
