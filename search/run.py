@@ -40,19 +40,18 @@ class UsageError(ValueError):
     """A run that cannot start as asked (missing GPU, bad resume directory, ...)."""
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineErrorParser(argparse.ArgumentParser):
+    """Bad arguments exit 2 with one line, no usage dump: scripts and people read the reason,
+    not the synopsis."""
+
     def error(self, message: str) -> NoReturn:
-        # One line, no usage dump: scripts and people read the reason, not the synopsis.
         self.exit(2, f"error: {message} (see --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m search.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_search_options(p: argparse.ArgumentParser) -> None:
+    """The options ``search.run`` and ``search.sweep`` share."""
     p.add_argument("--config", help="YAML config file (command-line options override it)")
-    p.add_argument("--kernel", action="append", dest="kernels", help="library kernel name (repeatable)")
-    p.add_argument("--kernel-dir", help="folder of kernel folders to optimise instead of the library")
     p.add_argument("--population", type=int, help="agent actors, one lineage each")
-    p.add_argument("--rounds", type=int, help="search rounds")
     p.add_argument("--variants", type=int, help="proposals per agent per round")
     p.add_argument("--trials", type=int, help="Optuna trials per tunable variant")
     p.add_argument("--dtype", choices=("float16", "bfloat16", "float32"))
@@ -61,9 +60,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--agent", help="embedded, llm, or module:Class")
     p.add_argument("--model", help="model name for --agent llm")
     p.add_argument("--evaluator", choices=("gpu", "standin"), help="standin: CPU test double, never for reported numbers")
+    p.add_argument("--seed", type=int)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineErrorParser(prog="python -m search.run", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kernel", action="append", dest="kernels", help="library kernel name (repeatable)")
+    p.add_argument("--kernel-dir", help="folder of kernel folders to optimise instead of the library")
+    p.add_argument("--rounds", type=int, help="search rounds")
+    add_search_options(p)
     p.add_argument("--out", help="parent folder of run directories (default runs/)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a killed run")
-    p.add_argument("--seed", type=int)
     return p
 
 

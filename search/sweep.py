@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import polars as pl
 
@@ -38,7 +38,15 @@ from search.config import ConfigError, RunConfig, dump_config, load_config, over
 from search.progress import Progress, busy_fraction
 from search.records import atomic_write, read_jsonl
 from search.report import STANDIN_WARNING
-from search.run import Prepared, UsageError, check_agent, check_local_gpu, resolve_kernels
+from search.run import (
+    OneLineErrorParser,
+    Prepared,
+    UsageError,
+    add_search_options,
+    check_agent,
+    check_local_gpu,
+    resolve_kernels,
+)
 
 SWEEP_FILE = "sweep.json"
 TABLE_SCHEMA: dict[str, Any] = {
@@ -53,30 +61,15 @@ TABLE_SCHEMA: dict[str, Any] = {
 }
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # One line, no usage dump: scripts and people read the reason, not the synopsis.
-        self.exit(2, f"error: {message} (see --help)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m search.sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineErrorParser(prog="python -m search.sweep", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--library", type=Path, help="folder of kernel folders (default: the built-in library)")
     p.add_argument("--kernel", action="append", dest="kernels", help="only these kernels of the library (repeatable)")
-    p.add_argument("--config", help="YAML run config (command-line options override it)")
     p.add_argument("--budget-rounds", type=int, help="search rounds per kernel")
-    p.add_argument("--population", type=int, help="agent actors, one lineage each, shared by all kernels")
-    p.add_argument("--variants", type=int, help="proposals per agent per round")
-    p.add_argument("--trials", type=int, help="Optuna trials per tunable variant")
-    p.add_argument("--dtype", choices=("float16", "bfloat16", "float32"))
-    p.add_argument("--gpus", type=int, help="evaluator actors (default: every GPU of the cluster)")
-    p.add_argument("--address", help="address of an existing Ray cluster")
-    p.add_argument("--agent", help="embedded, llm, or module:Class")
-    p.add_argument("--model", help="model name for --agent llm")
-    p.add_argument("--evaluator", choices=("gpu", "standin"), help="standin: CPU test double, never for reported numbers")
+    add_search_options(p)
     p.add_argument("--out", help="parent folder of sweep directories (default runs/)")
     p.add_argument("--resume", type=Path, metavar="SWEEP_DIR", help="continue a killed sweep")
-    p.add_argument("--seed", type=int)
     return p
 
 
