@@ -2,19 +2,23 @@
 
 A winner must also pass on the held-out shapes the search never saw; one that fails there
 is dropped and the next elite is tried (the baseline is the last resort). The survivors are
-re-timed with the full protocol in a fresh evaluator actor, which also times the
-production peers on the same shapes.
+re-timed with the full protocol in fresh evaluator actors (one per GPU), which also time
+the production peers on the same shapes.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 
 from evaluators.api import EvalRequest, TimingConfig
+from evaluators.peer_warmup import PeerWarmup
 from evaluators.verdict import Evaluation
 from search.controller import Controller, Job
 from search.pool import spawn_evaluator
@@ -75,23 +79,25 @@ def _heldout_winners(ctl: Controller) -> dict[str, tuple[Scored, Evaluation, lis
     return winners
 
 
-def _final_timing(ctl: Controller, actor: Any, st: KernelState, item: Scored) -> Evaluation:
+def _final_timing(ctl: Controller, actor: Any, st: KernelState, item: Scored, lock: threading.Lock) -> Evaluation:
     params = dict(item.params)
     key = eval_key(item.variant.id, params, st.dtype, "final", "search")
-    if key in ctl.cache:
-        return ctl.cache[key].evaluation
+    with lock:
+        if key in ctl.cache:
+            return ctl.cache[key].evaluation
     request = EvalRequest(kernel=st.ref, variant=item.variant, params=params, dtype=st.dtype,
                           timing=TimingConfig.full(), seeds=ctl.config.evaluator.seeds, noise_floor=True,
                           extra_shapes=st.extra_shapes)
     evaluation, busy = ray.get(actor.evaluate.remote(request))
-    ctl.pool.busy_s += busy
     record = EvalRecord(
         run_id=ctl.records.run_id, kernel=st.name, dtype=st.dtype, round=st.rounds_done, agent=item.variant.author,
         stage="final", trial=None, variant=item.variant, evaluation=evaluation, params=params,
         time=time.time(), busy_s=busy,
     )
-    ctl.records.evaluation(record)
-    ctl.cache[key] = record
+    with lock:
+        ctl.pool.busy_s += busy
+        ctl.records.evaluation(record)
+        ctl.cache[key] = record
     return evaluation
 
 
@@ -102,35 +108,66 @@ def _sanitize(ctl: Controller, actor: Any, st: KernelState, item: Scored) -> dic
     return report
 
 
-def finalize(ctl: Controller) -> tuple[list[KernelResult], str]:
-    """Re-validates, re-times and writes ``best/``; returns the results and the device name."""
+def _finish_kernel(ctl: Controller, actor: Any, st: KernelState, won: tuple[Scored, Evaluation, list[str]],
+                   lock: threading.Lock) -> KernelResult:
+    """Sanitizer, final timing and peers of one kernel's winner, on one fresh actor."""
+    item, heldout, rejected = won
+    sanitizer = _sanitize(ctl, actor, st, item)
+    if sanitizer.get("status") == "FINDINGS":
+        # A latent memory bug or race: not reported as a winner, whatever its speed.
+        rejected = [*rejected, item.variant.id]
+        assert st.baseline_scored is not None
+        item = st.baseline_scored
+        heldout, _ = ray.get(actor.evaluate.remote(EvalRequest(
+            kernel=st.ref, variant=item.variant, dtype=st.dtype, shape_set="heldout",
+            timing=TimingConfig.full(), seeds=ctl.config.evaluator.seeds)))
+    final = _final_timing(ctl, actor, st, item, lock)
+    peers: dict[str, dict[str, float]] = {}
+    if ctl.config.evaluator.peers:
+        # The winner and the baseline are timed again in the same interleaved loop as the
+        # peers, so that speedups over peers compare times from one loop.
+        ours = {"best": (item.variant.source, dict(item.params)), "baseline": (st.baseline.source, {})}
+        peers, busy = ray.get(actor.time_peers.remote(st.ref, st.dtype, "search", ours))
+        with lock:
+            ctl.pool.busy_s += busy
+    return KernelResult(st, item, heldout, final, peers, rejected, sanitizer)
+
+
+def finalize(ctl: Controller, warmup: PeerWarmup | None = None) -> tuple[list[KernelResult], str]:
+    """Re-validates, re-times and writes ``best/``; returns the results and the device name.
+
+    The kernels are shared out over as many fresh evaluator actors as the search had GPUs,
+    each working through its kernels one after another.
+    """
     winners = _heldout_winners(ctl)
-    ctl.pool.shutdown()  # free the GPUs for the fresh actor
-    actor = spawn_evaluator(ctl.config.evaluator.kind, ctl.pool.latency_s)
+    if warmup is not None:
+        # The final timing starts once the peers' compiles are in the caches and no other
+        # process launches anything on the GPUs.
+        warmup.wait()
+    n_actors = max(1, min(len(ctl.pool.actors), len(ctl.states)))
+    ctl.pool.shutdown()  # free the GPUs for the fresh actors
+    actors = [spawn_evaluator(ctl.config.evaluator.kind, ctl.pool.latency_s) for _ in range(n_actors)]
+    lock = threading.Lock()
+    todo = deque(ctl.states)
+    done: dict[str, KernelResult] = {}
+
+    def work(actor: Any) -> None:
+        while True:
+            with lock:
+                if not todo:
+                    return
+                st = todo.popleft()
+            done[st.name] = _finish_kernel(ctl, actor, st, winners[st.name], lock)
+
     try:
-        device = ray.get(actor.device_name.remote())
-        results = []
-        for st in ctl.states:
-            item, heldout, rejected = winners[st.name]
-            sanitizer = _sanitize(ctl, actor, st, item)
-            if sanitizer.get("status") == "FINDINGS":
-                # A latent memory bug or race: not reported as a winner, whatever its speed.
-                rejected = [*rejected, item.variant.id]
-                assert st.baseline_scored is not None
-                item = st.baseline_scored
-                heldout, _ = ray.get(actor.evaluate.remote(EvalRequest(
-                    kernel=st.ref, variant=item.variant, dtype=st.dtype, shape_set="heldout",
-                    timing=TimingConfig.full(), seeds=ctl.config.evaluator.seeds)))
-            final = _final_timing(ctl, actor, st, item)
-            # The winner and the baseline are timed again in the same interleaved loop as the
-            # peers, so that speedups over peers compare times from one loop.
-            ours = {"best": (item.variant.source, dict(item.params)), "baseline": (st.baseline.source, {})}
-            peers = (ray.get(actor.time_peers.remote(st.ref, st.dtype, "search", ours))
-                     if ctl.config.evaluator.peers else {})
-            results.append(KernelResult(st, item, heldout, final, peers, rejected, sanitizer))
-        ray.get(actor.close.remote())
+        device = ray.get(actors[0].device_name.remote())
+        with ThreadPoolExecutor(max_workers=n_actors) as workers:
+            list(workers.map(work, actors))  # re-raises the first failure
+        ray.get([actor.close.remote() for actor in actors])
     finally:
-        ray.kill(actor)
+        for actor in actors:
+            ray.kill(actor)
+    results = [done[st.name] for st in ctl.states]
     for result in results:
         write_best(ctl, result)
     return results, device

@@ -123,8 +123,11 @@ class EvaluatorActor:
         return evaluation, time.perf_counter() - start
 
     def time_peers(self, kernel: str, dtype: str, shape_set: str,
-                   ours: dict[str, tuple[str, dict[str, int]]] | None = None) -> dict[str, dict[str, float]]:
-        return self.evaluator.time_peers(kernel, dtype, shape_set, ours)
+                   ours: dict[str, tuple[str, dict[str, int]]] | None = None) -> tuple[dict[str, dict[str, float]], float]:
+        """Peer times and the seconds this actor spent on them (GPU busy, as for evaluate)."""
+        start = time.perf_counter()
+        peers = self.evaluator.time_peers(kernel, dtype, shape_set, ours)
+        return peers, time.perf_counter() - start
 
     def sanitize(self, kernel: str, source: str, dtype: str, params: dict[str, int]) -> dict[str, Any]:
         """compute-sanitizer (memcheck, racecheck) on one launch of a winner; the stand-in

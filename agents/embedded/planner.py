@@ -147,7 +147,7 @@ def rank_plans(
         if len(plan) > 1:  # combinations rank against singles by the strategy's taste
             score += strategy.combine - 1.0 - 0.3 * (len(plan) - 2)
         if parent_is_recipe and plan[0].startswith("recipe:"):
-            score -= 2.0  # the parent is already a recipe: refine it before replacing it
+            score -= 3.0  # the parent is already a recipe: refine it before replacing it
         score += rng.uniform(0.0, strategy.jitter)
         scored.append((score, plan))
     scored.sort(key=lambda x: -x[0])

@@ -103,19 +103,25 @@ def activation_of(name: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _gated(spec: KernelSpec, flat: bool) -> str:
+def _gated(spec: KernelSpec, layout: str) -> str:
     act = activation_of(spec.name)
     out, inp = _tensors(spec, "out"), _tensors(spec, "in")
     if act is None or len(out) != 1 or len(inp) != 1:
         raise RecipeError(f"{spec.name} is not a gated activation (out, x, tokens, d)")
     rows, d = _ints(spec, 2)
-    call = f"gated_{'flat' if flat else 'rows'}({out[0]}, {inp[0]}, {rows}, {d})"
+    call = f"gated_{layout}({out[0]}, {inp[0]}, {rows}, {d})"
     # The device helpers both layouts share; the comment line naming the file is dropped.
     common = _template("gated_common.cu").substitute(act=_ACTIVATIONS[act]).split("\n", 2)[2]
-    if flat:
+    if layout == "flat":
         grid = f"(cdiv({rows} * {d}, BLOCK * 8 * ITEMS),)"
         tune = {"BLOCK": (256, 128, 512), "ITEMS": (2, 1, 4), "HINT": (0, 1)}
         return _fill("gated_flat.cu", spec, grid, "(BLOCK,)", "BLOCK", tune, call, common=common)
+    if layout == "tiles":
+        # 8 = the vector width of 2-byte types; wider types only change how many tiles a row has
+        # in the vector path, which the kernel recomputes itself, and the scalar path strides.
+        grid = f"({rows} * cdiv({d}, BLOCK * 8 * ITEMS),)"
+        tune = {"BLOCK": (128, 256, 512), "ITEMS": (2, 1, 4), "HINT": (0, 1)}
+        return _fill("gated_tiles.cu", spec, grid, "(BLOCK,)", "BLOCK", tune, call, common=common)
     tune = {"BLOCK": (256, 128, 512, 1024), "ITEMS": (2, 1, 4), "HINT": (0, 1)}
     return _fill("gated_rows.cu", spec, f"({rows},)", "(BLOCK,)", "BLOCK", tune, call, common=common)
 
@@ -222,8 +228,9 @@ def _ints_or_empty(spec: KernelSpec) -> list[str]:
 
 
 RECIPES: tuple[Recipe, ...] = (
-    Recipe("recipe:gated_act/flat", "gated_act", lambda s: _gated(s, flat=True)),
-    Recipe("recipe:gated_act/rows", "gated_act", lambda s: _gated(s, flat=False)),
+    Recipe("recipe:gated_act/flat", "gated_act", lambda s: _gated(s, "flat")),
+    Recipe("recipe:gated_act/rows", "gated_act", lambda s: _gated(s, "rows")),
+    Recipe("recipe:gated_act/tiles", "gated_act", lambda s: _gated(s, "tiles")),
     Recipe("recipe:row_norm/regs", "row_norm", _row_norm),
     Recipe("recipe:row_norm/warp", "row_norm", _row_norm_warp),
     Recipe("recipe:row_norm/prefetch", "row_norm", _row_norm_prefetch),

@@ -1,0 +1,125 @@
+"""Compiling the production peers ahead of their timing, beside the search (GPU machine).
+
+torch.compile of a reference costs seconds per shape (dynamo, Inductor, Triton) and
+FlashInfer builds each op the first time it is called (about 20 s). Done at the end of a run
+inside the evaluator, that is time the GPU sits idle. :class:`PeerWarmup` does it in a few
+background processes from the start of the run, exactly as :func:`evaluators.peers.run_peers`
+will later (same compiled function, same inputs, a fresh dynamo per shape), so the evaluator
+then finds everything in the on-disk caches: Inductor's FX graph cache, Triton's kernel cache
+and FlashInfer's JIT folder. Nothing is timed here.
+
+The processes launch one call per peer and shape on the GPU, beside the search's timing.
+The winners' final timing starts only after they have finished (:meth:`PeerWarmup.wait`).
+
+    python -m evaluators.peer_warmup --dtype float16 silu_and_mul fused_add_rmsnorm
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+WORKER_ENV = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}  # as in the sandbox worker (evaluators.worker.serve)
+
+
+def warm_kernel(kernel: str, dtype: str, shape_set: str = "search") -> dict[str, Any]:
+    """Calls every peer once per shape, compiling what needs compiling; returns what happened."""
+    import torch
+
+    from evaluators.peers import _peer_fns
+    from kernels.spec import load_kernel, shape_label
+
+    spec = load_kernel(kernel)
+    start = time.perf_counter()
+    if dtype not in spec.dtypes:
+        return {"kernel": spec.name, "skipped": f"no {dtype}", "seconds": 0.0}
+    device = torch.device("cuda", 0)
+    errors: dict[str, str] = {}
+    for shape in spec.shapes(shape_set):
+        gen = torch.Generator(device=device).manual_seed(7)
+        inputs = spec.make_inputs(shape, getattr(torch, dtype), gen, "random", device)
+        for name, fn in _peer_fns(spec).items():  # a fresh dynamo per shape, as run_peers does
+            if name in errors:
+                continue
+            try:
+                fn({k: v.clone() for k, v in inputs.items()}, shape, spec.constants)
+            except Exception as exc:  # the evaluator will meet and report the same failure
+                errors[name] = f"{shape_label(shape)}: {type(exc).__name__}: {exc}"[:300]
+        torch.cuda.synchronize()
+    return {"kernel": spec.name, "seconds": time.perf_counter() - start, "errors": errors}
+
+
+class PeerWarmup:
+    """Background processes that warm the peers' compile caches for a run's kernels.
+
+    Args:
+        kernels: kernel references (names or folders).
+        dtype: the run's dtype.
+        log_dir: where each process writes ``peer_warmup-<i>.log``.
+        processes: how many processes share the kernels (round-robin).
+    """
+
+    def __init__(self, kernels: Sequence[str], dtype: str, log_dir: Path, processes: int = 2) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.logs: list[IO[bytes]] = []
+        self.started = time.time()
+        self._lock = threading.Lock()
+        self.waited_s = 0.0
+        n = max(1, min(processes, len(kernels)))
+        env = {**os.environ, **WORKER_ENV}
+        log_dir.mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            mine = list(kernels[i::n])
+            log = (log_dir / f"peer_warmup-{i}.log").open("wb")
+            cmd = [sys.executable, "-m", "evaluators.peer_warmup", "--dtype", dtype, *mine]
+            self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                               cwd=Path(__file__).resolve().parent.parent))
+            self.logs.append(log)
+
+    def wait(self, timeout_s: float = 600.0) -> float:
+        """Blocks until every process has ended (killing those past the timeout, counted from
+        the start); returns the seconds this call waited. Safe to call from several threads."""
+        with self._lock:
+            start = time.time()
+            for proc in self.procs:
+                left = max(0.0, self.started + timeout_s - time.time())
+                try:
+                    proc.wait(timeout=left)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            for log in self.logs:
+                log.close()
+            waited = time.time() - start
+            self.waited_s += waited
+            return waited
+
+    def stop(self) -> None:
+        """Kills whatever still runs (a run that ends early or fails)."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+        self.wait(timeout_s=0.0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Compile the peers of kernels once, to warm the on-disk caches.")
+    p.add_argument("kernels", nargs="+")
+    p.add_argument("--dtype", default="float16")
+    p.add_argument("--shapes", default="search", choices=("search", "heldout"))
+    args = p.parse_args(argv)
+    for kernel in args.kernels:
+        print(json.dumps(warm_kernel(kernel, args.dtype, args.shapes)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
