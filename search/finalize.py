@@ -8,6 +8,7 @@ the production peers on the same shapes.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import deque
@@ -101,18 +102,29 @@ def _final_timing(ctl: Controller, actor: Any, st: KernelState, item: Scored, lo
     return evaluation
 
 
-def _sanitize(ctl: Controller, actor: Any, st: KernelState, item: Scored) -> dict[str, Any]:
-    if not ctl.config.evaluator.sanitize or item.variant.id == st.baseline.id:
-        return {"status": "SKIPPED", "summary": "not asked for" if not ctl.config.evaluator.sanitize else "baseline"}
-    report: dict[str, Any] = ray.get(actor.sanitize.remote(st.ref, item.variant.source, st.dtype, dict(item.params)))
-    return report
+def _sanitize_all(ctl: Controller, actors: list[Any], won: dict[str, tuple[Scored, Evaluation, list[str]]]
+                  ) -> dict[str, dict[str, Any]]:
+    """compute-sanitizer on every winner at once, spread over the actors: each tool run is a
+    separate, mostly host-bound process, and nothing is timed while they run."""
+    reports: dict[str, dict[str, Any]] = {}
+    refs = {}
+    for i, st in enumerate(ctl.states):
+        item = won[st.name][0]
+        if not ctl.config.evaluator.sanitize or item.variant.id == st.baseline.id:
+            why = "not asked for" if not ctl.config.evaluator.sanitize else "baseline"
+            reports[st.name] = {"status": "SKIPPED", "summary": why}
+            continue
+        actor = actors[i % len(actors)]
+        refs[st.name] = actor.sanitize.remote(st.ref, item.variant.source, st.dtype, dict(item.params))
+    for name, ref in refs.items():
+        reports[name] = ray.get(ref)
+    return reports
 
 
 def _finish_kernel(ctl: Controller, actor: Any, st: KernelState, won: tuple[Scored, Evaluation, list[str]],
-                   lock: threading.Lock) -> KernelResult:
-    """Sanitizer, final timing and peers of one kernel's winner, on one fresh actor."""
+                   sanitizer: dict[str, Any], lock: threading.Lock) -> KernelResult:
+    """Final timing and peers of one kernel's winner, on one fresh actor."""
     item, heldout, rejected = won
-    sanitizer = _sanitize(ctl, actor, st, item)
     if sanitizer.get("status") == "FINDINGS":
         # A latent memory bug or race: not reported as a winner, whatever its speed.
         rejected = [*rejected, item.variant.id]
@@ -130,6 +142,8 @@ def _finish_kernel(ctl: Controller, actor: Any, st: KernelState, won: tuple[Scor
         peers, busy = ray.get(actor.time_peers.remote(st.ref, st.dtype, "search", ours))
         with lock:
             ctl.pool.busy_s += busy
+    print(f"final {st.name}: {final.status.value}, {len(peers)} implementations timed beside it",
+          file=sys.stderr, flush=True)
     return KernelResult(st, item, heldout, final, peers, rejected, sanitizer)
 
 
@@ -146,7 +160,9 @@ def finalize(ctl: Controller, warmup: PeerWarmup | None = None) -> tuple[list[Ke
         warmup.wait()
     n_actors = max(1, min(len(ctl.pool.actors), len(ctl.states)))
     ctl.pool.shutdown()  # free the GPUs for the fresh actors
-    actors = [spawn_evaluator(ctl.config.evaluator.kind, ctl.pool.latency_s) for _ in range(n_actors)]
+    # Several sanitizer runs at once per actor; evaluations still reach each actor one at a time.
+    actors = [spawn_evaluator(ctl.config.evaluator.kind, ctl.pool.latency_s, max_concurrency=len(ctl.states))
+              for _ in range(n_actors)]
     lock = threading.Lock()
     todo = deque(ctl.states)
     done: dict[str, KernelResult] = {}
@@ -157,10 +173,11 @@ def finalize(ctl: Controller, warmup: PeerWarmup | None = None) -> tuple[list[Ke
                 if not todo:
                     return
                 st = todo.popleft()
-            done[st.name] = _finish_kernel(ctl, actor, st, winners[st.name], lock)
+            done[st.name] = _finish_kernel(ctl, actor, st, winners[st.name], sanitizers[st.name], lock)
 
     try:
         device = ray.get(actors[0].device_name.remote())
+        sanitizers = _sanitize_all(ctl, actors, winners)
         with ThreadPoolExecutor(max_workers=n_actors) as workers:
             list(workers.map(work, actors))  # re-raises the first failure
         ray.get([actor.close.remote() for actor in actors])

@@ -151,10 +151,15 @@ class EvaluatorActor:
         self.evaluator.close()
 
 
-def spawn_evaluator(kind: str, latency_s: float = 0.0) -> Any:
-    """A new evaluator actor: one GPU each for ``gpu``, no resources for the stand-in."""
+def spawn_evaluator(kind: str, latency_s: float = 0.0, max_concurrency: int = 1) -> Any:
+    """A new evaluator actor: one GPU each for ``gpu``, no resources for the stand-in.
+
+    ``max_concurrency`` > 1 lets calls overlap (threads): only for sanitizer runs, which are
+    separate processes; the caller must still send evaluations one at a time.
+    """
     gpus = 1 if kind == "gpu" else 0
-    return ray.remote(EvaluatorActor).options(num_gpus=gpus, num_cpus=0).remote(kind, latency_s)
+    options = {"num_gpus": gpus, "num_cpus": 0, "max_concurrency": max(1, max_concurrency)}
+    return ray.remote(EvaluatorActor).options(**options).remote(kind, latency_s)
 
 
 @dataclass

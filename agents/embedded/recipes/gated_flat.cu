@@ -1,8 +1,10 @@
 // ${kernel}: out[t, i] = act(x[t, i]) * x[t, d + i], act computed in fp32 and rounded once.
 // Recipe gated_act/flat: the [tokens, d] output is one flat range of 16-byte vectors
 // (8 halves); each thread keeps ITEMS vectors of gate and up in flight before computing, so
-// small and odd token counts still fill every SM. A scalar path covers d that is not a
-// multiple of the vector width and pointers that are not 16-byte aligned.
+// small and odd token counts still fill every SM. Index math is 32-bit whenever the vector
+// count allows (a 64-bit division per vector costs more than the load it addresses). A
+// scalar path covers d that is not a multiple of the vector width and pointers that are not
+// 16-byte aligned.
 ${header}
 ${guards}
 ${common}
@@ -13,10 +15,34 @@ __device__ __forceinline__ void gated_flat(scalar_t* __restrict__ out, const sca
         const long long per_row = d / VEC;
         const long long total = static_cast<long long>(rows) * per_row;
         const long long step = static_cast<long long>(gridDim.x) * BLOCK * ITEMS;
-        for (long long first = static_cast<long long>(blockIdx.x) * BLOCK * ITEMS + threadIdx.x; first < total;
-             first += step) {
+        const long long start = static_cast<long long>(blockIdx.x) * BLOCK * ITEMS + threadIdx.x;
+        if (total + step < (1ll << 32)) {
+            // Every index fits in 32 bits (any real launch): 32-bit division, a few instructions
+            // where the 64-bit one takes dozens.
+            const unsigned int n = static_cast<unsigned int>(total), pr = static_cast<unsigned int>(per_row);
+            for (unsigned int first = static_cast<unsigned int>(start); first < n;
+                 first += static_cast<unsigned int>(step)) {
+                uint4 g[ITEMS], u[ITEMS];
+#pragma unroll
+                for (int k = 0; k < ITEMS; ++k) {
+                    const unsigned int i = first + k * BLOCK;
+                    if (i < n) {
+                        const unsigned int r = i / pr;
+                        const uint4* src = reinterpret_cast<const uint4*>(x + static_cast<long long>(r) * 2 * d) + (i - r * pr);
+                        g[k] = load16(src);
+                        u[k] = load16(src + pr);
+                    }
+                }
+#pragma unroll
+                for (int k = 0; k < ITEMS; ++k) {
+                    const unsigned int i = first + k * BLOCK;
+                    if (i < n) store16(reinterpret_cast<uint4*>(out) + i, gate_times_up(g[k], u[k]));
+                }
+            }
+            return;
+        }
+        for (long long first = start; first < total; first += step) {
             uint4 g[ITEMS], u[ITEMS];
-            long long dst[ITEMS];
 #pragma unroll
             for (int k = 0; k < ITEMS; ++k) {
                 const long long i = first + static_cast<long long>(k) * BLOCK;
@@ -25,14 +51,12 @@ __device__ __forceinline__ void gated_flat(scalar_t* __restrict__ out, const sca
                     const uint4* src = reinterpret_cast<const uint4*>(x + r * 2 * d) + (i - r * per_row);
                     g[k] = load16(src);
                     u[k] = load16(src + per_row);
-                    dst[k] = i;  // out is [rows, d] contiguous: vector i of the flat range
                 }
             }
 #pragma unroll
             for (int k = 0; k < ITEMS; ++k) {
-                if (first + static_cast<long long>(k) * BLOCK < total) {
-                    store16(reinterpret_cast<uint4*>(out) + dst[k], gate_times_up(g[k], u[k]));
-                }
+                const long long i = first + static_cast<long long>(k) * BLOCK;
+                if (i < total) store16(reinterpret_cast<uint4*>(out) + i, gate_times_up(g[k], u[k]));
             }
         }
         return;

@@ -1,0 +1,59 @@
+"""The throughput comparison (experiments/scaling.py) and the peer warm-up's process handling."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from evaluators.peer_warmup import PeerWarmup
+from experiments.scaling import main as scaling_main
+from experiments.scaling import run_rates
+
+
+def _run(tmp: Path, name: str, n_gpus: int, trial_s: float, n: int = 60) -> Path:
+    run = tmp / name
+    run.mkdir()
+    t0 = 1000.0
+    rows = [{"stage": "screen", "time": t0 + (i + 1) * trial_s, "busy_s": trial_s} for i in range(n)]
+    rows.append({"stage": "final", "time": t0 + n * trial_s + 30.0, "busy_s": 1.0})
+    (run / "evaluations.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    summary = {"run_id": name, "command": "python -m search.run", "git_commit": "abc", "gpu": "G", "date": "d",
+               "n_gpus": n_gpus, "wall_s": n * trial_s + 60.0, "gpu_busy_fraction": 0.8,
+               "kernels": [{"kernel": "k", "speedup_search": 2.0}]}
+    (run / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+def test_rates_come_from_the_search_phase_of_the_records(tmp_path):
+    one = run_rates(_run(tmp_path, "one", 1, 1.0))
+    assert one["variant_trials"] == 60
+    assert abs(one["search_phase_s"] - 60.0) < 1e-6  # the final stage is not search work
+    assert abs(one["trials_per_min"] - 60.0) < 1e-6
+
+
+def test_two_gpu_ratio_and_target(tmp_path):
+    out = tmp_path / "scaling"
+    assert scaling_main([str(_run(tmp_path, "one", 1, 1.0)), str(_run(tmp_path, "two", 2, 0.5)), "--out", str(out)]) == 0
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert abs(data["ratio_search_phase"] - 2.0) < 1e-6
+    assert "(target 1.8x: met)" in out.with_suffix(".md").read_text()
+    scaling_main([str(_run(tmp_path, "one1", 1, 1.0)), str(_run(tmp_path, "slow", 2, 0.8)), "--out", str(out)])
+    assert "NOT met" in out.with_suffix(".md").read_text()
+
+
+def test_warmup_processes_end_and_log(tmp_path):
+    # On a machine without a GPU the processes fail at once; on one with a GPU they compile.
+    # Either way wait() returns once they have ended and each wrote its log.
+    warm = PeerWarmup(["silu_and_mul", "fused_add_rmsnorm", "merge_attn_states_lse"], "float16", tmp_path, processes=2)
+    assert len(warm.procs) == 2
+    warm.wait(timeout_s=300.0)
+    assert all(p.poll() is not None for p in warm.procs)
+    assert sorted(p.name for p in tmp_path.glob("peer_warmup-*.log")) == ["peer_warmup-0.log", "peer_warmup-1.log"]
+
+
+def test_warmup_stop_kills_what_still_runs(tmp_path):
+    warm = PeerWarmup(["silu_and_mul"], "float16", tmp_path, processes=1)
+    start = time.time()
+    warm.stop()
+    assert warm.procs[0].poll() is not None and time.time() - start < 30.0
