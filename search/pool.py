@@ -9,6 +9,7 @@ actor that dies, retrying its request.
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -116,18 +117,32 @@ class EvaluatorActor:
 
             self.evaluator = StandinEvaluator(latency_s=latency_s)
         self.kind = kind
+        # An actor made with max_concurrency > 1 runs calls in threads; the evaluator (one
+        # worker process, one pipe) serves one of them at a time. Sanitizer runs do not use it.
+        self._lock = threading.Lock()
+
+    def ready(self) -> None:
+        """Starts the sandbox worker (CUDA context, copy-bandwidth probe) before any request
+        arrives, so that start-up overlaps the agents' first proposals instead of being the
+        first evaluation's time."""
+        info = getattr(self.evaluator, "info", None)
+        if callable(info):
+            with self._lock:
+                info()
 
     def evaluate(self, request: EvalRequest) -> tuple[Evaluation, float]:
-        start = time.perf_counter()
-        evaluation = self.evaluator.evaluate(request)
-        return evaluation, time.perf_counter() - start
+        with self._lock:
+            start = time.perf_counter()
+            evaluation = self.evaluator.evaluate(request)
+            return evaluation, time.perf_counter() - start
 
     def time_peers(self, kernel: str, dtype: str, shape_set: str,
                    ours: dict[str, tuple[str, dict[str, int]]] | None = None) -> tuple[dict[str, dict[str, float]], float]:
         """Peer times and the seconds this actor spent on them (GPU busy, as for evaluate)."""
-        start = time.perf_counter()
-        peers = self.evaluator.time_peers(kernel, dtype, shape_set, ours)
-        return peers, time.perf_counter() - start
+        with self._lock:
+            start = time.perf_counter()
+            peers = self.evaluator.time_peers(kernel, dtype, shape_set, ours)
+            return peers, time.perf_counter() - start
 
     def sanitize(self, kernel: str, source: str, dtype: str, params: dict[str, int]) -> dict[str, Any]:
         """compute-sanitizer (memcheck, racecheck) on one launch of a winner; the stand-in
@@ -148,18 +163,22 @@ class EvaluatorActor:
         return torch.cuda.get_device_name(0)
 
     def close(self) -> None:
-        self.evaluator.close()
+        with self._lock:
+            self.evaluator.close()
 
 
 def spawn_evaluator(kind: str, latency_s: float = 0.0, max_concurrency: int = 1) -> Any:
     """A new evaluator actor: one GPU each for ``gpu``, no resources for the stand-in.
 
-    ``max_concurrency`` > 1 lets calls overlap (threads): only for sanitizer runs, which are
-    separate processes; the caller must still send evaluations one at a time.
+    ``max_concurrency`` > 1 lets calls overlap (threads): useful for sanitizer runs, which are
+    separate processes; calls that use the evaluator still take turns (a lock in the actor).
+    The actor starts its worker at once, before its first request.
     """
     gpus = 1 if kind == "gpu" else 0
     options = {"num_gpus": gpus, "num_cpus": 0, "max_concurrency": max(1, max_concurrency)}
-    return ray.remote(EvaluatorActor).options(**options).remote(kind, latency_s)
+    actor: Any = ray.remote(EvaluatorActor).options(**options).remote(kind, latency_s)
+    actor.ready.remote()  # not awaited: a failure here shows again on the first request
+    return actor
 
 
 @dataclass
