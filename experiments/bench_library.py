@@ -225,10 +225,17 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--best {args.best} is not a directory")
     from evaluators.gpu import EvaluatorError, GpuEvaluator
 
+    out_json = args.out.with_suffix(".json")
+    old = json.loads(out_json.read_text())["results"] if args.merge and out_json.is_file() else []
+    failed: dict[str, str] = {}
+    meta: dict[str, Any] = {"command": "python -m experiments.bench_library " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "git_commit": git_commit(REPO_ROOT), "gpu": "", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "best_dir": str(args.best or ""), "timing": TIMING.replace("the repetitions", f"{args.repetitions} repetitions"),
+            "failed": failed}
     evaluator = GpuEvaluator(step_timeout_s=60.0)
-    results, failed = [], {}
+    results: list[dict[str, Any]] = []
     try:
-        gpu = evaluator.info()["gpu"]
+        meta["gpu"] = evaluator.info()["gpu"]
         for name in args.kernel or list_kernels():
             for dtype in args.dtype or ["float16"]:
                 print(f"{name} {dtype} ...", flush=True)
@@ -236,13 +243,10 @@ def main(argv: list[str] | None = None) -> int:
                     results.append(bench_kernel(evaluator, name, dtype, args.shapes, args.best, args.repetitions))
                 except EvaluatorError as exc:  # one kernel's failure must not lose the others' numbers
                     failed[f"{name} {dtype}"] = " ".join(str(exc).split())[:500]
+                # Written after every kernel: a run cut short keeps what it timed.
+                write_outputs(args.out, meta, merge(old, results), plots=False)
     finally:
         evaluator.close()
-    old = json.loads(args.out.with_suffix(".json").read_text())["results"] if args.merge and args.out.with_suffix(".json").is_file() else []
-    meta = {"command": "python -m experiments.bench_library " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "git_commit": git_commit(REPO_ROOT), "gpu": gpu, "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "best_dir": str(args.best or ""), "timing": TIMING.replace("the repetitions", f"{args.repetitions} repetitions"),
-            "failed": failed}
     results = merge(old, results)
     for path in write_outputs(args.out, meta, results, plots=not args.no_plots):
         print(f"wrote {path}")

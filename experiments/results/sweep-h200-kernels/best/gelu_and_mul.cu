@@ -1,0 +1,105 @@
+// gelu_and_mul: out[t, i] = act(x[t, i]) * x[t, d + i], act computed in fp32 and rounded once.
+// Recipe gated_act/tiles: each block owns one tile of BLOCK * ITEMS 16-byte vectors of one
+// row, so a thread finds its row with one 32-bit division per block instead of a 64-bit
+// division per vector, and there is no loop: the grid is rows x tiles per row, in row order.
+// Every thread issues all its gate and up loads before the first store. A scalar path covers
+// d that is not a multiple of the vector width and pointers that are not 16-byte aligned.
+// launch: grid=(num_tokens * cdiv(d, BLOCK * 8 * ITEMS),) block=(BLOCK,) smem=0
+// tune: BLOCK=128,256,512
+// tune: ITEMS=2,1,4
+// tune: HINT=0,1
+#ifndef BLOCK
+#define BLOCK 128
+#endif
+#ifndef ITEMS
+#define ITEMS 2
+#endif
+#ifndef HINT
+#define HINT 0
+#endif
+
+constexpr int VEC = 16 / sizeof(scalar_t);
+
+__device__ __forceinline__ float act(float g) { return 0.5f * g * (1.0f + erff(g * 0.70710678118654752f)); }
+
+__device__ __forceinline__ uint4 load16(const uint4* p) {
+#if HINT
+    return __ldcs(p);  // streamed: every byte is read once, so do not keep it in L1/L2
+#else
+    return *p;
+#endif
+}
+
+__device__ __forceinline__ void store16(uint4* p, uint4 v) {
+#if HINT
+    __stcs(p, v);
+#else
+    *p = v;
+#endif
+}
+
+// Sixteen bytes seen as raw words (for the load/store instructions) or as elements.
+union Vec16 {
+    uint4 raw;
+    scalar_t e[VEC];
+};
+
+__device__ __forceinline__ uint4 gate_times_up(uint4 g, uint4 u) {
+    Vec16 gv, uv, ov;
+    gv.raw = g;
+    uv.raw = u;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+        ov.e[k] = static_cast<scalar_t>(act(static_cast<float>(gv.e[k])) * static_cast<float>(uv.e[k]));
+    }
+    return ov.raw;
+}
+
+__device__ __forceinline__ void gated_tiles(scalar_t* __restrict__ out, const scalar_t* __restrict__ x,
+                                            int rows, int d) {
+    const unsigned long long addr = reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(out);
+    // The grid counts tiles of 8-element vectors (2-byte types); other types take the scalar path.
+    if (VEC == 8 && d % VEC == 0 && (addr & 15) == 0) {
+        const int per_row = d / VEC;
+        const int tiles = (per_row + BLOCK * ITEMS - 1) / (BLOCK * ITEMS);
+        const int row = blockIdx.x / tiles;
+        const int first = (blockIdx.x - row * tiles) * BLOCK * ITEMS + threadIdx.x;
+        const uint4* g16 = reinterpret_cast<const uint4*>(x + static_cast<long long>(row) * 2 * d);
+        const uint4* u16 = g16 + per_row;
+        uint4* o16 = reinterpret_cast<uint4*>(out + static_cast<long long>(row) * d);
+        uint4 g[ITEMS], u[ITEMS];
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+            if (first + k * BLOCK < per_row) {
+                g[k] = load16(g16 + first + k * BLOCK);
+                u[k] = load16(u16 + first + k * BLOCK);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+            if (first + k * BLOCK < per_row) {
+                store16(o16 + first + k * BLOCK, gate_times_up(g[k], u[k]));
+            }
+        }
+        return;
+    }
+    // Scalar path: the same grid, read as a flat range of BLOCK * ITEMS * VEC elements per block.
+    const long long total = static_cast<long long>(rows) * d;
+    const long long step = static_cast<long long>(gridDim.x) * BLOCK;
+    for (long long i = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x; i < total; i += step) {
+        const long long r = i / d;
+        const long long c = i - r * d;
+        const float g = static_cast<float>(x[r * 2 * d + c]);
+        const float u = static_cast<float>(x[r * 2 * d + d + c]);
+        out[i] = static_cast<scalar_t>(act(g) * u);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK, 1) gelu_and_mul(
+    scalar_t* __restrict__ out,
+    const scalar_t* __restrict__ x,
+    int num_tokens,
+    int d) {
+    gated_tiles(out, x, num_tokens, d);
+}
+

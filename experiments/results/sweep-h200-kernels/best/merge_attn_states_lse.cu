@@ -1,0 +1,99 @@
+// merge_attn_states_lse: merge two partial attention states by their base-2 log-sum-exp, per (token, head):
+// m = max(sa, sb); wa = 2^(sa - m); wb = 2^(sb - m); out = (va * wa + vb * wb) / (wa + wb);
+// lse = log2(wa + wb) + m; both states empty (-inf) gives out = 0, lse = -inf.
+// Recipe merge/flat: head_dim is split into 16-byte vectors (8 halves) and the whole
+// [tokens, heads, head_dim / 8] range is one flat index space, so a thread group per
+// (token, head) covers head_dim and a block spans several heads; each thread keeps ITEMS
+// vectors in flight. A scalar path covers head_dim not a multiple of 8 or unaligned pointers.
+// launch: grid=(cdiv(num_tokens * num_heads * head_dim, BLOCK * 8 * ITEMS),) block=(BLOCK,) smem=0
+// flags: --use_fast_math
+// tune: BLOCK=256,128,512
+// tune: ITEMS=1,2,4
+#ifndef BLOCK
+#define BLOCK 256
+#endif
+#ifndef ITEMS
+#define ITEMS 1
+#endif
+
+constexpr int VEC = 16 / sizeof(scalar_t);
+
+template <int V>
+struct alignas(sizeof(scalar_t) * V) Pack {
+    scalar_t v[V];
+};
+
+template <int V>
+__device__ __forceinline__ void merge_range(scalar_t* __restrict__ v_out, float* __restrict__ s_out,
+                                            const scalar_t* __restrict__ v_a, const float* __restrict__ s_a,
+                                            const scalar_t* __restrict__ v_b, const float* __restrict__ s_b,
+                                            long long pairs, int head_dim) {
+    using P = Pack<V>;
+    const float neg_inf = __int_as_float(0xff800000u);
+    const int per_pair = head_dim / V;
+    const long long total = pairs * per_pair;
+    const long long step = static_cast<long long>(gridDim.x) * BLOCK * ITEMS;
+    for (long long first = static_cast<long long>(blockIdx.x) * BLOCK * ITEMS + threadIdx.x; first < total; first += step) {
+        P a[ITEMS], b[ITEMS];
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+            const long long i = first + static_cast<long long>(k) * BLOCK;
+            if (i < total) {
+                a[k] = reinterpret_cast<const P*>(v_a)[i];
+                b[k] = reinterpret_cast<const P*>(v_b)[i];
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+            const long long i = first + static_cast<long long>(k) * BLOCK;
+            if (i >= total) continue;
+            const long long pair = i / per_pair;
+            const float sa = s_a[pair];
+            const float sb = s_b[pair];
+            const float m = fmaxf(sa, sb);
+            float fa = 0.0f, fb = 0.0f, lse = neg_inf;
+            if (m != neg_inf) {  // both empty: m - m would be NaN
+                const float wa = exp2f(sa - m);
+                const float wb = exp2f(sb - m);
+                const float inv = 1.0f / (wa + wb);
+                fa = wa * inv;
+                fb = wb * inv;
+                lse = log2f(wa + wb) + m;
+            }
+            P o;
+#pragma unroll
+            for (int j = 0; j < V; ++j) {
+                o.v[j] = static_cast<scalar_t>(static_cast<float>(a[k].v[j]) * fa + static_cast<float>(b[k].v[j]) * fb);
+            }
+            reinterpret_cast<P*>(v_out)[i] = o;
+            if (i == pair * per_pair) s_out[pair] = lse;
+        }
+    }
+}
+
+__device__ __forceinline__ void merge_states(scalar_t* v_out, float* s_out, const scalar_t* v_a, const float* s_a,
+                                             const scalar_t* v_b, const float* s_b, int tokens, int heads,
+                                             int head_dim) {
+    const long long pairs = static_cast<long long>(tokens) * heads;
+    const unsigned long long addr = reinterpret_cast<unsigned long long>(v_out) | reinterpret_cast<unsigned long long>(v_a) |
+                                    reinterpret_cast<unsigned long long>(v_b);
+    if (head_dim % VEC == 0 && (addr & 15) == 0) {
+        merge_range<VEC>(v_out, s_out, v_a, s_a, v_b, s_b, pairs, head_dim);
+    } else {
+        merge_range<1>(v_out, s_out, v_a, s_a, v_b, s_b, pairs, head_dim);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK, 1) merge_attn_states_lse(
+    scalar_t* __restrict__ v_out,
+    float* __restrict__ s_out,
+    const scalar_t* __restrict__ v_a,
+    const float* __restrict__ s_a,
+    const scalar_t* __restrict__ v_b,
+    const float* __restrict__ s_b,
+    int num_tokens,
+    int num_heads,
+    int head_dim) {
+    merge_states(v_out, s_out, v_a, s_a, v_b, s_b, num_tokens, num_heads, head_dim);
+}
+
