@@ -28,7 +28,8 @@ def busy_breakdown(evaluations: list[dict[str, Any]], n_gpus: int) -> dict[str, 
     counts Ray start-up and the end-of-run peer timing, during which no search work exists.
 
     'Busy' is the time an evaluator actor spent inside evaluate() (compile cache lookup,
-    input generation, validation and timing), summed over actors.
+    input generation, validation and timing), summed over actors; the whole-run figure adds
+    the end-of-run peer timing.
     """
     if not evaluations:
         return {}
@@ -86,8 +87,10 @@ def to_markdown(summary: dict[str, Any], targets: list[dict[str, Any]]) -> str:
              f"- wall time: {summary['wall_s']:.0f} s; GPU busy fraction: {summary['gpu_busy_fraction']:.0%}; "
              f"evaluations: {evaluations} ({per_min:.1f} per minute)",
              *([f"- search phase: {summary['search_phase_s']:.0f} s with the evaluator busy "
-                f"{summary['search_phase_busy_fraction']:.0%} of it (from evaluations.jsonl; the whole-run figure "
-                "also counts Ray start-up and the end-of-run peer timing, torch.compile and FlashInfer JIT included)"]
+                f"{summary['search_phase_busy_fraction']:.0%} of it (from evaluations.jsonl); busy = seconds the "
+                "evaluator actors spent serving evaluations and peer timing, over wall time x GPUs; the whole-run "
+                "figure also counts Ray start-up and the end of the run (held-out checks, sanitizer, fresh "
+                "evaluators, final timing)"]
                if "search_phase_busy_fraction" in summary else []),
              "- times: kernel times (CUDA events around one launch, or one CUDA-graph replay for peers; "
              "L2 flushed before every repetition; implementations interleaved); final timing: 100 repetitions "

@@ -48,6 +48,7 @@ class KernelResult:
     peers: dict[str, dict[str, float]] = field(default_factory=dict)
     rejected: list[str] = field(default_factory=list)
     sanitizer: dict[str, Any] = field(default_factory=dict)
+    peer_errors: dict[str, str] = field(default_factory=dict)
 
 
 def _heldout_winners(ctl: Controller) -> dict[str, tuple[Scored, Evaluation, list[str]]]:
@@ -135,16 +136,17 @@ def _finish_kernel(ctl: Controller, actor: Any, st: KernelState, won: tuple[Scor
             timing=TimingConfig.full(), seeds=ctl.config.evaluator.seeds)))
     final = _final_timing(ctl, actor, st, item, lock)
     peers: dict[str, dict[str, float]] = {}
+    peer_errors: dict[str, str] = {}
     if ctl.config.evaluator.peers:
         # The winner and the baseline are timed again in the same interleaved loop as the
         # peers, so that speedups over peers compare times from one loop.
         ours = {"best": (item.variant.source, dict(item.params)), "baseline": (st.baseline.source, {})}
-        peers, busy = ray.get(actor.time_peers.remote(st.ref, st.dtype, "search", ours))
+        peers, busy, peer_errors = ray.get(actor.time_peers.remote(st.ref, st.dtype, "search", ours))
         with lock:
             ctl.pool.busy_s += busy
     print(f"final {st.name}: {final.status.value}, {len(peers)} implementations timed beside it",
           file=sys.stderr, flush=True)
-    return KernelResult(st, item, heldout, final, peers, rejected, sanitizer)
+    return KernelResult(st, item, heldout, final, peers, rejected, sanitizer, peer_errors)
 
 
 def finalize(ctl: Controller, warmup: PeerWarmup | None = None) -> tuple[list[KernelResult], str]:
@@ -201,6 +203,7 @@ def write_best(ctl: Controller, result: KernelResult) -> None:
         "heldout": result.heldout.to_dict(),
         "final": result.final.to_dict(),
         "peers_ms": result.peers,
+        "peer_errors": result.peer_errors,
         "rejected_on_heldout": result.rejected,
         "sanitizer": result.sanitizer,
         "lineage": st.lineage(variant.id),

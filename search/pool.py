@@ -137,12 +137,19 @@ class EvaluatorActor:
             return evaluation, time.perf_counter() - start
 
     def time_peers(self, kernel: str, dtype: str, shape_set: str,
-                   ours: dict[str, tuple[str, dict[str, int]]] | None = None) -> tuple[dict[str, dict[str, float]], float]:
-        """Peer times and the seconds this actor spent on them (GPU busy, as for evaluate)."""
+                   ours: dict[str, tuple[str, dict[str, int]]] | None = None
+                   ) -> tuple[dict[str, dict[str, float]], float, dict[str, str]]:
+        """Peer times, the seconds this actor spent on them (GPU busy, as for evaluate), and
+        why a peer could not be timed (``{peer: reason}``)."""
         with self._lock:
             start = time.perf_counter()
-            peers = self.evaluator.time_peers(kernel, dtype, shape_set, ours)
-            return peers, time.perf_counter() - start
+            full = getattr(self.evaluator, "time_peers_full", None)
+            if callable(full):
+                reply = full(kernel, dtype, shape_set, ours)
+                peers, errors = reply["peers"], dict(reply.get("errors", {}))
+            else:
+                peers, errors = self.evaluator.time_peers(kernel, dtype, shape_set, ours), {}
+            return peers, time.perf_counter() - start, errors
 
     def sanitize(self, kernel: str, source: str, dtype: str, params: dict[str, int]) -> dict[str, Any]:
         """compute-sanitizer (memcheck, racecheck) on one launch of a winner; the stand-in

@@ -79,6 +79,7 @@ def kernel_summary(result: Any, records: list[dict[str, Any]]) -> dict[str, Any]
         "noise_floor": final.noise_floor,
         "shapes": shapes,
         "speedup_over_peers": _peer_speedups(shapes, result.peers),
+        "peer_errors": dict(result.peer_errors),
         "copy_bw_fraction": geomean(fractions) if fractions else None,
         "variants_evaluated": len({r["variant"]["id"] for r in mine}),
         "trials_evaluated": sum(1 for r in mine if r["stage"] == "screen"),
@@ -124,6 +125,8 @@ def print_summary(summary: dict[str, Any], out: TextIO | None = None) -> None:
           f"{_fmt(k['speedup_heldout'])} | noise floor {_fmt(k['noise_floor'], '.3f', '')}\n")
         for peer, s in k["speedup_over_peers"].items():
             w(f"   vs {peer}: {s:.3f}x\n")
+        for peer, why in k.get("peer_errors", {}).items():
+            w(f"   {peer} not timed: {why[:200]}\n")
         if k["rejected_on_heldout"]:
             w(f"   failed held-out (not reported): {', '.join(k['rejected_on_heldout'])}\n")
         w(f"   evaluated {k['variants_evaluated']} variants, {k['trials_evaluated']} screening trials\n")
