@@ -126,6 +126,12 @@ def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
                 impls.append(_timed_graph(name, fn, spec, shape, sets))
             except Exception as exc:  # a peer that cannot run here (missing package, unsupported dtype)
                 errors[name] = f"{type(exc).__name__}: {exc}"[:500]
+        # Our kernels launch on the stream they were loaded on and the events go to the current
+        # one: if they differ, the events would time nothing (see timing.capture_graph).
+        current = torch.cuda.current_stream().cuda_stream
+        stray = [n for n, k in ours.items() if k.stream.ptr != current]
+        if stray:
+            raise RuntimeError(f"{', '.join(stray)} would launch on another stream than the timing events")
         samples = time_interleaved(impls, ctx.flush, job["warmup"], job["repetitions"])
         for name, s in samples.items():
             times.setdefault(name, {})[label] = s.median_ms

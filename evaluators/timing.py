@@ -141,15 +141,27 @@ def measure_copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, reps: in
 
 def capture_graph(fn: Callable[[], None], warmup: int = 3) -> torch.cuda.CUDAGraph:
     """Captures ``fn`` in a CUDA graph (after warm-up on a side stream, as torch requires),
-    so that a peer is timed as a kernel, not as a Python call."""
+    so that a peer is timed as a kernel, not as a Python call.
+
+    Raises what the capture raises (a peer that synchronises cannot be captured), with the
+    caller's stream current again: ``torch.cuda.graph`` leaves its capture stream current
+    when ending a failed capture raises, and every later launch and event of the process
+    would then go to different streams (our kernels to the stream they were loaded on, the
+    timing events to the capture stream), so that the events would time nothing.
+    """
+    origin = torch.cuda.current_stream()
     side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
+    side.wait_stream(origin)
     with torch.cuda.stream(side):
         for _ in range(warmup):
             fn()
-    torch.cuda.current_stream().wait_stream(side)
+    origin.wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    finally:
+        if torch.cuda.current_stream() != origin:
+            torch.cuda.set_stream(origin)
     torch.cuda.synchronize()
     return graph

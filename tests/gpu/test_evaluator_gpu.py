@@ -11,7 +11,7 @@ import torch
 from evaluators.api import EvalRequest, TimingConfig
 from evaluators.variant import Variant
 from evaluators.verdict import Status
-from kernels.spec import list_kernels, load_kernel
+from kernels.spec import list_kernels, load_kernel, shape_label
 
 pytestmark = [
     pytest.mark.gpu,
@@ -108,3 +108,32 @@ def test_infinite_loop_is_timeout_and_evaluator_recovers(evaluator):
     assert ev.status is Status.TIMEOUT, ev.message
     after = evaluator.evaluate(EvalRequest("silu_and_mul", _baseline("silu_and_mul"), time=False))
     assert after.status is Status.OK, after.message
+
+
+def test_a_failed_graph_capture_gives_the_stream_back():
+    # A peer that synchronises inside the capture cannot be captured; afterwards the caller's
+    # stream must be current again, or later launches and timing events go to different streams.
+    from evaluators.timing import capture_graph
+
+    origin = torch.cuda.current_stream()
+    x = torch.ones(16, device="cuda")
+    with pytest.raises(Exception):  # noqa: B017 - torch raises a RuntimeError subclass, by version
+        capture_graph(lambda: x.sum().item())
+    assert torch.cuda.current_stream() == origin
+    y = x * 2  # the stream still works
+    torch.cuda.synchronize()
+    assert float(y.sum()) == 32.0
+
+
+def test_the_peers_loop_times_our_kernels_doing_their_work(evaluator):
+    # Our baseline in the peers' loop must take about as long as in the evaluator's own timing:
+    # a loop time far below it means the events timed something else.
+    for kernel in ("reshape_and_cache", "silu_and_mul"):
+        spec = load_kernel(kernel)
+        reply = evaluator.time_peers_full(kernel, "float16", "search", {"baseline": (spec.baseline_source(), {})},
+                                          repetitions=20)
+        own = evaluator.evaluate(EvalRequest(kernel, _baseline(kernel), timing=TimingConfig.full()))
+        assert own.status is Status.OK, own.message
+        largest = max(own.shapes, key=lambda s: s.baseline_ms)
+        loop_ms = reply["peers"]["baseline"][shape_label(largest.shape)]
+        assert loop_ms > 0.7 * largest.baseline_ms, (kernel, loop_ms, largest.baseline_ms, reply.get("errors"))

@@ -26,6 +26,7 @@ from kernels.spec import check_signature, list_kernels, load_kernel
 ASTRA = ("silu_and_mul", "fused_add_rmsnorm", "merge_attn_states_lse")
 ROW_NORMS = ("fused_add_rmsnorm", "rmsnorm", "gemma_fused_add_rmsnorm")
 LATENCY_RECIPES = ("recipe:row_norm/warp", "recipe:row_norm/prefetch")
+OTHER_FAMILIES = ("layernorm", "per_token_fp8_quant")  # one recipe each
 SEEDS = (0, 1, 2, 3, 4, 11)
 
 
@@ -243,15 +244,16 @@ def test_grid_stride_refuses_kernels_that_return_early():
 def test_families_are_detected_from_the_library():
     fams = {k: family_of(load_kernel(k)) for k in list_kernels()}
     for k, fam in {"silu_and_mul": "gated_act", "gelu_and_mul": "gated_act", "fused_add_rmsnorm": "row_norm",
-                   "rmsnorm": "row_norm", "merge_attn_states_lse": "merge"}.items():
+                   "rmsnorm": "row_norm", "merge_attn_states_lse": "merge", "layernorm": "layer_norm",
+                   "per_token_fp8_quant": "row_quant"}.items():
         if k in fams:
             assert fams[k] == fam, k
-    if "layernorm" in fams:
-        assert fams["layernorm"] is None
+    if "topk_softmax" in fams:
+        assert fams["topk_softmax"] is None
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kernel", ASTRA)
+@pytest.mark.parametrize("kernel", (*ASTRA, *OTHER_FAMILIES))
 def test_recipes_compile_at_every_tunable_value(kernel):
     _need(kernel)
     spec = load_kernel(kernel)
@@ -310,9 +312,14 @@ def test_latency_row_norm_launches_cover_every_row_with_busy_threads(kernel):
                     assert cfg.block[:2] == (32, params["ROWS"]), (shape, params)
                     assert cfg.grid[0] * params["ROWS"] >= rows > (cfg.grid[0] - 1) * params["ROWS"]
                 else:
-                    # One block per row, sized to it: no warp is left without a vector (8 wide)
-                    # unless the row is shorter than one warp's worth; capped blocks loop.
-                    assert cfg.grid[0] == rows and cfg.block[0] % 32 == 0, (shape, params)
+                    # Threads per row sized to the row: no warp is left without a vector (8
+                    # wide) unless the row is shorter than one warp's worth; capped rows loop.
+                    # Rows of at most 64 threads share a block of 128; the blocks cover every
+                    # row, and only the last block has rows past the end.
+                    per_block = cfg.block[1]
+                    assert per_block == max(1, 128 // cfg.block[0]), (shape, params)
+                    assert cfg.grid[0] * per_block >= rows > (cfg.grid[0] - 1) * per_block, (shape, params)
+                    assert cfg.block[0] % 32 == 0, (shape, params)
                     capped = cfg.block[0] == min(512, 4096 // params["CACHE"])
                     assert capped or cfg.block[0] * params["CACHE"] * 8 >= hidden, (shape, params)
                     assert cfg.block[0] == 32 or (cfg.block[0] - 32) * params["CACHE"] * 8 < hidden, (shape, params)
@@ -331,7 +338,7 @@ def test_planner_proposes_the_latency_row_norm_recipes(kernel, strategy):
 # -- GPU: the recipes are correct on every shape ----------------------------------------------
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", sorted(set(ASTRA) | set(ROW_NORMS)))
+@pytest.mark.parametrize("kernel", sorted(set(ASTRA) | set(ROW_NORMS) | set(OTHER_FAMILIES)))
 def test_recipes_validate_on_every_shape(kernel):
     import torch
 

@@ -188,17 +188,58 @@ def _row_norm_warp(spec: KernelSpec) -> str:
 
 
 def _row_norm_prefetch(spec: KernelSpec) -> str:
-    """One block per row, sized to the row so that every thread holds CACHE vectors."""
+    """One block per row, sized to the row so that every thread holds CACHE vectors; rows too
+    short for more than 64 threads share a block (128 threads), so the grid is not thousands
+    of one-warp blocks."""
     roles = _row_norm_roles(spec)
     rows, hidden = _ints(spec, 2)
     # A multiple of 32 threads just large enough that CACHE 8-wide vectors per thread cover
     # the row, so no thread idles; capped at MAX_THREADS (the template's register budget).
-    block = f"(min(min(512, 4096 // CACHE), max(32, 32 * cdiv({hidden}, 256 * CACHE))),)"
+    per_row = f"min(min(512, 4096 // CACHE), max(32, 32 * cdiv({hidden}, 256 * CACHE)))"
+    rows_per_block = f"max(1, 128 // {per_row})"
     tune = {"CACHE": (2, 1, 4)}
-    layout = "one block per row, sized to the row; warp shuffles and one barrier reduce."
-    return _fill("row_norm_prefetch.cu", spec, f"({rows},)", block, "MAX_THREADS", tune, roles.call,
-                 what=roles.what, fused=roles.fused, gemma=roles.gemma, warp_row="0",
-                 variant="prefetch", layout=layout)
+    layout = ("one block per row, sized to the row (short rows: several per block); warp shuffles and one "
+              "barrier reduce.")
+    return _fill("row_norm_prefetch.cu", spec, f"(cdiv({rows}, {rows_per_block}),)", f"({per_row}, {rows_per_block})",
+                 "MAX_THREADS", tune, roles.call, what=roles.what, fused=roles.fused, gemma=roles.gemma,
+                 warp_row="0", variant="prefetch", layout=layout)
+
+
+def _layer_norm(spec: KernelSpec) -> str:
+    """One block per row; mean and variance around it from registers (layernorm with bias)."""
+    out, inp = _tensors(spec, "out"), _tensors(spec, "in")
+    floats = [a.name for a in spec.args if a.kind == "float"]
+    if len(out) != 1 or len(inp) != 3 or len(floats) != 1:
+        raise RecipeError(f"{spec.name}: a layer norm takes out, input, weight, bias, two sizes and eps")
+    rows, hidden = _ints(spec, 2)
+    weight = next((n for n in inp if "weight" in n or n in ("w", "gamma")), None)
+    bias = next((n for n in inp if "bias" in n or n in ("b", "beta")), None)
+    if weight is None or bias is None or weight == bias:
+        raise RecipeError(f"{spec.name}: cannot tell the weight and the bias among {inp}")
+    src = next(n for n in inp if n not in (weight, bias))
+    call = f"layer_norm({out[0]}, {src}, {weight}, {bias}, {rows}, {hidden}, {floats[0]})"
+    # A multiple of 32 threads just large enough that CACHE 8-wide vectors per thread cover
+    # the row, capped at the template's MAX_THREADS.
+    block = f"(min(1024 // min(CACHE, 2), max(32, 32 * cdiv({hidden}, 256 * CACHE))),)"
+    tune = {"CACHE": (2, 1, 4)}
+    what = "out = (x - mean) * rsqrt(var + eps) * w + b per row, variance around the mean, fp32 math."
+    return _fill("layer_norm.cu", spec, f"({rows},)", block, "MAX_THREADS", tune, call, what=what)
+
+
+def _row_quant(spec: KernelSpec) -> str:
+    """Per-token fp8 quantisation: one block per row, max |x| and the quantised row from registers."""
+    outs = [a for a in spec.args if a.kind == "tensor" and a.role == "out"]
+    q = next((a.name for a in outs if a.dtype == "float8_e4m3fn"), None)
+    scales = next((a.name for a in outs if a.dtype == "float32"), None)
+    inp = _tensors(spec, "in")
+    if q is None or scales is None or len(outs) != 2 or len(inp) != 1:
+        raise RecipeError(f"{spec.name}: a per-token quantisation takes an fp8 out, fp32 scales, an input and two sizes")
+    rows, hidden = _ints(spec, 2)
+    call = f"row_quant({q}, {scales}, {inp[0]}, {rows}, {hidden})"
+    block = f"(min(1024 // min(CACHE, 2), max(32, 32 * cdiv({hidden}, 256 * CACHE))),)"
+    tune = {"CACHE": (2, 1, 4)}
+    what = "scale = max|x| / 448 per row (1 for an all-zero row); out = e4m3(clamp(x / scale)), fp32 math."
+    return _fill("row_quant.cu", spec, f"({rows},)", block, "MAX_THREADS", tune, call, what=what)
 
 
 def _merge(spec: KernelSpec) -> str:
@@ -218,6 +259,10 @@ def family_of(spec: KernelSpec) -> str | None:
         return "gated_act"
     if re.search(r"(^|_)rms_?norm$", spec.name):
         return "row_norm"
+    if re.search(r"(^|_)layer_?norm$", spec.name):
+        return "layer_norm"
+    if re.search(r"fp8_quant$", spec.name):
+        return "row_quant"
     if spec.name.startswith("merge_attn_states") or spec.name == "merge_state":
         return "merge" if len(_ints_or_empty(spec)) == 3 else None
     return None
@@ -235,6 +280,8 @@ RECIPES: tuple[Recipe, ...] = (
     Recipe("recipe:row_norm/warp", "row_norm", _row_norm_warp),
     Recipe("recipe:row_norm/prefetch", "row_norm", _row_norm_prefetch),
     Recipe("recipe:merge/flat", "merge", _merge),
+    Recipe("recipe:layer_norm/rows", "layer_norm", _layer_norm),
+    Recipe("recipe:row_quant/rows", "row_quant", _row_quant),
 )
 
 

@@ -36,12 +36,14 @@ __device__ __forceinline__ float warp_sum(float s) {
 __device__ __forceinline__ float row_total(float s) {
     s = warp_sum(s);
 #if !WARP_ROW
-    // One block per row: one barrier, then every warp reduces the partials itself.
+    // blockDim.x threads per row (a multiple of 32), blockDim.y rows per block: one barrier,
+    // then every warp reduces its row's partials itself.
     __shared__ float partial[32];
     const int lane = threadIdx.x & 31;
-    if (lane == 0) partial[threadIdx.x >> 5] = s;
+    const int warps = static_cast<int>(blockDim.x >> 5);
+    if (lane == 0) partial[threadIdx.y * warps + (threadIdx.x >> 5)] = s;
     __syncthreads();
-    s = warp_sum(lane < static_cast<int>(blockDim.x >> 5) ? partial[lane] : 0.0f);
+    s = warp_sum(lane < warps ? partial[threadIdx.y * warps + lane] : 0.0f);
 #endif
     return s;
 }
@@ -199,16 +201,24 @@ __device__ __forceinline__ void norm_row(scalar_t* dst, scalar_t* res, const sca
 
 __device__ __forceinline__ void row_norm(scalar_t* dst, scalar_t* res, const scalar_t* src, const scalar_t* weight,
                                          int rows, int hidden, float eps) {
+    const int row = blockIdx.x * blockDim.y + threadIdx.y;
 #if WARP_ROW
-    const int row = blockIdx.x * ROWS + threadIdx.y;
     if (row >= rows) return;  // a whole warp: no barrier follows
 #else
-    const int row = blockIdx.x;
+    // Short rows share a block (blockDim.y rows); the threads of a row past the end only
+    // take part in the reduction's one barrier.
+    const bool active = row < rows;
 #endif
     const long long off = static_cast<long long>(row) * hidden;
     const unsigned long long addr = reinterpret_cast<unsigned long long>(dst) | reinterpret_cast<unsigned long long>(src) |
                                     reinterpret_cast<unsigned long long>(res) | reinterpret_cast<unsigned long long>(weight);
     scalar_t* res_row = FUSED ? res + off : nullptr;
+#if !WARP_ROW
+    if (!active) {
+        row_total(0.0f);
+        return;
+    }
+#endif
     // Uniform over the row's threads, so the barrier in row_total is reached by all of them.
     if (hidden % VEC == 0 && (addr & 15) == 0) {
         norm_row<VEC>(dst + off, res_row, src + off, weight, hidden, eps);
