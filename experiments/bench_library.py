@@ -101,6 +101,17 @@ def implementations(results: list[dict[str, Any]]) -> list[str]:
     return [n for n in OURS if n in names] + sorted(names - set(OURS))
 
 
+def shape_table(result: dict[str, Any]) -> list[str]:
+    """Markdown lines: one row per shape, microseconds and copy-bandwidth fraction per implementation."""
+    impls = implementations([result])
+    lines = ["| shape | " + " | ".join(f"{i} us (% copy)" for i in impls) + " |", "|---|" + "---|" * len(impls)]
+    for row in result["rows"]:
+        cells = [f"{v['median_us']:.2f} ({v['copy_bw_fraction']:.0%})" if (v := row["impl"].get(i)) else "-"
+                 for i in impls]
+        lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _x(v: float | None, spec: str = ".2f", suffix: str = "x") -> str:
     return "-" if v is None else f"{v:{spec}}{suffix}"
 
@@ -124,15 +135,10 @@ def to_markdown(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
         lines.append(f"| {r['kernel']} | {r['dtype']} | {s['ours']} | "
                      + " | ".join(_x(s["speedup_over"].get(p)) for p in peers) + f" | {bw} |")
     for r in results:
-        impls = implementations([r])
         lines += ["", f"## {r['kernel']} ({r['dtype']}, {r['shape_set']} shapes)", ""]
         if r.get("best"):
             lines += [f"best: {r['best'].get('variant_id', '')} from {r['best'].get('source', '')}", ""]
-        lines += ["| shape | " + " | ".join(f"{i} us (% copy)" for i in impls) + " |", "|---|" + "---|" * len(impls)]
-        for row in r["rows"]:
-            cells = [f"{v['median_us']:.2f} ({v['copy_bw_fraction']:.0%})" if (v := row["impl"].get(i)) else "-"
-                     for i in impls]
-            lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
+        lines += shape_table(r)
         if r["peer_errors"]:
             lines += ["", "Not timed: " + "; ".join(f"{k}: {v}" for k, v in sorted(r["peer_errors"].items()))]
     return "\n".join(lines) + "\n"

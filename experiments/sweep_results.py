@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from experiments.bench_library import implementations, kernel_result, plot_kernel
+from experiments.bench_library import kernel_result, plot_kernel, shape_table
 from kernels.spec import load_kernel
 
 TC_MEDIAN_TARGET = 1.1
@@ -128,15 +128,8 @@ def to_markdown(summary: dict[str, Any], meta: dict[str, Any], entries: list[dic
                      f"{_x(e['speedup_vs_torch_eager'])} | {e['copy_bw_fraction_largest']:.0%} {e['largest_shape']} | "
                      f"{e['variants_evaluated']} | {e['sanitizer'] or '-'} |")
     for e in entries:
-        b = e["bench"]
-        impls = implementations([b])
         lines += ["", f"## {e['kernel']} ({e['dtype']}): winner {e['winner']} {e['params']}", "",
-                  f"found by: {', '.join(e['lineage'])}", "",
-                  "| shape | " + " | ".join(f"{i} us (% copy)" for i in impls) + " |", "|---|" + "---|" * len(impls)]
-        for row in b["rows"]:
-            cells = [f"{v['median_us']:.2f} ({v['copy_bw_fraction']:.0%})" if (v := row["impl"].get(i)) else "-"
-                     for i in impls]
-            lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
+                  f"found by: {', '.join(e['lineage'])}", "", *shape_table(e["bench"])]
         if e["peer_errors"]:
             lines += ["", "Not timed: " + "; ".join(f"{p}: {why}" for p, why in sorted(e["peer_errors"].items()))]
     return "\n".join(lines) + "\n"

@@ -76,10 +76,16 @@ def _header(grid: str, block: str, tune: Mapping[str, tuple[int, ...]]) -> str:
     return "\n".join(lines)
 
 
+def _common(name: str, **values: str) -> str:
+    """A shared helper file's text for a template, without its two-line comment header."""
+    return _template(name).substitute(**values).split("\n", 2)[2]
+
+
 def _fill(template: str, spec: KernelSpec, grid: str, block: str, bound: str,
           tune: Mapping[str, tuple[int, ...]], call: str, **extra: str) -> str:
     return _template(template).substitute(
         kernel=spec.name,
+        rowcommon=_common("row_common.cu"),
         header=_header(grid, block, tune),
         guards=_guards({k: v[0] for k, v in tune.items()}),
         entry=entry_point(spec, bound, call),
@@ -110,8 +116,8 @@ def _gated(spec: KernelSpec, layout: str) -> str:
         raise RecipeError(f"{spec.name} is not a gated activation (out, x, tokens, d)")
     rows, d = _ints(spec, 2)
     call = f"gated_{layout}({out[0]}, {inp[0]}, {rows}, {d})"
-    # The device helpers both layouts share; the comment line naming the file is dropped.
-    common = _template("gated_common.cu").substitute(act=_ACTIVATIONS[act]).split("\n", 2)[2]
+    # The device helpers every layout shares.
+    common = _common("gated_common.cu", act=_ACTIVATIONS[act])
     if layout == "flat":
         grid = f"(cdiv({rows} * {d}, BLOCK * 8 * ITEMS),)"
         tune = {"BLOCK": (256, 128, 512), "ITEMS": (2, 1, 4), "HINT": (0, 1)}

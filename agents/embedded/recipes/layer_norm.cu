@@ -10,18 +10,7 @@ ${guards}
 // At most 512 threads (1024 for CACHE=1), so that the cache and the weight/bias vectors fit
 // the registers the launch bounds leave.
 #define MAX_THREADS (CACHE > 1 ? 512 : 1024)
-constexpr int VEC = 16 / sizeof(scalar_t);
-
-template <int V>
-struct alignas(sizeof(scalar_t) * V) Pack {
-    scalar_t v[V];
-};
-
-__device__ __forceinline__ float warp_sum(float s) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    return s;
-}
+${rowcommon}
 
 // Sum over the block (one row); every thread gets it. Each call site has its own slot of
 // partial sums, so the second reduction cannot overwrite what a slow warp still reads.

@@ -9,18 +9,7 @@ ${guards}
 #define FUSED ${fused}
 #define GEMMA ${gemma}
 #define MAX_THREADS (ITEMS > 4 ? 4096 / ITEMS : 1024)
-constexpr int VEC = 16 / sizeof(scalar_t);
-
-template <int V>
-struct alignas(sizeof(scalar_t) * V) Pack {
-    scalar_t v[V];
-};
-
-__device__ __forceinline__ float warp_sum(float s) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    return s;
-}
+${rowcommon}
 
 // Sum over the blockDim.x threads of one row slice (threadIdx.y); every thread gets it.
 __device__ __forceinline__ float row_sum(float s) {

@@ -17,20 +17,9 @@ ${guards}
 // At most 512 threads, so that 128 registers per thread hold the cache and the tail chunk.
 #define MAX_THREADS (CACHE > 4 ? 4096 / CACHE : 512)
 #endif
-constexpr int VEC = 16 / sizeof(scalar_t);
+${rowcommon}
 // Vectors per thread in flight at once in the tail of rows longer than the cache.
 constexpr int CHUNK = WARP_ROW ? 4 : 2;
-
-template <int V>
-struct alignas(sizeof(scalar_t) * V) Pack {
-    scalar_t v[V];
-};
-
-__device__ __forceinline__ float warp_sum(float s) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    return s;
-}
 
 // Sum over the threads of one row; every thread gets it.
 __device__ __forceinline__ float row_total(float s) {

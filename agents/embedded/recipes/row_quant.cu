@@ -8,19 +8,8 @@ ${header}
 ${guards}
 // At most 512 threads (1024 for CACHE=1): the cache fits the registers the bounds leave.
 #define MAX_THREADS (CACHE > 1 ? 512 : 1024)
-constexpr int VEC = 16 / sizeof(scalar_t);
+${rowcommon}
 constexpr float FP8_MAX = 448.0f;
-
-template <int V>
-struct alignas(sizeof(scalar_t) * V) Pack {
-    scalar_t v[V];
-};
-
-__device__ __forceinline__ float warp_max(float s) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, o));
-    return s;
-}
 
 // Max over the block (one row); every thread gets it.
 __device__ __forceinline__ float row_max(float s) {
