@@ -259,6 +259,21 @@ def _merge(spec: KernelSpec) -> str:
     return _fill("merge_flat.cu", spec, grid, "(BLOCK,)", "BLOCK", tune, call)
 
 
+def _merge_multi(spec: KernelSpec) -> str:
+    """Any number of states: one 16-byte vector per thread, UNROLL states' loads in flight."""
+    outs = [a for a in spec.args if a.kind == "tensor" and a.role == "out"]
+    ins = [a for a in spec.args if a.kind == "tensor" and a.role == "in"]
+    values = [a.name for a in (*outs, *ins) if a.dtype == "scalar"]
+    lses = [a.name for a in (*outs, *ins) if a.dtype == "float32"]
+    if len(outs) != 2 or len(ins) != 2 or len(values) != 2 or len(lses) != 2:
+        raise RecipeError(f"{spec.name}: expected v_out, lse_out (fp32), v, lse (fp32) and four sizes")
+    states, tokens, heads, head_dim = _ints(spec, 4)
+    call = f"merge_multi({values[0]}, {lses[0]}, {values[1]}, {lses[1]}, {states}, {tokens}, {heads}, {head_dim})"
+    grid = f"(cdiv({tokens} * {heads} * cdiv({head_dim}, 8), BLOCK),)"
+    tune = {"BLOCK": (256, 128, 512), "UNROLL": (4, 2, 8)}
+    return _fill("merge_multi.cu", spec, grid, "(BLOCK,)", "BLOCK", tune, call)
+
+
 def family_of(spec: KernelSpec) -> str | None:
     """The recipe family of a kernel, from its name and argument list."""
     if activation_of(spec.name):
@@ -270,7 +285,7 @@ def family_of(spec: KernelSpec) -> str | None:
     if re.search(r"fp8_quant$", spec.name):
         return "row_quant"
     if spec.name.startswith("merge_attn_states") or spec.name == "merge_state":
-        return "merge" if len(_ints_or_empty(spec)) == 3 else None
+        return {3: "merge", 4: "merge_multi"}.get(len(_ints_or_empty(spec)))
     return None
 
 
@@ -288,6 +303,7 @@ RECIPES: tuple[Recipe, ...] = (
     Recipe("recipe:merge/flat", "merge", _merge),
     Recipe("recipe:layer_norm/rows", "layer_norm", _layer_norm),
     Recipe("recipe:row_quant/rows", "row_quant", _row_quant),
+    Recipe("recipe:merge_multi/flat", "merge_multi", _merge_multi),
 )
 
 
