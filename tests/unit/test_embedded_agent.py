@@ -26,7 +26,9 @@ from kernels.spec import check_signature, list_kernels, load_kernel
 ASTRA = ("silu_and_mul", "fused_add_rmsnorm", "merge_attn_states_lse")
 ROW_NORMS = ("fused_add_rmsnorm", "rmsnorm", "gemma_fused_add_rmsnorm")
 LATENCY_RECIPES = ("recipe:row_norm/warp", "recipe:row_norm/prefetch")
-OTHER_FAMILIES = ("layernorm", "per_token_fp8_quant", "merge_attn_states_multi")  # one recipe each
+# One recipe each.
+OTHER_FAMILIES = ("layernorm", "per_token_fp8_quant", "merge_attn_states_multi", "rotary_embedding_neox",
+                  "rotary_embedding_gptj")
 SEEDS = (0, 1, 2, 3, 4, 11)
 
 
@@ -245,7 +247,8 @@ def test_families_are_detected_from_the_library():
     fams = {k: family_of(load_kernel(k)) for k in list_kernels()}
     for k, fam in {"silu_and_mul": "gated_act", "gelu_and_mul": "gated_act", "fused_add_rmsnorm": "row_norm",
                    "rmsnorm": "row_norm", "merge_attn_states_lse": "merge", "layernorm": "layer_norm",
-                   "per_token_fp8_quant": "row_quant", "merge_attn_states_multi": "merge_multi"}.items():
+                   "per_token_fp8_quant": "row_quant", "merge_attn_states_multi": "merge_multi",
+                   "rotary_embedding_neox": "rotary", "rotary_embedding_gptj": "rotary"}.items():
         if k in fams:
             assert fams[k] == fam, k
     if "topk_softmax" in fams:

@@ -274,6 +274,27 @@ def _merge_multi(spec: KernelSpec) -> str:
     return _fill("merge_multi.cu", spec, grid, "(BLOCK,)", "BLOCK", tune, call)
 
 
+def _rotary(spec: KernelSpec) -> str:
+    """Rotary embedding (NeoX or GPT-J pairs) over a flat range, one 16-byte unit per thread."""
+    m = re.fullmatch(r"rotary_embedding_(neox|gptj)", spec.name)
+    inout, inp = _tensors(spec, "inout"), _tensors(spec, "in")
+    ints = _ints_or_empty(spec)
+    if m is None or len(inout) != 2 or len(inp) != 2 or len(ints) != 6:
+        raise RecipeError(f"{spec.name}: expected positions, query, key, cos_sin_cache and six sizes")
+    positions = next(a.name for a in spec.args if a.dtype == "int64")
+    cache = next(a.name for a in spec.args if a.dtype == "float32")
+    query, key = inout
+    tokens, heads, kv_heads, head_size, rot_dim, _ = ints
+    neox = m.group(1) == "neox"
+    unit = 16 if neox else 8
+    call = (f"rotary({positions}, {query}, {key}, {cache}, {tokens}, {heads}, {kv_heads}, {head_size}, {rot_dim})")
+    grid = f"(cdiv({tokens} * ({heads} + {kv_heads}) * cdiv({rot_dim}, {unit}), BLOCK),)"
+    tune = {"BLOCK": (256, 128, 512)}
+    pairs = "pairs (i, i + rot_dim/2)" if neox else "pairs (2i, 2i + 1)"
+    return _fill("rotary_flat.cu", spec, grid, "(BLOCK,)", "BLOCK", tune, call, neox="1" if neox else "0",
+                 pairs=pairs)
+
+
 def family_of(spec: KernelSpec) -> str | None:
     """The recipe family of a kernel, from its name and argument list."""
     if activation_of(spec.name):
@@ -284,6 +305,8 @@ def family_of(spec: KernelSpec) -> str | None:
         return "layer_norm"
     if re.search(r"fp8_quant$", spec.name):
         return "row_quant"
+    if re.fullmatch(r"rotary_embedding_(neox|gptj)", spec.name):
+        return "rotary"
     if spec.name.startswith("merge_attn_states") or spec.name == "merge_state":
         return {3: "merge", 4: "merge_multi"}.get(len(_ints_or_empty(spec)))
     return None
@@ -304,6 +327,7 @@ RECIPES: tuple[Recipe, ...] = (
     Recipe("recipe:layer_norm/rows", "layer_norm", _layer_norm),
     Recipe("recipe:row_quant/rows", "row_quant", _row_quant),
     Recipe("recipe:merge_multi/flat", "merge_multi", _merge_multi),
+    Recipe("recipe:rotary/flat", "rotary", _rotary),
 )
 
 
