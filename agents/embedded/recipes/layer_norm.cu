@@ -12,11 +12,9 @@ ${guards}
 #define MAX_THREADS (CACHE > 1 ? 512 : 1024)
 ${rowcommon}
 
-// Sum over the block (one row); every thread gets it. Each call site has its own slot of
-// partial sums, so the second reduction cannot overwrite what a slow warp still reads.
-template <int SLOT>
-__device__ __forceinline__ float row_total(float s) {
-    __shared__ float partial[32];
+// Sum over the block (one row); every thread gets it. Each reduction has its own partial
+// sums, so the second cannot overwrite what a slow warp still reads of the first.
+__device__ __forceinline__ float row_total(float s, float* partial) {
     s = warp_sum(s);
     const int lane = threadIdx.x & 31;
     if (lane == 0) partial[threadIdx.x >> 5] = s;
@@ -66,6 +64,7 @@ __device__ __forceinline__ void norm_row(scalar_t* __restrict__ dst, const scala
     const P* w = reinterpret_cast<const P*>(weight);
     const P* b = reinterpret_cast<const P*>(bias);
     P* d = reinterpret_cast<P*>(dst);
+    __shared__ float partials[2][32];
     P x[CACHE];
 #pragma unroll
     for (int k = 0; k < CACHE; ++k) {
@@ -78,7 +77,7 @@ __device__ __forceinline__ void norm_row(scalar_t* __restrict__ dst, const scala
         if (tx + k * nx < n) sum += vec_sum(x[k]);
     }
     for (int i = tx + CACHE * nx; i < n; i += nx) sum += vec_sum(s[i]);
-    const float mean = row_total<0>(sum) / static_cast<float>(hidden);
+    const float mean = row_total(sum, partials[0]) / static_cast<float>(hidden);
     // The weight and bias do not depend on the statistics: their loads overlap the reduction.
     P wv[CACHE], bv[CACHE];
 #pragma unroll
@@ -95,7 +94,7 @@ __device__ __forceinline__ void norm_row(scalar_t* __restrict__ dst, const scala
         if (tx + k * nx < n) sq += vec_sq_dev(x[k], mean);
     }
     for (int i = tx + CACHE * nx; i < n; i += nx) sq += vec_sq_dev(s[i], mean);
-    const float rstd = rsqrtf(row_total<1>(sq) / static_cast<float>(hidden) + eps);
+    const float rstd = rsqrtf(row_total(sq, partials[1]) / static_cast<float>(hidden) + eps);
 #pragma unroll
     for (int k = 0; k < CACHE; ++k) {
         const int i = tx + k * nx;
