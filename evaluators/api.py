@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from evaluators.variant import Variant
 from evaluators.verdict import Evaluation
@@ -90,7 +90,14 @@ class Evaluator(ABC):
         kernel's shapes, with our own kernels ``{name: (source, params)}`` in the same
         interleaved loop: ``{implementation: {shape label: median ms}}``; peers that cannot
         run are left out. Stand-ins return ``{}``."""
-        return {}
+        return self.time_peers_full(kernel, dtype, shape_set, ours)["peers"]
+
+    def time_peers_full(self, kernel: str, dtype: str, shape_set: str = "search",
+                        ours: dict[str, tuple[str, dict[str, int]]] | None = None,
+                        repetitions: int = 100) -> dict[str, Any]:
+        """Like :meth:`time_peers`, with ``errors`` (``{peer: why it was not timed}``) and, on
+        a GPU, spreads (``iqr``) and the copy bandwidth. Stand-ins time nothing."""
+        return {"peers": {}, "errors": {}}
 
     def close(self) -> None:  # noqa: B027 - optional
         """Releases worker processes and GPU memory."""

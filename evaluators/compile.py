@@ -226,11 +226,13 @@ def _resources(log: str, entry: str) -> tuple[int | None, int | None, int | None
     )
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes | str) -> None:
+    """Writes through a temporary file and ``os.replace``: readers never see half a file
+    (cache entries here, run records in :mod:`search.records`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     with os.fdopen(fd, "wb") as f:
-        f.write(data)
+        f.write(data.encode() if isinstance(data, str) else data)
     os.replace(tmp, path)
 
 
@@ -299,6 +301,6 @@ def compile_variant(
     if ok and entry not in _PTXAS_ENTRY.findall(log) and _text_section(entry) not in cubin:
         ok, log = False, f'{log}\nno kernel named {entry} in the binary (use extern "C" __global__ void {entry}(...))'
     if ok:
-        _atomic_write(bin_path, cubin)
-    _atomic_write(meta_path, json.dumps({"ok": ok, "log": log, "options": options}).encode())
+        atomic_write(bin_path, cubin)
+    atomic_write(meta_path, json.dumps({"ok": ok, "log": log, "options": options}).encode())
     return CompileResult(ok, cubin, log, key, seconds, False, *_resources(log, entry), tuple(options))

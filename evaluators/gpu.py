@@ -220,12 +220,6 @@ class GpuEvaluator(Evaluator):
             registers=attrs.get("registers", head.registers),
         )
 
-    def time_peers(self, kernel: str, dtype: str, shape_set: str = "search",
-                   ours: dict[str, tuple[str, dict[str, int]]] | None = None) -> dict[str, dict[str, float]]:
-        """Graph-timed peers, plus our own kernels if given (``{name: (source, params)}``),
-        all interleaved in one loop; ``{implementation: {shape label: median ms}}``."""
-        return self.time_peers_full(kernel, dtype, shape_set, ours)["peers"]
-
     def time_peers_full(self, kernel: str, dtype: str, shape_set: str = "search",
                         ours: dict[str, tuple[str, dict[str, int]]] | None = None,
                         repetitions: int = 100) -> dict[str, Any]:

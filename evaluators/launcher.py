@@ -46,6 +46,10 @@ class Kernel:
         self.module.load(cubin)
         self.function = self.module.get_function(spec.name)
         self.launches = dict(launches)
+        # Checked once here, not in launch(), which runs inside the timing loop.
+        for cfg in self.launches.values():
+            if cfg.block[0] * cfg.block[1] * cfg.block[2] > 1024:
+                raise LaunchResourceError(f"block {cfg.block} has more than 1024 threads")
         self.max_smem = max((c.smem_bytes for c in self.launches.values()), default=0)
         if self.max_smem > 48 * 1024:
             try:
@@ -77,8 +81,6 @@ class Kernel:
 
     def launch(self, label: str, args: tuple[Any, ...]) -> None:
         cfg = self.launches[label]
-        if cfg.block[0] * cfg.block[1] * cfg.block[2] > 1024:
-            raise LaunchResourceError(f"block {cfg.block} has more than 1024 threads")
         try:
             self.function(cfg.grid, cfg.block, args, shared_mem=cfg.smem_bytes, stream=self.stream)
         except self._cupy.cuda.driver.CUDADriverError as exc:

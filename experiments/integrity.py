@@ -26,6 +26,7 @@ import yaml
 from evaluators.api import EvalRequest, TimingConfig
 from evaluators.variant import Variant
 from kernels.spec import load_kernel
+from search.records import read_jsonl
 
 INDEX = Path(__file__).resolve().parents[1] / "tests" / "adversarial" / "fixtures.yaml"
 
@@ -61,8 +62,8 @@ def run_fixtures() -> dict[str, Any]:
 
 def account_run(run_dir: Path) -> dict[str, Any]:
     """Every proposal must have at least one evaluation on record (by variant id)."""
-    proposals = [json.loads(line) for line in (run_dir / "proposals.jsonl").read_text().splitlines() if line.strip()]
-    evals = [json.loads(line) for line in (run_dir / "evaluations.jsonl").read_text().splitlines() if line.strip()]
+    proposals = list(read_jsonl(run_dir / "proposals.jsonl"))
+    evals = list(read_jsonl(run_dir / "evaluations.jsonl"))
     judged = {(e["kernel"], e["variant"]["id"]) for e in evals}
     missing = [p["variant_id"] for p in proposals if not p.get("failure") and (p["kernel"], p["variant_id"]) not in judged]
     injected = [p for p in proposals if p["variant"].get("meta", {}).get("injected")]

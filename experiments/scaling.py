@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.search_results import busy_breakdown
+from search.records import read_jsonl
 
 SCALING_TARGET = 1.8  # two GPUs against one
 
@@ -26,7 +27,7 @@ SCALING_TARGET = 1.8  # two GPUs against one
 def run_rates(run_dir: Path) -> dict[str, Any]:
     """Trials, phases and rates of one run directory (summary.json and evaluations.jsonl)."""
     summary = json.loads((run_dir / "summary.json").read_text())
-    records = [json.loads(line) for line in (run_dir / "evaluations.jsonl").read_text().splitlines() if line.strip()]
+    records = list(read_jsonl(run_dir / "evaluations.jsonl"))
     trials = [r for r in records if r["stage"] in ("screen", "full")]
     n_gpus = int(summary.get("n_gpus", 1))
     phase = busy_breakdown(records, n_gpus)

@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from search.records import read_jsonl
+
 # The Astra paper's multi-agent speedups over its baselines (REFERENCE.md section 2).
 ASTRA_TARGETS = {"silu_and_mul": 1.46, "fused_add_rmsnorm": 1.25, "merge_attn_states_lse": 1.26}
 PEER_TARGETS = {"flashinfer": 0.95, "torch_compile": 1.0}
@@ -138,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"{args.run_dir} has no summary.json (pass --summary-json)")
     records = args.run_dir / "evaluations.jsonl"
     if records.exists():
-        rows = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
+        rows = list(read_jsonl(records))
         summary.update(busy_breakdown(rows, int(summary.get("n_gpus", 1))))
     targets = check_targets(summary)
     out = Path(args.out)

@@ -143,13 +143,8 @@ class EvaluatorActor:
         why a peer could not be timed (``{peer: reason}``)."""
         with self._lock:
             start = time.perf_counter()
-            full = getattr(self.evaluator, "time_peers_full", None)
-            if callable(full):
-                reply = full(kernel, dtype, shape_set, ours)
-                peers, errors = reply["peers"], dict(reply.get("errors", {}))
-            else:
-                peers, errors = self.evaluator.time_peers(kernel, dtype, shape_set, ours), {}
-            return peers, time.perf_counter() - start, errors
+            reply = self.evaluator.time_peers_full(kernel, dtype, shape_set, ours)
+            return reply["peers"], time.perf_counter() - start, dict(reply.get("errors", {}))
 
     def sanitize(self, kernel: str, source: str, dtype: str, params: dict[str, int]) -> dict[str, Any]:
         """compute-sanitizer (memcheck, racecheck) on one launch of a winner; the stand-in

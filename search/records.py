@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from evaluators.compile import atomic_write
 from evaluators.variant import Variant
 from evaluators.verdict import Evaluation
 
@@ -138,15 +138,6 @@ def _cut_torn_tail(path: Path) -> None:
         return
     with path.open("r+b") as f:
         f.truncate(data.rfind(b"\n") + 1)
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Writes through a temporary file and ``os.replace``: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 class RunRecords:

@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from agents.factory import AgentConfigError, make_agent
+from evaluators.compile import atomic_write
 from kernels.spec import KernelSpec, KernelSpecError, list_kernels, load_kernel
 from search.config import ConfigError, RunConfig, dump_config, load_config, override
-from search.records import RunRecords, atomic_write, read_jsonl
+from search.records import RunRecords, read_jsonl
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXTRA_SHAPES_FILE = "extra_shapes.json"
@@ -123,6 +124,13 @@ def check_local_gpu(config: RunConfig) -> None:
                          "or dry-run with --evaluator standin")
 
 
+def worker_runtime_env() -> dict[str, Any]:
+    """Ray's runtime_env for a local cluster: workers import this repository's packages, so
+    say where they are (before the caller's own PYTHONPATH)."""
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    return {"env_vars": {"PYTHONPATH": path}}
+
+
 def start_ray(config: RunConfig) -> None:
     import ray
 
@@ -131,9 +139,7 @@ def start_ray(config: RunConfig) -> None:
     if config.address:
         ray.init(address=config.address)
         return
-    # Workers import this repository's packages; say where they are.
-    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-    ray.init(include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": path}}, log_to_driver=False)
+    ray.init(include_dashboard=False, runtime_env=worker_runtime_env(), log_to_driver=False)
 
 
 def start_peer_warmup(config: RunConfig, prep: Prepared) -> Any:

@@ -3,10 +3,6 @@ recorded as CRASH, and the other requests are evaluated normally (real Ray actor
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
-import pytest
 import ray
 
 from evaluators.api import EvalRequest
@@ -14,16 +10,6 @@ from evaluators.variant import Variant
 from evaluators.verdict import Status
 from kernels.spec import load_kernel
 from search.pool import EvalPool
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": env}, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def _drain(pool: EvalPool) -> dict[str, tuple[Status, str]]:

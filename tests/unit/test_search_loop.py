@@ -15,7 +15,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import ray
 
 from search.config import override
 from search.records import EvalRecord, read_jsonl
@@ -30,14 +29,6 @@ from search.run import (
 
 TOY = "tests.unit.search_toy_agent:ToyAgent"
 CLI = [sys.executable, "-m", "search.run"]
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": env}, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def _prepare(tmp_path: Path, *extra: str) -> Prepared:

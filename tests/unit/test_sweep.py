@@ -17,7 +17,6 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-import ray
 
 from kernels.spec import LIBRARY_DIR
 from search.config import ConfigError
@@ -28,14 +27,6 @@ from search.sweep import SWEEP_FILE, TABLE_SCHEMA, choose_kernels, kernel_wall_s
 TOY = "tests.unit.search_toy_agent:ToyAgent"
 CLI = [sys.executable, "-m", "search.sweep"]
 SMALL = ["--agent", TOY, "--population", "2", "--budget-rounds", "1", "--variants", "2", "--trials", "2"]
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": env}, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture
