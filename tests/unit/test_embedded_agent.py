@@ -28,7 +28,7 @@ ROW_NORMS = ("fused_add_rmsnorm", "rmsnorm", "gemma_fused_add_rmsnorm")
 LATENCY_RECIPES = ("recipe:row_norm/warp", "recipe:row_norm/prefetch")
 # One recipe each.
 OTHER_FAMILIES = ("layernorm", "per_token_fp8_quant", "merge_attn_states_multi", "rotary_embedding_neox",
-                  "rotary_embedding_gptj")
+                  "rotary_embedding_gptj", "topk_softmax")
 SEEDS = (0, 1, 2, 3, 4, 11)
 
 
@@ -248,11 +248,12 @@ def test_families_are_detected_from_the_library():
     for k, fam in {"silu_and_mul": "gated_act", "gelu_and_mul": "gated_act", "fused_add_rmsnorm": "row_norm",
                    "rmsnorm": "row_norm", "merge_attn_states_lse": "merge", "layernorm": "layer_norm",
                    "per_token_fp8_quant": "row_quant", "merge_attn_states_multi": "merge_multi",
-                   "rotary_embedding_neox": "rotary", "rotary_embedding_gptj": "rotary"}.items():
+                   "rotary_embedding_neox": "rotary", "rotary_embedding_gptj": "rotary",
+                   "topk_softmax": "topk_softmax"}.items():
         if k in fams:
             assert fams[k] == fam, k
-    if "topk_softmax" in fams:
-        assert fams["topk_softmax"] is None
+    if "reshape_and_cache" in fams:
+        assert fams["reshape_and_cache"] is None
 
 
 @pytest.mark.slow

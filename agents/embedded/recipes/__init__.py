@@ -295,6 +295,23 @@ def _rotary(spec: KernelSpec) -> str:
                  pairs=pairs)
 
 
+def _topk_softmax(spec: KernelSpec) -> str:
+    """MoE routing: one warp per token, the row in registers, shuffle reductions for every round."""
+    outs = [a for a in spec.args if a.kind == "tensor" and a.role == "out"]
+    weights = next((a.name for a in outs if a.dtype == "float32"), None)
+    ids = next((a.name for a in outs if a.dtype == "int32"), None)
+    inp = _tensors(spec, "in")
+    if weights is None or ids is None or len(outs) != 2 or len(inp) != 1:
+        raise RecipeError(f"{spec.name}: expected fp32 weights, int32 ids, the gating logits and four sizes")
+    tokens, experts, topk, renormalize = _ints(spec, 4)
+    call = f"topk_route({weights}, {ids}, {inp[0]}, {tokens}, {experts}, {topk}, {renormalize})"
+    tune = {"WARPS": (4, 2, 8, 1)}
+    what = ("p = softmax(x) per row in fp32; the topk largest p (ties to the lower index) and their ids; "
+            "optionally divided by their sum.")
+    return _fill("topk_warp.cu", spec, f"(cdiv({tokens}, WARPS),)", "(32, WARPS)", "32 * WARPS", tune, call,
+                 what=what)
+
+
 def family_of(spec: KernelSpec) -> str | None:
     """The recipe family of a kernel, from its name and argument list."""
     if activation_of(spec.name):
@@ -307,6 +324,8 @@ def family_of(spec: KernelSpec) -> str | None:
         return "row_quant"
     if re.fullmatch(r"rotary_embedding_(neox|gptj)", spec.name):
         return "rotary"
+    if spec.name == "topk_softmax":
+        return "topk_softmax"
     if spec.name.startswith("merge_attn_states") or spec.name == "merge_state":
         return {3: "merge", 4: "merge_multi"}.get(len(_ints_or_empty(spec)))
     return None
@@ -328,6 +347,7 @@ RECIPES: tuple[Recipe, ...] = (
     Recipe("recipe:row_quant/rows", "row_quant", _row_quant),
     Recipe("recipe:merge_multi/flat", "merge_multi", _merge_multi),
     Recipe("recipe:rotary/flat", "rotary", _rotary),
+    Recipe("recipe:topk_softmax/warp", "topk_softmax", _topk_softmax),
 )
 
 

@@ -5,6 +5,9 @@
 // from memory once. The weight and bias loads are issued before the second reduction and
 // overlap it. Rows longer than the cache read their tail again in each pass. A scalar path
 // covers rows that are not a multiple of the vector width or unaligned pointers.
+// The second pass also sums x - mean, which corrects the mean for its own rounding (and for
+// fast-math division): a row offset far above its spread would otherwise leave a visible
+// error in x - mean.
 ${header}
 ${guards}
 // At most 512 threads (1024 for CACHE=1), so that the cache and the weight/bias vectors fit
@@ -30,23 +33,37 @@ __device__ __forceinline__ float vec_sum(const Pack<V>& a) {
     return s;
 }
 
+// Two sums over the block at once (the second pass: deviations and their squares).
+__device__ __forceinline__ float2 row_total2(float2 s, float2* partial) {
+    s.x = warp_sum(s.x);
+    s.y = warp_sum(s.y);
+    const int lane = threadIdx.x & 31;
+    if (lane == 0) partial[threadIdx.x >> 5] = s;
+    __syncthreads();
+    const bool has = lane < static_cast<int>(blockDim.x >> 5);
+    return make_float2(warp_sum(has ? partial[lane].x : 0.0f), warp_sum(has ? partial[lane].y : 0.0f));
+}
+
+// Adds the deviations from mean (x) and their squares (y).
 template <int V>
-__device__ __forceinline__ float vec_sq_dev(const Pack<V>& a, float mean) {
-    float s = 0.0f;
+__device__ __forceinline__ void vec_dev(const Pack<V>& a, float mean, float2& acc) {
 #pragma unroll
     for (int j = 0; j < V; ++j) {
         const float d = static_cast<float>(a.v[j]) - mean;
-        s += d * d;
+        acc.x += d;
+        acc.y += d * d;
     }
-    return s;
 }
 
 template <int V>
-__device__ __forceinline__ Pack<V> normed(const Pack<V>& a, const Pack<V>& w, const Pack<V>& b, float mean, float rstd) {
+__device__ __forceinline__ Pack<V> normed(const Pack<V>& a, const Pack<V>& w, const Pack<V>& b, float mean0,
+                                          float delta, float rstd) {
     Pack<V> o;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-        const float y = (static_cast<float>(a.v[j]) - mean) * rstd * static_cast<float>(w.v[j]) + static_cast<float>(b.v[j]);
+        // x - mean0 first (near-exact for x near the mean), then the small correction.
+        const float d = (static_cast<float>(a.v[j]) - mean0) - delta;
+        const float y = d * rstd * static_cast<float>(w.v[j]) + static_cast<float>(b.v[j]);
         o.v[j] = static_cast<scalar_t>(y);
     }
     return o;
@@ -64,7 +81,8 @@ __device__ __forceinline__ void norm_row(scalar_t* __restrict__ dst, const scala
     const P* w = reinterpret_cast<const P*>(weight);
     const P* b = reinterpret_cast<const P*>(bias);
     P* d = reinterpret_cast<P*>(dst);
-    __shared__ float partials[2][32];
+    __shared__ float partial_sum[32];
+    __shared__ float2 partial_dev[32];
     P x[CACHE];
 #pragma unroll
     for (int k = 0; k < CACHE; ++k) {
@@ -77,7 +95,7 @@ __device__ __forceinline__ void norm_row(scalar_t* __restrict__ dst, const scala
         if (tx + k * nx < n) sum += vec_sum(x[k]);
     }
     for (int i = tx + CACHE * nx; i < n; i += nx) sum += vec_sum(s[i]);
-    const float mean = row_total(sum, partials[0]) / static_cast<float>(hidden);
+    const float mean0 = row_total(sum, partial_sum) / static_cast<float>(hidden);
     // The weight and bias do not depend on the statistics: their loads overlap the reduction.
     P wv[CACHE], bv[CACHE];
 #pragma unroll
@@ -88,19 +106,23 @@ __device__ __forceinline__ void norm_row(scalar_t* __restrict__ dst, const scala
             bv[k] = b[i];
         }
     }
-    float sq = 0.0f;
+    float2 dev = make_float2(0.0f, 0.0f);
 #pragma unroll
     for (int k = 0; k < CACHE; ++k) {
-        if (tx + k * nx < n) sq += vec_sq_dev(x[k], mean);
+        if (tx + k * nx < n) vec_dev(x[k], mean0, dev);
     }
-    for (int i = tx + CACHE * nx; i < n; i += nx) sq += vec_sq_dev(s[i], mean);
-    const float rstd = rsqrtf(row_total(sq, partials[1]) / static_cast<float>(hidden) + eps);
+    for (int i = tx + CACHE * nx; i < n; i += nx) vec_dev(s[i], mean0, dev);
+    dev = row_total2(dev, partial_dev);
+    // sum((x - mean0)^2) / n - delta^2: the variance around the corrected mean mean0 + delta.
+    const float delta = dev.x / static_cast<float>(hidden);
+    const float var = fmaxf(dev.y / static_cast<float>(hidden) - delta * delta, 0.0f);
+    const float rstd = rsqrtf(var + eps);
 #pragma unroll
     for (int k = 0; k < CACHE; ++k) {
         const int i = tx + k * nx;
-        if (i < n) d[i] = normed(x[k], wv[k], bv[k], mean, rstd);
+        if (i < n) d[i] = normed(x[k], wv[k], bv[k], mean0, delta, rstd);
     }
-    for (int i = tx + CACHE * nx; i < n; i += nx) d[i] = normed(s[i], w[i], b[i], mean, rstd);
+    for (int i = tx + CACHE * nx; i < n; i += nx) d[i] = normed(s[i], w[i], b[i], mean0, delta, rstd);
 }
 
 __device__ __forceinline__ void layer_norm(scalar_t* dst, const scalar_t* src, const scalar_t* weight,
