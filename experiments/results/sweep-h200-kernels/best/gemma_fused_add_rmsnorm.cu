@@ -1,13 +1,12 @@
 // gemma_fused_add_rmsnorm: x = input + residual; residual <- x; input <- x * rsqrt(mean(x^2) + eps) * (1 + w), fp32 math.
-// Recipe row_norm/prefetch: one block per row, sized to the row; warp shuffles and one barrier reduce.
+// Recipe row_norm/prefetch: one block per row, sized to the row (short rows: several per block); warp shuffles and one barrier reduce.
 // Small rows are bound by memory latency, not bandwidth, so every load of the cached part of
 // the row (and of the weight) is issued before its first use: one round trip to memory per
 // pass instead of one per vector. Each thread caches CACHE 16-byte vectors of the row in
 // registers between the passes. Longer rows go on in chunks of CHUNK vectors per thread,
 // loads again first; the second pass of such a tail re-reads only what this thread wrote.
 // A scalar path covers rows that are not a multiple of the vector width or unaligned pointers.
-// launch: grid=(num_tokens,) block=(min(min(512, 4096 // CACHE), max(32, 32 * cdiv(hidden, 256 * CACHE))),) smem=0
-// flags: --use_fast_math
+// launch: grid=(cdiv(num_tokens, max(1, 128 // min(min(512, 4096 // CACHE), max(32, 32 * cdiv(hidden, 256 * CACHE))))),) block=(min(min(512, 4096 // CACHE), max(32, 32 * cdiv(hidden, 256 * CACHE))), max(1, 128 // min(min(512, 4096 // CACHE), max(32, 32 * cdiv(hidden, 256 * CACHE))))) smem=0
 // tune: CACHE=2,1,4
 #ifndef CACHE
 #define CACHE 2
@@ -23,8 +22,6 @@
 #define MAX_THREADS (CACHE > 4 ? 4096 / CACHE : 512)
 #endif
 constexpr int VEC = 16 / sizeof(scalar_t);
-// Vectors per thread in flight at once in the tail of rows longer than the cache.
-constexpr int CHUNK = WARP_ROW ? 4 : 2;
 
 template <int V>
 struct alignas(sizeof(scalar_t) * V) Pack {
@@ -37,16 +34,27 @@ __device__ __forceinline__ float warp_sum(float s) {
     return s;
 }
 
+__device__ __forceinline__ float warp_max(float s) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, o));
+    return s;
+}
+
+// Vectors per thread in flight at once in the tail of rows longer than the cache.
+constexpr int CHUNK = WARP_ROW ? 4 : 2;
+
 // Sum over the threads of one row; every thread gets it.
 __device__ __forceinline__ float row_total(float s) {
     s = warp_sum(s);
 #if !WARP_ROW
-    // One block per row: one barrier, then every warp reduces the partials itself.
+    // blockDim.x threads per row (a multiple of 32), blockDim.y rows per block: one barrier,
+    // then every warp reduces its row's partials itself.
     __shared__ float partial[32];
     const int lane = threadIdx.x & 31;
-    if (lane == 0) partial[threadIdx.x >> 5] = s;
+    const int warps = static_cast<int>(blockDim.x >> 5);
+    if (lane == 0) partial[threadIdx.y * warps + (threadIdx.x >> 5)] = s;
     __syncthreads();
-    s = warp_sum(lane < static_cast<int>(blockDim.x >> 5) ? partial[lane] : 0.0f);
+    s = warp_sum(lane < warps ? partial[threadIdx.y * warps + lane] : 0.0f);
 #endif
     return s;
 }
@@ -204,16 +212,24 @@ __device__ __forceinline__ void norm_row(scalar_t* dst, scalar_t* res, const sca
 
 __device__ __forceinline__ void row_norm(scalar_t* dst, scalar_t* res, const scalar_t* src, const scalar_t* weight,
                                          int rows, int hidden, float eps) {
+    const int row = blockIdx.x * blockDim.y + threadIdx.y;
 #if WARP_ROW
-    const int row = blockIdx.x * ROWS + threadIdx.y;
     if (row >= rows) return;  // a whole warp: no barrier follows
 #else
-    const int row = blockIdx.x;
+    // Short rows share a block (blockDim.y rows); the threads of a row past the end only
+    // take part in the reduction's one barrier.
+    const bool active = row < rows;
 #endif
     const long long off = static_cast<long long>(row) * hidden;
     const unsigned long long addr = reinterpret_cast<unsigned long long>(dst) | reinterpret_cast<unsigned long long>(src) |
                                     reinterpret_cast<unsigned long long>(res) | reinterpret_cast<unsigned long long>(weight);
     scalar_t* res_row = FUSED ? res + off : nullptr;
+#if !WARP_ROW
+    if (!active) {
+        row_total(0.0f);
+        return;
+    }
+#endif
     // Uniform over the row's threads, so the barrier in row_total is reached by all of them.
     if (hidden % VEC == 0 && (addr & 15) == 0) {
         norm_row<VEC>(dst + off, res_row, src + off, weight, hidden, eps);

@@ -1,88 +1,183 @@
-// topk_softmax baseline: fp32 softmax over the experts of one token, then topk rounds of
-// argmax (ties to the lower index), optional renormalisation.
-// The straightforward first kernel: one block per token, the probabilities kept in shared
-// memory, every max / sum / argmax a shared-memory tree reduction.
-// launch: grid=(num_tokens,) block=(BLOCK,) smem=num_experts*4
-// tune: BLOCK=256,128,512,1024
-// flags: --use_fast_math
-
-#ifndef BLOCK
-#define BLOCK 256
+// topk_softmax: p = softmax(x) per row in fp32; the topk largest p (ties to the lower index) and their ids; optionally divided by their sum.
+// Recipe topk_softmax/warp: one warp per token, WARPS tokens per block, no shared memory and
+// no barrier. Rows of up to 256 experts live in registers (PL consecutive experts per lane,
+// one 16-byte load per lane when the row allows it); the max, the sum and every top-k round
+// are warp-shuffle reductions. Round r picks the largest (p, lower index first) among the
+// experts that come after round r-1's pick in that order, so nothing is marked or excluded.
+// Longer rows are streamed from memory in every pass.
+// launch: grid=(cdiv(num_tokens, WARPS),) block=(32, WARPS) smem=0
+// tune: WARPS=4,2,8,1
+#ifndef WARPS
+#define WARPS 4
 #endif
-#define NEG_INF __int_as_float(0xff800000)  // -inf; NVRTC has no <cmath> INFINITY
 
-#define THREADS BLOCK
+constexpr int VEC = 16 / sizeof(scalar_t);
 
-__device__ float block_reduce(float v, float* red, bool is_max) {
-    red[threadIdx.x] = v;
-    __syncthreads();
-    for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-        if (threadIdx.x < stride) {
-            const float other = red[threadIdx.x + stride];
-            red[threadIdx.x] = is_max ? fmaxf(red[threadIdx.x], other) : red[threadIdx.x] + other;
-        }
-        __syncthreads();
-    }
-    const float result = red[0];
-    __syncthreads();  // red is reused by the next reduction
-    return result;
+template <int V>
+struct alignas(sizeof(scalar_t) * V) Pack {
+    scalar_t v[V];
+};
+
+__device__ __forceinline__ float warp_sum(float s) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    return s;
 }
 
-extern "C" __global__ __launch_bounds__(BLOCK) void topk_softmax(float* topk_weights, int* topk_ids,
-                                        const scalar_t* gating_output, int num_tokens,
-                                        int num_experts, int topk, int renormalize) {
-    extern __shared__ float probs[];
-    __shared__ float red[THREADS];
-    __shared__ int red_idx[THREADS];
-    const long long row = blockIdx.x;
-    const scalar_t* g = gating_output + row * num_experts;
+__device__ __forceinline__ float warp_max(float s) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, o));
+    return s;
+}
 
+#define NEG_INF __int_as_float(0xff800000)
+
+// (p, i) ranks before (q, j): larger probability first, equal probabilities by lower index.
+__device__ __forceinline__ bool ranks_before(float p, int i, float q, int j) {
+    return p > q || (p == q && i < j);
+}
+
+// The warp's best (p, i); every lane gets it.
+__device__ __forceinline__ void warp_best(float& p, int& i) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float q = __shfl_xor_sync(0xffffffffu, p, o);
+        const int j = __shfl_xor_sync(0xffffffffu, i, o);
+        if (ranks_before(q, j, p, i)) {
+            p = q;
+            i = j;
+        }
+    }
+}
+
+// Round r's weight and id go out from lane r % 32, which also renormalises them at the end.
+__device__ __forceinline__ void finish(float* __restrict__ w, int* __restrict__ ids, int r, float p, int i,
+                                       int lane) {
+    if ((r & 31) == lane) {
+        w[r] = p;
+        ids[r] = i;
+    }
+}
+
+__device__ __forceinline__ void renormalise(float* __restrict__ w, int topk, float total, int lane) {
+    #pragma unroll 4
+    for (int r = lane; r < topk; r += 32) w[r] = w[r] / total;  // written by this same lane
+}
+
+// Rows of at most 32 * PL experts: expert lane * PL + j is kept in register j of lane.
+template <int PL>
+__device__ __forceinline__ void route_regs(float* __restrict__ w, int* __restrict__ ids,
+                                           const scalar_t* __restrict__ g, int experts, int topk,
+                                           int renormalize, int lane) {
+    float p[PL];
+    const int base = lane * PL;
+    if (PL % VEC == 0 && experts == 32 * PL && (reinterpret_cast<unsigned long long>(g) & 15) == 0) {
+#pragma unroll
+        for (int j = 0; j < PL; j += VEC) {
+            const Pack<VEC> v = *reinterpret_cast<const Pack<VEC>*>(g + base + j);
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) p[j + k] = static_cast<float>(v.v[k]);
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < PL; ++j) p[j] = base + j < experts ? static_cast<float>(g[base + j]) : NEG_INF;
+    }
     float m = NEG_INF;
-    for (int i = threadIdx.x; i < num_experts; i += blockDim.x) {
-        probs[i] = static_cast<float>(__ldg(&g[i]));
-        m = fmaxf(m, probs[i]);
-    }
-    m = block_reduce(m, red, true);
+#pragma unroll
+    for (int j = 0; j < PL; ++j) m = fmaxf(m, p[j]);
+    m = warp_max(m);
     float s = 0.0f;
-    for (int i = threadIdx.x; i < num_experts; i += blockDim.x) {
-        probs[i] = __expf(probs[i] - m);
-        s += probs[i];
+#pragma unroll
+    for (int j = 0; j < PL; ++j) {
+        p[j] = base + j < experts ? expf(p[j] - m) : 0.0f;
+        s += p[j];
     }
-    s = block_reduce(s, red, false);
-    for (int i = threadIdx.x; i < num_experts; i += blockDim.x) probs[i] /= s;
-    __syncthreads();
+    s = warp_sum(s);
+#pragma unroll
+    for (int j = 0; j < PL; ++j) p[j] = base + j < experts ? p[j] / s : -1.0f;  // -1: never picked
 
-    float picked_sum = 0.0f;
+    float last_p = 2.0f;  // above every probability: round 0 may pick anything
+    int last_i = -1;
+    float total = 0.0f;
     for (int r = 0; r < topk; ++r) {
-        // Probabilities are >= 0 and picked ones are set to -1, so -1 marks "nothing yet".
-        float best = -1.0f;
-        int best_i = num_experts;
-        for (int i = threadIdx.x; i < num_experts; i += blockDim.x) {
-            if (probs[i] > best) { best = probs[i]; best_i = i; }
-        }
-        red[threadIdx.x] = best;
-        red_idx[threadIdx.x] = best_i;
-        __syncthreads();
-        for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-            if (threadIdx.x < stride) {
-                const float v = red[threadIdx.x + stride];
-                const int j = red_idx[threadIdx.x + stride];
-                if (v > red[threadIdx.x] || (v == red[threadIdx.x] && j < red_idx[threadIdx.x])) {
-                    red[threadIdx.x] = v;
-                    red_idx[threadIdx.x] = j;
-                }
+        float bp = -2.0f;
+        int bi = 0x7fffffff;
+#pragma unroll
+        for (int j = 0; j < PL; ++j) {
+            const int i = base + j;
+            if (ranks_before(last_p, last_i, p[j], i) && ranks_before(p[j], i, bp, bi)) {
+                bp = p[j];
+                bi = i;
             }
-            __syncthreads();
         }
-        if (threadIdx.x == 0) {
-            topk_weights[row * topk + r] = red[0];
-            topk_ids[row * topk + r] = red_idx[0];
-            picked_sum += red[0];
-            probs[red_idx[0]] = -1.0f;
-        }
-        __syncthreads();
+        warp_best(bp, bi);
+        finish(w, ids, r, bp, bi, lane);
+        total += bp;
+        last_p = bp;
+        last_i = bi;
     }
-    if (renormalize && threadIdx.x == 0) {
-        for (int r = 0; r < topk; ++r) topk_weights[row * topk + r] /= picked_sum;
-    }
+    if (renormalize) renormalise(w, topk, total, lane);
 }
+
+// Any row length: every pass reads the row again; p is recomputed with the same expression.
+__device__ __forceinline__ void route_stream(float* __restrict__ w, int* __restrict__ ids,
+                                             const scalar_t* __restrict__ g, int experts, int topk,
+                                             int renormalize, int lane) {
+    float m = NEG_INF;
+    #pragma unroll 4
+    for (int i = lane; i < experts; i += 32) m = fmaxf(m, static_cast<float>(g[i]));
+    m = warp_max(m);
+    float s = 0.0f;
+    #pragma unroll 4
+    for (int i = lane; i < experts; i += 32) s += expf(static_cast<float>(g[i]) - m);
+    s = warp_sum(s);
+    float last_p = 2.0f;
+    int last_i = -1;
+    float total = 0.0f;
+    for (int r = 0; r < topk; ++r) {
+        float bp = -2.0f;
+        int bi = 0x7fffffff;
+        #pragma unroll 4
+        for (int i = lane; i < experts; i += 32) {
+            const float p = expf(static_cast<float>(g[i]) - m) / s;
+            if (ranks_before(last_p, last_i, p, i) && ranks_before(p, i, bp, bi)) {
+                bp = p;
+                bi = i;
+            }
+        }
+        warp_best(bp, bi);
+        finish(w, ids, r, bp, bi, lane);
+        total += bp;
+        last_p = bp;
+        last_i = bi;
+    }
+    if (renormalize) renormalise(w, topk, total, lane);
+}
+
+__device__ __forceinline__ void topk_route(float* w, int* ids, const scalar_t* gating, int tokens, int experts,
+                                           int topk, int renormalize) {
+    const long long row = static_cast<long long>(blockIdx.x) * blockDim.y + threadIdx.y;
+    if (row >= tokens) return;  // the whole warp: no barrier follows
+    const int lane = threadIdx.x;
+    const scalar_t* g = gating + row * experts;
+    w += row * topk;
+    ids += row * topk;
+    // Uniform over the warp: the shuffles in each path see all 32 lanes.
+    if (experts <= 32) route_regs<1>(w, ids, g, experts, topk, renormalize, lane);
+    else if (experts <= 64) route_regs<2>(w, ids, g, experts, topk, renormalize, lane);
+    else if (experts <= 128) route_regs<4>(w, ids, g, experts, topk, renormalize, lane);
+    else if (experts <= 256) route_regs<8>(w, ids, g, experts, topk, renormalize, lane);
+    else route_stream(w, ids, g, experts, topk, renormalize, lane);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * WARPS, 1) topk_softmax(
+    float* __restrict__ topk_weights,
+    int* __restrict__ topk_ids,
+    const scalar_t* __restrict__ gating_output,
+    int num_tokens,
+    int num_experts,
+    int topk,
+    int renormalize) {
+    topk_route(topk_weights, topk_ids, gating_output, num_tokens, num_experts, topk, renormalize);
+}
+
