@@ -222,7 +222,7 @@ class GpuEvaluator(Evaluator):
 
     def time_peers_full(self, kernel: str, dtype: str, shape_set: str = "search",
                         ours: dict[str, tuple[str, dict[str, int]]] | None = None,
-                        repetitions: int = 100) -> dict[str, Any]:
+                        repetitions: int = 100, graph_ours: bool = False) -> dict[str, Any]:
         """Like :meth:`time_peers`, with spreads, peer errors and the copy bandwidth."""
         spec = self.spec(kernel)
         shapes = spec.shapes(shape_set)
@@ -233,7 +233,8 @@ class GpuEvaluator(Evaluator):
                 raise EvaluatorError(f"{name} does not compile: {error}")
             kernels[name] = {"cubin": result.cubin, "launches": launches}
         job = {"type": "peers", "kernel_dir": str(spec.directory), "dtype": dtype, "kernels": kernels,
-               "shapes": [dict(s) for s in shapes], "warmup": 20, "repetitions": repetitions}
+               "shapes": [dict(s) for s in shapes], "warmup": 20, "repetitions": repetitions,
+               "graph_ours": graph_ours}
         kind, reply = self._job(job, timeout_s=max(self.step_timeout_s, 300.0))
         if kind != "result" or reply.get("status") != "OK":
             raise EvaluatorError(f"timing peers of {kernel} failed: {kind} {reply}")

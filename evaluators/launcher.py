@@ -79,10 +79,13 @@ class Kernel:
                 out.append(np.float32(self.spec.constants[a.name]))
         return tuple(out)
 
-    def launch(self, label: str, args: tuple[Any, ...]) -> None:
+    def launch(self, label: str, args: tuple[Any, ...], on_current_stream: bool = False) -> None:
+        """Launches on the stream the kernel was loaded on, or (``on_current_stream``, for a
+        CUDA-graph capture, whose stream is only current while it lasts) on torch's current one."""
         cfg = self.launches[label]
+        stream = self._cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream) if on_current_stream else self.stream
         try:
-            self.function(cfg.grid, cfg.block, args, shared_mem=cfg.smem_bytes, stream=self.stream)
+            self.function(cfg.grid, cfg.block, args, shared_mem=cfg.smem_bytes, stream=stream)
         except self._cupy.cuda.driver.CUDADriverError as exc:
             if any(code in str(exc) for code in RESOURCE_ERRORS):
                 raise LaunchResourceError(

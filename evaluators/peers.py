@@ -94,11 +94,28 @@ def _timed_kernel(name: str, kernel: Kernel, spec: KernelSpec, shape: Shape, set
     return Timed(name, prepare, lambda: kernel.launch(label, args))
 
 
+def _timed_kernel_graph(name: str, kernel: Kernel, spec: KernelSpec, shape: Shape, sets: InputSets) -> Timed:
+    """Our kernel captured in a CUDA graph and replayed, timed exactly as the peers are."""
+    buf = {n: v.clone() for n, v in sets[0].items()}
+    readable = [a.name for a in spec.args if a.kind == "tensor" and a.role in ("in", "inout")]
+    args = kernel.args(buf, shape)
+    label = shape_label(shape)
+    graph = capture_graph(lambda: kernel.launch(label, args, on_current_stream=True))
+
+    def prepare(i: int) -> None:
+        for n in readable:
+            buf[n].copy_(sets[i % 2][n])
+
+    return Timed(name, prepare, graph.replay)
+
+
 def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) -> dict[str, Any]:
     """Times peers (and optionally our kernels) on each shape; returns medians in ms.
 
     Job keys: kernel_dir, dtype, shapes, warmup, repetitions, and optionally ``kernels``
-    ({name: {cubin, launches}}) to time our own binaries in the same interleaved loop.
+    ({name: {cubin, launches}}) to time our own binaries in the same interleaved loop, and
+    ``graph_ours`` to time each of them a second time, as ``<name>@graph``, through a CUDA
+    graph like the peers (what the launch mechanism alone changes).
     """
     spec: KernelSpec = ctx.spec(job["kernel_dir"])
     dtype, shapes = job["dtype"], job["shapes"]
@@ -114,6 +131,8 @@ def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
         sets = [spec.make_inputs(shape, getattr(torch, dtype), torch.Generator(device=ctx.device).manual_seed(20_000 + k),
                                  "random", ctx.device) for k in (0, 1)]
         impls = [_timed_kernel(n, k, spec, shape, sets) for n, k in ours.items()]
+        if job.get("graph_ours"):
+            impls += [_timed_kernel_graph(f"{n}@graph", k, spec, shape, sets) for n, k in ours.items()]
         fns = _peer_fns(spec)
         for name, fn in fns.items():
             if name in errors:

@@ -35,6 +35,8 @@ TIMING = ("median of the repetitions after 20 warm-ups; CUDA events around one l
           "in one loop; torch_compile = torch.compile of the fp32 reference")
 PLOT_TITLE = "kernel time, CUDA events / graph replay, L2 flushed"
 OURS = ("baseline", "best")
+GRAPH_NOTE = ("; <name>@graph = the same kernel of ours captured in a CUDA graph and replayed, timed exactly as the "
+              "peers are, so that 'vs best@graph' is what the launch mechanism alone changes")
 
 
 def find_best(best_dir: Path | None, kernel: str) -> tuple[Path, dict[str, Any]] | None:
@@ -179,8 +181,9 @@ def plot_kernel(result: dict[str, Any], path: Path, gpu: str = "") -> Path:
 
 
 def bench_kernel(evaluator: Any, name: str, dtype: str, shape_set: str, best_dir: Path | None,
-                 repetitions: int) -> dict[str, Any]:
-    """Times one kernel and dtype on the GPU (``evaluator``: a GpuEvaluator)."""
+                 repetitions: int, graph_ours: bool = False) -> dict[str, Any]:
+    """Times one kernel and dtype on the GPU (``evaluator``: a GpuEvaluator); ``graph_ours``
+    also times our kernels through CUDA graphs (``baseline@graph``, ``best@graph``)."""
     spec = load_kernel(name)
     ours: dict[str, tuple[str, dict[str, int]]] = {"baseline": (spec.baseline_source(), {})}
     found, best = find_best(best_dir, spec.name), None
@@ -190,7 +193,8 @@ def bench_kernel(evaluator: Any, name: str, dtype: str, shape_set: str, best_dir
         ours["best"] = (source.read_text(), dict(evidence.get("params") or {}))
         best = {"variant_id": evidence.get("variant", {}).get("id", ""), "source": str(source),
                 "params": evidence.get("params") or {}, "heldout_status": evidence.get("heldout_status")}
-    reply = evaluator.time_peers_full(spec.name, dtype, shape_set, ours, repetitions=repetitions)
+    reply = evaluator.time_peers_full(spec.name, dtype, shape_set, ours, repetitions=repetitions,
+                                      graph_ours=graph_ours)
     return kernel_result(spec, dtype, shape_set, reply, best)
 
 
@@ -226,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("experiments/results/sweep-h200"))
     p.add_argument("--merge", action="store_true", help="keep earlier OUT.json entries of other kernels")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--graph-ours", action="store_true",
+                   help="also time our kernels through CUDA graphs, as the peers are (<name>@graph)")
     args = p.parse_args(argv)
     if args.best is not None and not args.best.is_dir():
         p.error(f"--best {args.best} is not a directory")
@@ -236,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     failed: dict[str, str] = {}
     meta: dict[str, Any] = {"command": "python -m experiments.bench_library " + " ".join(argv if argv is not None else sys.argv[1:]),
             "git_commit": git_commit(REPO_ROOT), "gpu": "", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "best_dir": str(args.best or ""), "timing": TIMING.replace("the repetitions", f"{args.repetitions} repetitions"),
+            "best_dir": str(args.best or ""), "timing": TIMING.replace("the repetitions", f"{args.repetitions} repetitions")
+            + (GRAPH_NOTE if args.graph_ours else ""),
             "failed": failed}
     evaluator = GpuEvaluator(step_timeout_s=60.0)
     results: list[dict[str, Any]] = []
@@ -246,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
             for dtype in args.dtype or ["float16"]:
                 print(f"{name} {dtype} ...", flush=True)
                 try:
-                    results.append(bench_kernel(evaluator, name, dtype, args.shapes, args.best, args.repetitions))
+                    results.append(bench_kernel(evaluator, name, dtype, args.shapes, args.best, args.repetitions,
+                                                graph_ours=args.graph_ours))
                 except EvaluatorError as exc:  # one kernel's failure must not lose the others' numbers
                     failed[f"{name} {dtype}"] = " ".join(str(exc).split())[:500]
                 # Written after every kernel: a run cut short keeps what it timed.

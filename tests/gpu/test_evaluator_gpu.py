@@ -137,3 +137,15 @@ def test_the_peers_loop_times_our_kernels_doing_their_work(evaluator):
         largest = max(own.shapes, key=lambda s: s.baseline_ms)
         loop_ms = reply["peers"]["baseline"][shape_label(largest.shape)]
         assert loop_ms > 0.7 * largest.baseline_ms, (kernel, loop_ms, largest.baseline_ms, reply.get("errors"))
+
+
+def test_our_kernels_can_be_timed_through_graphs_like_the_peers(evaluator):
+    # The same binary timed both ways in one loop: the graph replay must time the kernel
+    # doing its work (not an empty graph: the capture has to see our launch on its stream).
+    spec = load_kernel("silu_and_mul")
+    reply = evaluator.time_peers_full("silu_and_mul", "float16", "search", {"baseline": (spec.baseline_source(), {})},
+                                      repetitions=20, graph_ours=True)
+    direct, graphed = reply["peers"]["baseline"], reply["peers"]["baseline@graph"]
+    assert set(direct) == set(graphed)
+    largest = max(direct, key=direct.get)
+    assert 0.7 * direct[largest] < graphed[largest] < 1.3 * direct[largest], (direct, graphed)
