@@ -67,46 +67,37 @@ def _check_peer(
     return finding.message if finding else None
 
 
+def _restoring(spec: KernelSpec, sets: InputSets) -> tuple[dict[str, torch.Tensor], Callable[[int], None]]:
+    """A working copy of the inputs, and the step that restores what is read from set i % 2
+    before repetition i (so an in-place kernel never sees its own output)."""
+    buf = {n: v.clone() for n, v in sets[0].items()}
+    readable = [a.name for a in spec.args if a.kind == "tensor" and a.role in ("in", "inout")]
+
+    def prepare(i: int) -> None:
+        for n in readable:
+            buf[n].copy_(sets[i % 2][n])
+
+    return buf, prepare
+
+
 def _timed_graph(
     name: str, fn: Callable[..., None], spec: KernelSpec, shape: Shape, sets: InputSets
 ) -> Timed:
-    buf = {n: v.clone() for n, v in sets[0].items()}
-    readable = [a.name for a in spec.args if a.kind == "tensor" and a.role in ("in", "inout")]
+    buf, prepare = _restoring(spec, sets)
     graph = capture_graph(lambda: fn(buf, shape, spec.constants))
-
-    def prepare(i: int) -> None:
-        for n in readable:
-            buf[n].copy_(sets[i % 2][n])
-
     return Timed(name, prepare, graph.replay)
 
 
-def _timed_kernel(name: str, kernel: Kernel, spec: KernelSpec, shape: Shape, sets: InputSets) -> Timed:
-    buf = {n: v.clone() for n, v in sets[0].items()}
-    readable = [a.name for a in spec.args if a.kind == "tensor" and a.role in ("in", "inout")]
+def _timed_kernel(name: str, kernel: Kernel, spec: KernelSpec, shape: Shape, sets: InputSets,
+                  graph: bool = False) -> Timed:
+    """One of our kernels, launched directly or (``graph``) captured in a CUDA graph and
+    replayed, timed exactly as the peers are."""
+    buf, prepare = _restoring(spec, sets)
     args = kernel.args(buf, shape)
     label = shape_label(shape)
-
-    def prepare(i: int) -> None:
-        for n in readable:
-            buf[n].copy_(sets[i % 2][n])
-
+    if graph:
+        return Timed(name, prepare, capture_graph(lambda: kernel.launch(label, args, on_current_stream=True)).replay)
     return Timed(name, prepare, lambda: kernel.launch(label, args))
-
-
-def _timed_kernel_graph(name: str, kernel: Kernel, spec: KernelSpec, shape: Shape, sets: InputSets) -> Timed:
-    """Our kernel captured in a CUDA graph and replayed, timed exactly as the peers are."""
-    buf = {n: v.clone() for n, v in sets[0].items()}
-    readable = [a.name for a in spec.args if a.kind == "tensor" and a.role in ("in", "inout")]
-    args = kernel.args(buf, shape)
-    label = shape_label(shape)
-    graph = capture_graph(lambda: kernel.launch(label, args, on_current_stream=True))
-
-    def prepare(i: int) -> None:
-        for n in readable:
-            buf[n].copy_(sets[i % 2][n])
-
-    return Timed(name, prepare, graph.replay)
 
 
 def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) -> dict[str, Any]:
@@ -132,7 +123,7 @@ def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
                                  "random", ctx.device) for k in (0, 1)]
         impls = [_timed_kernel(n, k, spec, shape, sets) for n, k in ours.items()]
         if job.get("graph_ours"):
-            impls += [_timed_kernel_graph(f"{n}@graph", k, spec, shape, sets) for n, k in ours.items()]
+            impls += [_timed_kernel(f"{n}@graph", k, spec, shape, sets, graph=True) for n, k in ours.items()]
         fns = _peer_fns(spec)
         for name, fn in fns.items():
             if name in errors:
