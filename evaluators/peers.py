@@ -17,7 +17,7 @@ import torch
 from evaluators import validate as V
 from evaluators.launch import LaunchConfig
 from evaluators.launcher import Kernel
-from evaluators.timing import Timed, capture_graph, time_interleaved
+from evaluators.timing import SETTLE_S, Timed, capture_graph, settle, time_interleaved
 from kernels.spec import KernelSpec, Shape, shape_label
 
 if TYPE_CHECKING:  # the worker imports this module lazily; no import cycle at run time
@@ -27,7 +27,8 @@ InputSets = list[dict[str, torch.Tensor]]  # two input sets, alternated between 
 
 
 def _compiled_reference(spec: KernelSpec) -> Callable[..., None]:
-    """torch.compile of the fp32 reference, writing rounded results into the outputs.
+    """torch.compile of the fp32 reference, writing rounded results into the outputs, or of
+    the spec's own ``compiled`` program where it names one.
 
     Compiled afresh for every shape and dtype (static shapes, caches reset): the peer gets
     kernels specialised to the shape, as a serving engine's compiled graph would, instead of
@@ -40,7 +41,7 @@ def _compiled_reference(spec: KernelSpec) -> Callable[..., None]:
         for name, value in expected.items():
             t[name].copy_(value)
 
-    return torch.compile(body, dynamic=False)
+    return torch.compile(spec.compiled or body, dynamic=False)
 
 
 def _peer_fns(spec: KernelSpec) -> dict[str, Callable[..., None]]:
@@ -106,7 +107,8 @@ def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
     Job keys: kernel_dir, dtype, shapes, warmup, repetitions, and optionally ``kernels``
     ({name: {cubin, launches}}) to time our own binaries in the same interleaved loop, and
     ``graph_ours`` to time each of them a second time, as ``<name>@graph``, through a CUDA
-    graph like the peers (what the launch mechanism alone changes).
+    graph like the peers (what the launch mechanism alone changes), and ``settle_s``, the
+    seconds the GPU is kept busy before each shape's loop (:func:`evaluators.timing.settle`).
     """
     spec: KernelSpec = ctx.spec(job["kernel_dir"])
     dtype, shapes = job["dtype"], job["shapes"]
@@ -142,6 +144,7 @@ def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
         stray = [n for n, k in ours.items() if k.stream.ptr != current]
         if stray:
             raise RuntimeError(f"{', '.join(stray)} would launch on another stream than the timing events")
+        settle(ctx.flush, job.get("settle_s", SETTLE_S))  # the GPU idled while the peers compiled
         samples = time_interleaved(impls, ctx.flush, job["warmup"], job["repetitions"])
         for name, s in samples.items():
             times.setdefault(name, {})[label] = s.median_ms

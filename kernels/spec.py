@@ -108,6 +108,10 @@ class KernelSpec:
             compared elementwise (sets, permutations); returns a mismatch message or None.
         peers: production implementations to time beside ours, ``(inputs, shape, constants)``
             writing into the output tensors (imported lazily; may raise ImportError).
+        compiled: the torch program ``torch.compile`` is timed on, in the peers' signature;
+            by default the fp32 reference with its results rounded into the outputs. Set it
+            where that is not what a serving engine would compile: a scatter into a cache
+            whose reference returns a whole fp32 copy of the cache would time the copy.
         directory: the kernel's folder (set by the loader).
     """
 
@@ -126,6 +130,7 @@ class KernelSpec:
     tolerances: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     compare: Callable[[str, Any, Any], str | None] | None = None
     peers: Mapping[str, Callable[..., None]] = field(default_factory=dict)
+    compiled: Callable[..., None] | None = None
     directory: Path | None = None
 
     def __post_init__(self) -> None:

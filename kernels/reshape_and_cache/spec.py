@@ -36,15 +36,18 @@ def _scatter(cache, src, slots, block_size):
     capture): a token with slot < 0 rewrites the entry of the first valid token with that
     token's own data, an exact no-op whatever order the duplicate writes land in. With no valid
     token at all, every write puts entry 0 back unchanged.
+
+    Every index is a tensor, never a Python number: indexing with a 0-dim tensor reads it on
+    the host, which a CUDA-graph capture forbids.
     """
     import torch
 
     valid = slots >= 0
-    first = torch.argmax(valid.to(torch.int32))
+    first = torch.argmax(valid.to(torch.int32)).view(1)
     any_valid = valid.any()
-    fallback_slot = torch.where(any_valid, slots[first], torch.zeros_like(slots[first]))
+    fallback_slot = torch.where(any_valid, slots.index_select(0, first), 0)
     src = src.to(cache.dtype)
-    fallback_src = torch.where(any_valid, src[first], cache[0, :, 0, :])
+    fallback_src = torch.where(any_valid, src.index_select(0, first), cache[0, :, 0, :].unsqueeze(0))
     target = torch.where(valid, slots, fallback_slot)
     data = torch.where(valid[:, None, None], src, fallback_src)
     # Two advanced indices around a slice: the token dimension comes first in the result.
@@ -114,4 +117,7 @@ SPEC = KernelSpec(
     dtypes=("float16", "bfloat16"),
     edge_cases=("skip_slots", "contiguous"),
     peers={"torch_eager": torch_eager},
+    # The scatter in place, as an engine would compile it: the fp32 reference returns whole
+    # copies of the caches, and compiling it would time copying them.
+    compiled=torch_eager,
 )

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from evaluators.compile import compile_variant
 from evaluators.launch import parse_launch_header
@@ -348,6 +349,48 @@ def test_torch_eager_peer_writes_what_the_reference_expects(name, shape, dtype, 
     for arg in spec.written_args:
         got = inputs[arg.name]
         _check_close(spec, arg.name, got, expected[arg.name], dtype)
+
+
+class _HostReads(TorchDispatchMode):
+    """Records every op that copies a tensor's value to the host (``.item()``, indexing with
+    a 0-dim tensor, ``if tensor:``): a CUDA-graph capture fails on any of them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.reads.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", NEW_KERNELS)
+def test_torch_programs_timed_as_peers_never_read_values_on_the_host(name):
+    # The peers are timed by CUDA-graph replay: a host read inside one (a capture error on the
+    # GPU) would leave the kernel without its torch_eager and torch.compile figures.
+    spec = load_kernel(name)
+    programs = {"torch_eager": spec.peers["torch_eager"]}
+    if spec.compiled is not None:
+        programs["compiled"] = spec.compiled
+    for case in ("random", *spec.edge_cases):
+        for label, fn in programs.items():
+            _, inputs = _inputs(name, spec.search_shapes[1], "float16", case)
+            with _HostReads() as mode:
+                fn(inputs, spec.search_shapes[1], spec.constants)
+            assert not mode.reads, f"{label} reads {mode.reads} on the host ({case})"
+
+
+@pytest.mark.parametrize("name", [n for n in NEW_KERNELS if load_kernel(n).compiled is not None])
+def test_the_program_given_to_torch_compile_writes_what_the_reference_expects(name):
+    spec = load_kernel(name)
+    for case in ("random", *spec.edge_cases):
+        shape = spec.search_shapes[2]
+        _, inputs = _inputs(name, shape, "float16", case, seed=3)
+        expected = spec.reference({k: v.clone() for k, v in inputs.items()}, shape, spec.constants)
+        spec.compiled(inputs, shape, spec.constants)
+        for arg in spec.written_args:
+            _check_close(spec, arg.name, inputs[arg.name], expected[arg.name], "float16")
 
 
 # ---------------------------------------------------------------- edge cases say what they claim
