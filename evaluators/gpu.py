@@ -222,8 +222,7 @@ class GpuEvaluator(Evaluator):
 
     def time_peers_full(self, kernel: str, dtype: str, shape_set: str = "search",
                         ours: dict[str, tuple[str, dict[str, int]]] | None = None,
-                        repetitions: int = 100, graph_ours: bool = False,
-                        settle_s: float | None = None) -> dict[str, Any]:
+                        repetitions: int = 100, graph_ours: bool = False) -> dict[str, Any]:
         """Like :meth:`time_peers`, with spreads, peer errors and the copy bandwidth."""
         spec = self.spec(kernel)
         shapes = spec.shapes(shape_set)
@@ -236,8 +235,6 @@ class GpuEvaluator(Evaluator):
         job = {"type": "peers", "kernel_dir": str(spec.directory), "dtype": dtype, "kernels": kernels,
                "shapes": [dict(s) for s in shapes], "warmup": 20, "repetitions": repetitions,
                "graph_ours": graph_ours}
-        if settle_s is not None:
-            job["settle_s"] = settle_s
         kind, reply = self._job(job, timeout_s=max(self.step_timeout_s, 300.0))
         if kind != "result" or reply.get("status") != "OK":
             raise EvaluatorError(f"timing peers of {kernel} failed: {kind} {reply}")

@@ -17,7 +17,7 @@ import torch
 from evaluators import validate as V
 from evaluators.launch import LaunchConfig
 from evaluators.launcher import Kernel
-from evaluators.timing import SETTLE_S, Timed, capture_graph, settle, time_interleaved
+from evaluators.timing import Timed, capture_graph, time_interleaved
 from kernels.spec import KernelSpec, Shape, shape_label
 
 if TYPE_CHECKING:  # the worker imports this module lazily; no import cycle at run time
@@ -107,8 +107,7 @@ def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
     Job keys: kernel_dir, dtype, shapes, warmup, repetitions, and optionally ``kernels``
     ({name: {cubin, launches}}) to time our own binaries in the same interleaved loop, and
     ``graph_ours`` to time each of them a second time, as ``<name>@graph``, through a CUDA
-    graph like the peers (what the launch mechanism alone changes), and ``settle_s``, the
-    seconds the GPU is kept busy before each shape's loop (:func:`evaluators.timing.settle`).
+    graph like the peers (what the launch mechanism alone changes).
     """
     spec: KernelSpec = ctx.spec(job["kernel_dir"])
     dtype, shapes = job["dtype"], job["shapes"]
@@ -144,7 +143,6 @@ def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
         stray = [n for n, k in ours.items() if k.stream.ptr != current]
         if stray:
             raise RuntimeError(f"{', '.join(stray)} would launch on another stream than the timing events")
-        settle(ctx.flush, job.get("settle_s", SETTLE_S))  # the GPU idled while the peers compiled
         samples = time_interleaved(impls, ctx.flush, job["warmup"], job["repetitions"])
         for name, s in samples.items():
             times.setdefault(name, {})[label] = s.median_ms

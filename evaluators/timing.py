@@ -13,14 +13,12 @@ stays out of the measured window, for our launches and for graph-replayed peers 
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 FLUSH_BYTES = 256 * 1024 * 1024  # > 4x the H200's 60 MB L2
-SETTLE_S = 0.2  # busy time before a loop that follows idle seconds (see settle)
 
 
 @dataclass(frozen=True)
@@ -117,23 +115,6 @@ def time_interleaved(
         name: Samples(tuple(s.elapsed_time(e) for s, e in pairs), name in cut)
         for name, pairs in events.items()
     }
-
-
-def settle(flush: Callable[[], None], seconds: float = SETTLE_S) -> None:
-    """Keeps the GPU busy (flushing) for ``seconds`` of wall time.
-
-    For a timed loop that follows seconds of host-only work (compiling and checking peers):
-    an idle GPU lowers its clocks and takes a while to raise them, and a loop timed while
-    they rise measures short, latency-bound kernels slower than the evaluator, which is
-    never idle for long, measures them (every implementation alike, as they are interleaved,
-    but not at the clocks of the run's other figures).
-    """
-    stream = torch.cuda.current_stream()
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        for _ in range(8):
-            flush()
-        stream.synchronize()
 
 
 def measure_copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, reps: int = 20) -> float:

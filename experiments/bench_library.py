@@ -181,7 +181,7 @@ def plot_kernel(result: dict[str, Any], path: Path, gpu: str = "") -> Path:
 
 
 def bench_kernel(evaluator: Any, name: str, dtype: str, shape_set: str, best_dir: Path | None,
-                 repetitions: int, graph_ours: bool = False, settle_s: float | None = None) -> dict[str, Any]:
+                 repetitions: int, graph_ours: bool = False) -> dict[str, Any]:
     """Times one kernel and dtype on the GPU (``evaluator``: a GpuEvaluator); ``graph_ours``
     also times our kernels through CUDA graphs (``baseline@graph``, ``best@graph``)."""
     spec = load_kernel(name)
@@ -194,7 +194,7 @@ def bench_kernel(evaluator: Any, name: str, dtype: str, shape_set: str, best_dir
         best = {"variant_id": evidence.get("variant", {}).get("id", ""), "source": str(source),
                 "params": evidence.get("params") or {}, "heldout_status": evidence.get("heldout_status")}
     reply = evaluator.time_peers_full(spec.name, dtype, shape_set, ours, repetitions=repetitions,
-                                      graph_ours=graph_ours, settle_s=settle_s)
+                                      graph_ours=graph_ours)
     return kernel_result(spec, dtype, shape_set, reply, best)
 
 
@@ -232,8 +232,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--graph-ours", action="store_true",
                    help="also time our kernels through CUDA graphs, as the peers are (<name>@graph)")
-    p.add_argument("--settle-s", type=float, default=None,
-                   help="seconds the GPU is kept busy before each shape's loop (default: evaluators.timing.SETTLE_S)")
     args = p.parse_args(argv)
     if args.best is not None and not args.best.is_dir():
         p.error(f"--best {args.best} is not a directory")
@@ -256,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name} {dtype} ...", flush=True)
                 try:
                     results.append(bench_kernel(evaluator, name, dtype, args.shapes, args.best, args.repetitions,
-                                                graph_ours=args.graph_ours, settle_s=args.settle_s))
+                                                graph_ours=args.graph_ours))
                 except EvaluatorError as exc:  # one kernel's failure must not lose the others' numbers
                     failed[f"{name} {dtype}"] = " ".join(str(exc).split())[:500]
                 # Written after every kernel: a run cut short keeps what it timed.

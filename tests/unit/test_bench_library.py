@@ -105,8 +105,7 @@ class _RecordingTimer:
         self.ours: dict[str, Any] = {}
 
     def time_peers_full(self, kernel: str, dtype: str, shape_set: str, ours: dict[str, Any],
-                        repetitions: int = 100, graph_ours: bool = False,
-                        settle_s: float | None = None) -> dict[str, Any]:
+                        repetitions: int = 100, graph_ours: bool = False) -> dict[str, Any]:
         self.ours = ours
         return _reply(dict.fromkeys(ours, 10.0))
 
