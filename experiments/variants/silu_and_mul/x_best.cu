@@ -1,0 +1,132 @@
+// Experiment x_best: the sweep winner at c314568 (BLOCK 256, ITEMS 1, HINT 1) as it is.
+// silu_and_mul: out[t, i] = act(x[t, i]) * x[t, d + i], act computed in fp32 and rounded once.
+// Recipe gated_act/flat: the [tokens, d] output is one flat range of 16-byte vectors
+// (8 halves); each thread keeps ITEMS vectors of gate and up in flight before computing, so
+// small and odd token counts still fill every SM. Index math is 32-bit whenever the vector
+// count allows (a 64-bit division per vector costs more than the load it addresses). A
+// scalar path covers d that is not a multiple of the vector width and pointers that are not
+// 16-byte aligned.
+// launch: grid=(cdiv(num_tokens * d, BLOCK * 8 * ITEMS),) block=(BLOCK,) smem=0
+// flags: --use_fast_math
+// tune: BLOCK=256,128,512
+// tune: ITEMS=2,1,4
+// tune: HINT=0,1
+#ifndef BLOCK
+#define BLOCK 256
+#endif
+#ifndef ITEMS
+#define ITEMS 1
+#endif
+#ifndef HINT
+#define HINT 1
+#endif
+
+constexpr int VEC = 16 / sizeof(scalar_t);
+
+__device__ __forceinline__ float act(float g) { return g / (1.0f + expf(-g)); }
+
+__device__ __forceinline__ uint4 load16(const uint4* p) {
+#if HINT
+    return __ldcs(p);  // streamed: every byte is read once, so do not keep it in L1/L2
+#else
+    return *p;
+#endif
+}
+
+__device__ __forceinline__ void store16(uint4* p, uint4 v) {
+#if HINT
+    __stcs(p, v);
+#else
+    *p = v;
+#endif
+}
+
+// Sixteen bytes seen as raw words (for the load/store instructions) or as elements.
+union Vec16 {
+    uint4 raw;
+    scalar_t e[VEC];
+};
+
+__device__ __forceinline__ uint4 gate_times_up(uint4 g, uint4 u) {
+    Vec16 gv, uv, ov;
+    gv.raw = g;
+    uv.raw = u;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+        ov.e[k] = static_cast<scalar_t>(act(static_cast<float>(gv.e[k])) * static_cast<float>(uv.e[k]));
+    }
+    return ov.raw;
+}
+
+__device__ __forceinline__ void gated_flat(scalar_t* __restrict__ out, const scalar_t* __restrict__ x,
+                                           int rows, int d) {
+    const unsigned long long addr = reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(out);
+    if (d % VEC == 0 && (addr & 15) == 0) {
+        const long long per_row = d / VEC;
+        const long long total = static_cast<long long>(rows) * per_row;
+        const long long step = static_cast<long long>(gridDim.x) * BLOCK * ITEMS;
+        const long long start = static_cast<long long>(blockIdx.x) * BLOCK * ITEMS + threadIdx.x;
+        if (total + step < (1ll << 32)) {
+            // Every index fits in 32 bits (any real launch): 32-bit division, a few instructions
+            // where the 64-bit one takes dozens.
+            const unsigned int n = static_cast<unsigned int>(total), pr = static_cast<unsigned int>(per_row);
+            for (unsigned int first = static_cast<unsigned int>(start); first < n;
+                 first += static_cast<unsigned int>(step)) {
+                uint4 g[ITEMS], u[ITEMS];
+#pragma unroll
+                for (int k = 0; k < ITEMS; ++k) {
+                    const unsigned int i = first + k * BLOCK;
+                    if (i < n) {
+                        const unsigned int r = i / pr;
+                        const uint4* src = reinterpret_cast<const uint4*>(x + static_cast<long long>(r) * 2 * d) + (i - r * pr);
+                        g[k] = load16(src);
+                        u[k] = load16(src + pr);
+                    }
+                }
+#pragma unroll
+                for (int k = 0; k < ITEMS; ++k) {
+                    const unsigned int i = first + k * BLOCK;
+                    if (i < n) store16(reinterpret_cast<uint4*>(out) + i, gate_times_up(g[k], u[k]));
+                }
+            }
+            return;
+        }
+        for (long long first = start; first < total; first += step) {
+            uint4 g[ITEMS], u[ITEMS];
+#pragma unroll
+            for (int k = 0; k < ITEMS; ++k) {
+                const long long i = first + static_cast<long long>(k) * BLOCK;
+                if (i < total) {
+                    const long long r = i / per_row;
+                    const uint4* src = reinterpret_cast<const uint4*>(x + r * 2 * d) + (i - r * per_row);
+                    g[k] = load16(src);
+                    u[k] = load16(src + per_row);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < ITEMS; ++k) {
+                const long long i = first + static_cast<long long>(k) * BLOCK;
+                if (i < total) store16(reinterpret_cast<uint4*>(out) + i, gate_times_up(g[k], u[k]));
+            }
+        }
+        return;
+    }
+    const long long total = static_cast<long long>(rows) * d;
+    for (long long i = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x; i < total;
+         i += static_cast<long long>(gridDim.x) * BLOCK) {
+        const long long r = i / d;
+        const long long c = i - r * d;
+        const float g = static_cast<float>(x[r * 2 * d + c]);
+        const float u = static_cast<float>(x[r * 2 * d + d + c]);
+        out[i] = static_cast<scalar_t>(act(g) * u);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK, 1) silu_and_mul(
+    scalar_t* __restrict__ out,
+    const scalar_t* __restrict__ x,
+    int num_tokens,
+    int d) {
+    gated_flat(out, x, num_tokens, d);
+}
+
