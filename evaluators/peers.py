@@ -3,8 +3,8 @@
 Every peer (the spec's ``peers``: torch eager, FlashInfer, Liger; plus ``torch_compile`` of
 the fp32 reference) is captured in a CUDA graph and timed by graph replay with the same
 protocol as our kernels (:mod:`evaluators.timing`): inputs restored and L2 flushed before
-every repetition, all implementations interleaved. So every figure is kernel time, not the
-time of a Python call (REFERENCE.md section 1).
+every repetition, all implementations interleaved and working on the same tensors. So every
+figure is kernel time, not the time of a Python call (REFERENCE.md section 1).
 """
 
 from __future__ import annotations
@@ -68,37 +68,39 @@ def _check_peer(
     return finding.message if finding else None
 
 
-def _restoring(spec: KernelSpec, sets: InputSets) -> tuple[dict[str, torch.Tensor], Callable[[int], None]]:
-    """A working copy of the inputs, and the step that restores what is read from set i % 2
-    before repetition i (so an in-place kernel never sees its own output)."""
-    buf = {n: v.clone() for n, v in sets[0].items()}
-    readable = [a.name for a in spec.args if a.kind == "tensor" and a.role in ("in", "inout")]
+class _Working:
+    """The one set of working tensors every implementation of a shape reads and writes, and
+    the step that restores what is read from input set i % 2 before repetition i (so an
+    in-place kernel never sees its own output).
 
-    def prepare(i: int) -> None:
-        for n in readable:
-            buf[n].copy_(sets[i % 2][n])
+    Shared, not one copy per implementation: each would sit at other addresses, and a short
+    kernel's time moves with where its few pages fall (translation misses), which would
+    differ between implementations for no reason in their code.
+    """
 
-    return buf, prepare
+    def __init__(self, spec: KernelSpec, sets: InputSets) -> None:
+        self.sets = sets
+        self.buf = {n: v.clone() for n, v in sets[0].items()}
+        self.readable = [a.name for a in spec.args if a.kind == "tensor" and a.role in ("in", "inout")]
+
+    def prepare(self, i: int) -> None:
+        for n in self.readable:
+            self.buf[n].copy_(self.sets[i % 2][n])
 
 
-def _timed_graph(
-    name: str, fn: Callable[..., None], spec: KernelSpec, shape: Shape, sets: InputSets
-) -> Timed:
-    buf, prepare = _restoring(spec, sets)
-    graph = capture_graph(lambda: fn(buf, shape, spec.constants))
-    return Timed(name, prepare, graph.replay)
+def _timed_graph(name: str, fn: Callable[..., None], spec: KernelSpec, shape: Shape, work: _Working) -> Timed:
+    graph = capture_graph(lambda: fn(work.buf, shape, spec.constants))
+    return Timed(name, work.prepare, graph.replay)
 
 
-def _timed_kernel(name: str, kernel: Kernel, spec: KernelSpec, shape: Shape, sets: InputSets,
-                  graph: bool = False) -> Timed:
+def _timed_kernel(name: str, kernel: Kernel, shape: Shape, work: _Working, graph: bool = False) -> Timed:
     """One of our kernels, launched directly or (``graph``) captured in a CUDA graph and
     replayed, timed exactly as the peers are."""
-    buf, prepare = _restoring(spec, sets)
-    args = kernel.args(buf, shape)
+    args = kernel.args(work.buf, shape)
     label = shape_label(shape)
     if graph:
-        return Timed(name, prepare, capture_graph(lambda: kernel.launch(label, args, on_current_stream=True)).replay)
-    return Timed(name, prepare, lambda: kernel.launch(label, args))
+        return Timed(name, work.prepare, capture_graph(lambda: kernel.launch(label, args, on_current_stream=True)).replay)
+    return Timed(name, work.prepare, lambda: kernel.launch(label, args))
 
 
 def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) -> dict[str, Any]:
@@ -122,9 +124,10 @@ def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
         label = shape_label(shape)
         sets = [spec.make_inputs(shape, getattr(torch, dtype), torch.Generator(device=ctx.device).manual_seed(20_000 + k),
                                  "random", ctx.device) for k in (0, 1)]
-        impls = [_timed_kernel(n, k, spec, shape, sets) for n, k in ours.items()]
+        work = _Working(spec, sets)
+        impls = [_timed_kernel(n, k, shape, work) for n, k in ours.items()]
         if job.get("graph_ours"):
-            impls += [_timed_kernel(f"{n}@graph", k, spec, shape, sets, graph=True) for n, k in ours.items()]
+            impls += [_timed_kernel(f"{n}@graph", k, shape, work, graph=True) for n, k in ours.items()]
         fns = _peer_fns(spec)
         for name, fn in fns.items():
             if name in errors:
@@ -134,7 +137,7 @@ def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
                 if wrong:
                     errors[name] = f"disagrees with the reference: {wrong}"
                     continue
-                impls.append(_timed_graph(name, fn, spec, shape, sets))
+                impls.append(_timed_graph(name, fn, spec, shape, work))
             except Exception as exc:  # a peer that cannot run here (missing package, unsupported dtype)
                 errors[name] = f"{type(exc).__name__}: {exc}"[:500]
         # Our kernels launch on the stream they were loaded on and the events go to the current
