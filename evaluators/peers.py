@@ -73,8 +73,8 @@ class _Working:
     the step that restores what is read from input set i % 2 before repetition i (so an
     in-place kernel never sees its own output).
 
-    Shared, not one copy per implementation: each would sit at other addresses, and a short
-    kernel's time moves with where its few pages fall (translation misses), which would
+    Shared, not one copy per implementation: each copy would sit at other addresses, and
+    where a short kernel's few pages fall (translation misses, memory channels) could then
     differ between implementations for no reason in their code.
     """
 

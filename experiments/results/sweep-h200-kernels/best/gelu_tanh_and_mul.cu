@@ -86,6 +86,7 @@ __device__ __forceinline__ void gated_tiles(scalar_t* __restrict__ out, const sc
     // Scalar path: the same grid, read as a flat range of BLOCK * ITEMS * VEC elements per block.
     const long long total = static_cast<long long>(rows) * d;
     const long long step = static_cast<long long>(gridDim.x) * BLOCK;
+    #pragma unroll 4
     for (long long i = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x; i < total; i += step) {
         const long long r = i / d;
         const long long c = i - r * d;

@@ -1,12 +1,13 @@
 // gemma_fused_add_rmsnorm: x = input + residual; residual <- x; input <- x * rsqrt(mean(x^2) + eps) * (1 + w), fp32 math.
 // Recipe row_norm/prefetch: one block per row, sized to the row (short rows: several per block); warp shuffles and one barrier reduce.
 // Small rows are bound by memory latency, not bandwidth, so every load of the cached part of
-// the row (and of the weight) is issued before its first use: one round trip to memory per
-// pass instead of one per vector. Each thread caches CACHE 16-byte vectors of the row in
+// the row and of the weight is issued before the first use of any: one round trip to memory
+// per pass instead of one per vector. Each thread caches CACHE 16-byte vectors of the row in
 // registers between the passes. Longer rows go on in chunks of CHUNK vectors per thread,
 // loads again first; the second pass of such a tail re-reads only what this thread wrote.
 // A scalar path covers rows that are not a multiple of the vector width or unaligned pointers.
 // launch: grid=(cdiv(num_tokens, max(1, 128 // min(min(512, 4096 // CACHE), max(32, 32 * cdiv(hidden, 256 * CACHE))))),) block=(min(min(512, 4096 // CACHE), max(32, 32 * cdiv(hidden, 256 * CACHE))), max(1, 128 // min(min(512, 4096 // CACHE), max(32, 32 * cdiv(hidden, 256 * CACHE))))) smem=0
+// flags: --use_fast_math
 // tune: CACHE=2,1,4
 #ifndef CACHE
 #define CACHE 2
@@ -176,13 +177,16 @@ __device__ __forceinline__ void norm_row(scalar_t* dst, scalar_t* res, const sca
     P* r = reinterpret_cast<P*>(res);
     P* d = reinterpret_cast<P*>(dst);
     const P* w = reinterpret_cast<const P*>(weight);
-    P x[CACHE], y[CACHE];
+    P x[CACHE], y[CACHE], wv[CACHE];
+    // The weight does not depend on the row: its loads go out with the row's, so a short row
+    // costs one round trip to memory before the reduction, not two.
 #pragma unroll
     for (int k = 0; k < CACHE; ++k) {
         const int i = tx + k * nx;
         if (i < n) {
             x[k] = s[i];
             y[k] = FUSED ? r[i] : x[k];
+            wv[k] = w[i];
         }
     }
     float ss = 0.0f;
@@ -195,17 +199,11 @@ __device__ __forceinline__ void norm_row(scalar_t* dst, scalar_t* res, const sca
         }
     }
     ss += tail_sum<V>(s, r, n, tx + CACHE * nx, nx);
-    // The weight does not depend on the sum: its loads overlap the reduction.
-#pragma unroll
-    for (int k = 0; k < CACHE; ++k) {
-        const int i = tx + k * nx;
-        if (i < n) y[k] = w[i];
-    }
     const float rr = rsqrtf(row_total(ss) / static_cast<float>(hidden) + eps);
 #pragma unroll
     for (int k = 0; k < CACHE; ++k) {
         const int i = tx + k * nx;
-        if (i < n) d[i] = scaled(x[k], y[k], rr);
+        if (i < n) d[i] = scaled(x[k], wv[k], rr);
     }
     tail_store<V>(d, FUSED ? r : s, w, n, tx + CACHE * nx, nx, rr);
 }

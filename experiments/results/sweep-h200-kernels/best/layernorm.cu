@@ -2,9 +2,9 @@
 // Recipe layer_norm/rows: one block per row, sized so that each thread caches CACHE 16-byte
 // vectors of the row in registers; the mean and then the variance around the mean are two
 // reductions over those registers (warp shuffles and one barrier each), so the row is read
-// from memory once. The weight and bias loads are issued before the second reduction and
-// overlap it. Rows longer than the cache read their tail again in each pass. A scalar path
-// covers rows that are not a multiple of the vector width or unaligned pointers.
+// from memory once. The weight and bias loads are issued with the row's. Rows longer than the
+// cache read their tail again in each pass. A scalar path covers rows that are not a multiple
+// of the vector width or unaligned pointers.
 // The second pass also sums x - mean, which corrects the mean for its own rounding (and for
 // fast-math division): a row offset far above its spread would otherwise leave a visible
 // error in x - mean.
@@ -106,36 +106,30 @@ __device__ __forceinline__ void norm_row(scalar_t* __restrict__ dst, const scala
     P* d = reinterpret_cast<P*>(dst);
     __shared__ float partial_sum[32];
     __shared__ float2 partial_dev[32];
-    P x[CACHE];
+    // The weight and bias do not depend on the row: their loads go out with the row's, so a
+    // short row waits for one round trip to memory, not one per reduction.
+    P x[CACHE], wv[CACHE], bv[CACHE];
 #pragma unroll
     for (int k = 0; k < CACHE; ++k) {
         const int i = tx + k * nx;
-        if (i < n) x[k] = s[i];
+        if (i < n) {
+            x[k] = s[i];
+            wv[k] = w[i];
+            bv[k] = b[i];
+        }
     }
     float sum = 0.0f;
 #pragma unroll
     for (int k = 0; k < CACHE; ++k) {
         if (tx + k * nx < n) sum += vec_sum(x[k]);
     }
-    #pragma unroll 4
     for (int i = tx + CACHE * nx; i < n; i += nx) sum += vec_sum(s[i]);
     const float mean0 = row_total(sum, partial_sum) / static_cast<float>(hidden);
-    // The weight and bias do not depend on the statistics: their loads overlap the reduction.
-    P wv[CACHE], bv[CACHE];
-#pragma unroll
-    for (int k = 0; k < CACHE; ++k) {
-        const int i = tx + k * nx;
-        if (i < n) {
-            wv[k] = w[i];
-            bv[k] = b[i];
-        }
-    }
     float2 dev = make_float2(0.0f, 0.0f);
 #pragma unroll
     for (int k = 0; k < CACHE; ++k) {
         if (tx + k * nx < n) vec_dev(x[k], mean0, dev);
     }
-    #pragma unroll 4
     for (int i = tx + CACHE * nx; i < n; i += nx) vec_dev(s[i], mean0, dev);
     dev = row_total2(dev, partial_dev);
     // sum((x - mean0)^2) / n - delta^2: the variance around the corrected mean mean0 + delta.
@@ -147,7 +141,6 @@ __device__ __forceinline__ void norm_row(scalar_t* __restrict__ dst, const scala
         const int i = tx + k * nx;
         if (i < n) d[i] = normed(x[k], wv[k], bv[k], mean0, delta, rstd);
     }
-    #pragma unroll 4
     for (int i = tx + CACHE * nx; i < n; i += nx) d[i] = normed(s[i], w[i], b[i], mean0, delta, rstd);
 }
 

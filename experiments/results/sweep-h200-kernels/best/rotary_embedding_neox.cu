@@ -6,7 +6,6 @@
 // before the dependent position -> cache loads. A scalar path covers other element types,
 // sizes that are not multiples of the vector and unaligned pointers.
 // launch: grid=(cdiv(num_tokens * (num_heads + num_kv_heads) * cdiv(rot_dim, 16), BLOCK),) block=(BLOCK,) smem=0
-// flags: --use_fast_math
 // tune: BLOCK=256,128,512
 #ifndef BLOCK
 #define BLOCK 256

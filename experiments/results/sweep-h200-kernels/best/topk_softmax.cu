@@ -6,6 +6,7 @@
 // experts that come after round r-1's pick in that order, so nothing is marked or excluded.
 // Longer rows are streamed from memory in every pass.
 // launch: grid=(cdiv(num_tokens, WARPS),) block=(32, WARPS) smem=0
+// flags: --use_fast_math
 // tune: WARPS=4,2,8,1
 #ifndef WARPS
 #define WARPS 4
@@ -50,14 +51,34 @@ __device__ __forceinline__ void warp_best(float& p, int& i) {
     }
 }
 
-// Round r's weight and id go out from lane r % 32, which also renormalises them at the end.
-__device__ __forceinline__ void finish(float* __restrict__ w, int* __restrict__ ids, int r, float p, int i,
-                                       int lane) {
-    if ((r & 31) == lane) {
-        w[r] = p;
-        ids[r] = i;
+// The top-k rounds' state: the previous pick and the sum of the picks so far.
+struct Picks {
+    float last_p = 2.0f;  // above every probability: round 0 may pick anything
+    int last_i = -1;
+    float total = 0.0f;
+
+    // (p, i) becomes this lane's candidate if it comes after the previous pick and before (bp, bi).
+    __device__ __forceinline__ void consider(float p, int i, float& bp, int& bi) const {
+        if (ranks_before(last_p, last_i, p, i) && ranks_before(p, i, bp, bi)) {
+            bp = p;
+            bi = i;
+        }
     }
-}
+
+    // Round r's pick from the lanes' candidates: written out by lane r % 32 (which also
+    // renormalises it at the end), remembered for the next round.
+    __device__ __forceinline__ void take(float bp, int bi, int r, float* __restrict__ w, int* __restrict__ ids,
+                                         int lane) {
+        warp_best(bp, bi);
+        if ((r & 31) == lane) {
+            w[r] = bp;
+            ids[r] = bi;
+        }
+        total += bp;
+        last_p = bp;
+        last_i = bi;
+    }
+};
 
 __device__ __forceinline__ void renormalise(float* __restrict__ w, int topk, float total, int lane) {
     #pragma unroll 4
@@ -96,27 +117,15 @@ __device__ __forceinline__ void route_regs(float* __restrict__ w, int* __restric
 #pragma unroll
     for (int j = 0; j < PL; ++j) p[j] = base + j < experts ? p[j] / s : -1.0f;  // -1: never picked
 
-    float last_p = 2.0f;  // above every probability: round 0 may pick anything
-    int last_i = -1;
-    float total = 0.0f;
+    Picks picks;
     for (int r = 0; r < topk; ++r) {
         float bp = -2.0f;
         int bi = 0x7fffffff;
 #pragma unroll
-        for (int j = 0; j < PL; ++j) {
-            const int i = base + j;
-            if (ranks_before(last_p, last_i, p[j], i) && ranks_before(p[j], i, bp, bi)) {
-                bp = p[j];
-                bi = i;
-            }
-        }
-        warp_best(bp, bi);
-        finish(w, ids, r, bp, bi, lane);
-        total += bp;
-        last_p = bp;
-        last_i = bi;
+        for (int j = 0; j < PL; ++j) picks.consider(p[j], base + j, bp, bi);
+        picks.take(bp, bi, r, w, ids, lane);
     }
-    if (renormalize) renormalise(w, topk, total, lane);
+    if (renormalize) renormalise(w, topk, picks.total, lane);
 }
 
 // Any row length: every pass reads the row again; p is recomputed with the same expression.
@@ -131,27 +140,15 @@ __device__ __forceinline__ void route_stream(float* __restrict__ w, int* __restr
     #pragma unroll 4
     for (int i = lane; i < experts; i += 32) s += expf(static_cast<float>(g[i]) - m);
     s = warp_sum(s);
-    float last_p = 2.0f;
-    int last_i = -1;
-    float total = 0.0f;
+    Picks picks;
     for (int r = 0; r < topk; ++r) {
         float bp = -2.0f;
         int bi = 0x7fffffff;
         #pragma unroll 4
-        for (int i = lane; i < experts; i += 32) {
-            const float p = expf(static_cast<float>(g[i]) - m) / s;
-            if (ranks_before(last_p, last_i, p, i) && ranks_before(p, i, bp, bi)) {
-                bp = p;
-                bi = i;
-            }
-        }
-        warp_best(bp, bi);
-        finish(w, ids, r, bp, bi, lane);
-        total += bp;
-        last_p = bp;
-        last_i = bi;
+        for (int i = lane; i < experts; i += 32) picks.consider(expf(static_cast<float>(g[i]) - m) / s, i, bp, bi);
+        picks.take(bp, bi, r, w, ids, lane);
     }
-    if (renormalize) renormalise(w, topk, total, lane);
+    if (renormalize) renormalise(w, topk, picks.total, lane);
 }
 
 __device__ __forceinline__ void topk_route(float* w, int* ids, const scalar_t* gating, int tokens, int experts,
