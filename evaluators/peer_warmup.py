@@ -72,7 +72,6 @@ class PeerWarmup:
         self.logs: list[IO[bytes]] = []
         self.started = time.time()
         self._lock = threading.Lock()
-        self.waited_s = 0.0
         n = max(1, min(processes, len(kernels)))
         env = {**os.environ, **WORKER_ENV}
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -98,9 +97,7 @@ class PeerWarmup:
                     proc.wait()
             for log in self.logs:
                 log.close()
-            waited = time.time() - start
-            self.waited_s += waited
-            return waited
+            return time.time() - start
 
     def stop(self) -> None:
         """Kills whatever still runs (a run that ends early or fails)."""

@@ -1,7 +1,7 @@
 """Timing production peers beside our kernels, inside the sandbox worker (GPU only).
 
 Every peer (the spec's ``peers``: torch eager, FlashInfer, Liger; plus ``torch_compile`` of
-the fp32 reference) is captured in a CUDA graph and timed by graph replay with the same
+the fp32 reference or of the spec's ``compiled`` program) is captured in a CUDA graph and timed by graph replay with the same
 protocol as our kernels (:mod:`evaluators.timing`): inputs restored and L2 flushed before
 every repetition, all implementations interleaved and working on the same tensors. So every
 figure is kernel time, not the time of a Python call (REFERENCE.md section 1).
@@ -81,7 +81,7 @@ class _Working:
     def __init__(self, spec: KernelSpec, sets: InputSets) -> None:
         self.sets = sets
         self.buf = {n: v.clone() for n, v in sets[0].items()}
-        self.readable = [a.name for a in spec.args if a.kind == "tensor" and a.role in ("in", "inout")]
+        self.readable = [a.name for a in spec.read_args]
 
     def prepare(self, i: int) -> None:
         for n in self.readable:

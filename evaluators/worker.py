@@ -164,7 +164,7 @@ def _time_shape(
     for k in (0, 1):
         gen = torch.Generator(device=ctx.device).manual_seed(10_000 + k)
         sets.append(spec.make_inputs(shape, _dtype(dtype), gen, "random", ctx.device))
-    readable = [a.name for a in spec.args if a.kind == "tensor" and a.role in ("in", "inout")]
+    readable = [a.name for a in spec.read_args]
     perturbed = [n for n in readable if sets[0][n].dtype.is_floating_point and sets[0][n].dtype.itemsize > 1]
     outs_only = [a.name for a in spec.args if a.kind == "tensor" and a.role == "out"]
     reps = timing["repetitions"] + random.randint(0, 7)  # the final launch index is not predictable

@@ -32,7 +32,8 @@ from search.report import git_commit
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TIMING = ("median of the repetitions after 20 warm-ups; CUDA events around one launch (ours) or one CUDA-graph "
           "replay (peers); inputs restored and L2 flushed before every repetition; implementations interleaved "
-          "in one loop; torch_compile = torch.compile of the fp32 reference")
+          "in one loop; torch_compile = torch.compile of the fp32 reference (of the spec's own `compiled` program "
+          "where it names one: the in-place scatter for reshape_and_cache)")
 PLOT_TITLE = "kernel time, CUDA events / graph replay, L2 flushed"
 OURS = ("baseline", "best")
 GRAPH_NOTE = ("; <name>@graph = the same kernel of ours captured in a CUDA graph and replayed, timed exactly as the "

@@ -25,7 +25,7 @@ from typing import Any
 from agents.embedded.recipes import recipes_for
 from evaluators.variant import Variant
 from evaluators.verdict import geomean
-from kernels.spec import load_kernel
+from kernels.spec import load_kernel, shape_label
 from search.report import git_commit
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -101,8 +101,6 @@ def main(argv: list[str] | None = None) -> int:
         reply = evaluator.time_peers_full(spec.name, args.dtype, "search", ours, repetitions=args.repetitions)
     finally:
         evaluator.close()
-    from kernels.spec import shape_label
-
     labels = [shape_label(s) for s in spec.shapes("search")]
     rows = table(reply, labels)
     meta = {"kernel": spec.name, "dtype": args.dtype, "gpu": gpu, "repetitions": args.repetitions,

@@ -174,6 +174,11 @@ class KernelSpec:
     def written_args(self) -> tuple[Arg, ...]:
         return tuple(a for a in self.args if a.written)
 
+    @property
+    def read_args(self) -> tuple[Arg, ...]:
+        """The tensors a launch reads (``in`` and ``inout``): what a timing loop restores."""
+        return tuple(a for a in self.args if a.kind == "tensor" and a.role in ("in", "inout"))
+
     def shapes(self, which: str) -> tuple[dict[str, int], ...]:
         if which == "search":
             return self.search_shapes

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 
-from kernels.spec import KernelSpec
+from kernels.spec import Arg, KernelSpec
 
 _DIR = Path(__file__).resolve().parent
 
@@ -93,8 +93,18 @@ def _fill(template: str, spec: KernelSpec, grid: str, block: str, bound: str,
     )
 
 
+def _tensor_args(spec: KernelSpec, role: str) -> list[Arg]:
+    return [a for a in spec.args if a.kind == "tensor" and a.role == role]
+
+
 def _tensors(spec: KernelSpec, role: str) -> list[str]:
-    return [a.name for a in spec.args if a.kind == "tensor" and a.role == role]
+    return [a.name for a in _tensor_args(spec, role)]
+
+
+def _row_block(hidden: str) -> str:
+    """One block per row: a multiple of 32 threads just large enough that CACHE 8-wide vectors
+    per thread cover the row, capped at the templates' MAX_THREADS (1024 for CACHE 1, else 512)."""
+    return f"(min(1024 // min(CACHE, 2), max(32, 32 * cdiv({hidden}, 256 * CACHE))),)"
 
 
 def _ints(spec: KernelSpec, n: int) -> list[str]:
@@ -224,17 +234,14 @@ def _layer_norm(spec: KernelSpec) -> str:
         raise RecipeError(f"{spec.name}: cannot tell the weight and the bias among {inp}")
     src = next(n for n in inp if n not in (weight, bias))
     call = f"layer_norm({out[0]}, {src}, {weight}, {bias}, {rows}, {hidden}, {floats[0]})"
-    # A multiple of 32 threads just large enough that CACHE 8-wide vectors per thread cover
-    # the row, capped at the template's MAX_THREADS.
-    block = f"(min(1024 // min(CACHE, 2), max(32, 32 * cdiv({hidden}, 256 * CACHE))),)"
     tune = {"CACHE": (2, 1, 4)}
     what = "out = (x - mean) * rsqrt(var + eps) * w + b per row, variance around the mean, fp32 math."
-    return _fill("layer_norm.cu", spec, f"({rows},)", block, "MAX_THREADS", tune, call, what=what)
+    return _fill("layer_norm.cu", spec, f"({rows},)", _row_block(hidden), "MAX_THREADS", tune, call, what=what)
 
 
 def _row_quant(spec: KernelSpec) -> str:
     """Per-token fp8 quantisation: one block per row, max |x| and the quantised row from registers."""
-    outs = [a for a in spec.args if a.kind == "tensor" and a.role == "out"]
+    outs = _tensor_args(spec, "out")
     q = next((a.name for a in outs if a.dtype == "float8_e4m3fn"), None)
     scales = next((a.name for a in outs if a.dtype == "float32"), None)
     inp = _tensors(spec, "in")
@@ -242,10 +249,9 @@ def _row_quant(spec: KernelSpec) -> str:
         raise RecipeError(f"{spec.name}: a per-token quantisation takes an fp8 out, fp32 scales, an input and two sizes")
     rows, hidden = _ints(spec, 2)
     call = f"row_quant({q}, {scales}, {inp[0]}, {rows}, {hidden})"
-    block = f"(min(1024 // min(CACHE, 2), max(32, 32 * cdiv({hidden}, 256 * CACHE))),)"
     tune = {"CACHE": (2, 1, 4)}
     what = "scale = max|x| / 448 per row (1 for an all-zero row); out = e4m3(clamp(x / scale)), fp32 math."
-    return _fill("row_quant.cu", spec, f"({rows},)", block, "MAX_THREADS", tune, call, what=what)
+    return _fill("row_quant.cu", spec, f"({rows},)", _row_block(hidden), "MAX_THREADS", tune, call, what=what)
 
 
 def _merge(spec: KernelSpec) -> str:
@@ -261,8 +267,7 @@ def _merge(spec: KernelSpec) -> str:
 
 def _merge_multi(spec: KernelSpec) -> str:
     """Any number of states: one 16-byte vector per thread, UNROLL states' loads in flight."""
-    outs = [a for a in spec.args if a.kind == "tensor" and a.role == "out"]
-    ins = [a for a in spec.args if a.kind == "tensor" and a.role == "in"]
+    outs, ins = _tensor_args(spec, "out"), _tensor_args(spec, "in")
     values = [a.name for a in (*outs, *ins) if a.dtype == "scalar"]
     lses = [a.name for a in (*outs, *ins) if a.dtype == "float32"]
     if len(outs) != 2 or len(ins) != 2 or len(values) != 2 or len(lses) != 2:
@@ -297,7 +302,7 @@ def _rotary(spec: KernelSpec) -> str:
 
 def _topk_softmax(spec: KernelSpec) -> str:
     """MoE routing: one warp per token, the row in registers, shuffle reductions for every round."""
-    outs = [a for a in spec.args if a.kind == "tensor" and a.role == "out"]
+    outs = _tensor_args(spec, "out")
     weights = next((a.name for a in outs if a.dtype == "float32"), None)
     ids = next((a.name for a in outs if a.dtype == "int32"), None)
     inp = _tensors(spec, "in")
