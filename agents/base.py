@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from evaluators.variant import Variant
-from evaluators.verdict import Evaluation
+from kernels.variant import Variant
+from kernels.verdict import Evaluation
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from agents.base import Agent, AgentContext, Proposal
-from evaluators.variant import Variant
+from kernels.variant import Variant
 
 DEFAULT_FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "adversarial" / "fixtures.yaml"
 

@@ -6,8 +6,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from evaluators.variant import Variant
-from evaluators.verdict import Evaluation
+from kernels.variant import Variant
+from kernels.verdict import Evaluation
 
 if TYPE_CHECKING:
     from kernels.spec import KernelSpec

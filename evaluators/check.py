@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 from evaluators.api import EvalRequest, TimingConfig
-from evaluators.variant import Variant
-from evaluators.verdict import Evaluation
 from kernels.spec import KernelSpecError, load_kernel, shape_label
+from kernels.variant import Variant
+from kernels.verdict import Evaluation
 
 
 def _params(items: list[str]) -> dict[str, int]:

@@ -12,12 +12,13 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+
+from kernels.records import atomic_write
 
 DEFAULT_ARCH = "sm_90"
 # Headers a variant may include; anything else could read files of the harness at compile time.
@@ -224,16 +225,6 @@ def _resources(log: str, entry: str) -> tuple[int | None, int | None, int | None
         int(stack[-1][0]) if stack else None,
         int(smem[-1]) if smem else (0 if regs else None),
     )
-
-
-def atomic_write(path: Path, data: bytes | str) -> None:
-    """Writes through a temporary file and ``os.replace``: readers never see half a file
-    (cache entries here, run records in :mod:`search.records`)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-    os.replace(tmp, path)
 
 
 def _text_section(entry: str) -> bytes:

@@ -16,10 +16,10 @@ from typing import Any
 
 from evaluators.api import EvalRequest, Evaluator
 from evaluators.compile import CompileResult, compile_variant
-from evaluators.launch import LaunchSpecError
-from evaluators.variant import Variant
-from evaluators.verdict import Evaluation, ShapeResult, Status
+from kernels.launch import LaunchSpecError
 from kernels.spec import KernelSpec, KernelSpecError, check_signature, load_kernel
+from kernels.variant import Variant
+from kernels.verdict import Evaluation, ShapeResult, Status
 
 
 class EvaluatorError(RuntimeError):

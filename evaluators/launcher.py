@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from evaluators.launch import LaunchConfig
+from kernels.launch import LaunchConfig
 from kernels.spec import KernelSpec
 
 # Launch-time driver errors that mean "this configuration cannot run", not a fault: the

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from evaluators import validate as V
-from evaluators.launch import LaunchConfig
 from evaluators.launcher import Kernel
 from evaluators.timing import Timed, capture_graph, time_interleaved
+from kernels.launch import LaunchConfig
 from kernels.spec import KernelSpec, Shape, shape_label
 
 if TYPE_CHECKING:  # the worker imports this module lazily; no import cycle at run time

@@ -315,7 +315,7 @@ class _Plan:
 def _prepare(args: argparse.Namespace) -> _Plan | str:
     """Everything that needs no GPU: launch header, signature, shape, compile."""
     from evaluators.compile import compile_variant, target_arch
-    from evaluators.launch import LaunchSpecError, parse_launch_header
+    from kernels.launch import LaunchSpecError, parse_launch_header
     from kernels.spec import KernelSpecError, check_signature, load_kernel
 
     source = Path(args.variant).read_text()

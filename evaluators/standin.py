@@ -23,9 +23,9 @@ from pathlib import Path
 
 from evaluators.api import EvalRequest, Evaluator
 from evaluators.compile import compile_variant
-from evaluators.launch import LaunchConfig, LaunchSpecError
-from evaluators.verdict import Evaluation, ShapeResult, Status
+from kernels.launch import LaunchConfig, LaunchSpecError
 from kernels.spec import KernelSpec, KernelSpecError, check_signature, load_kernel
+from kernels.verdict import Evaluation, ShapeResult, Status
 
 DEVICE_NAME = "cpu-standin"
 _COPY_BW = 4.3e12  # bytes/s; the H200's practical copy ceiling, so fractions look plausible

@@ -17,11 +17,11 @@ from typing import Any
 import torch
 
 from evaluators import validate as V
-from evaluators.launch import LaunchConfig
 from evaluators.launcher import Kernel, LaunchResourceError
 from evaluators.timing import Flusher, Timed, measure_copy_bandwidth, time_interleaved
-from evaluators.verdict import ShapeResult, Status, geomean
+from kernels.launch import LaunchConfig
 from kernels.spec import KernelSpec, Shape, load_kernel, shape_label
+from kernels.verdict import ShapeResult, Status, geomean
 
 ROOFLINE_MARGIN = 1.3  # a kernel above 130% of copy bandwidth is measuring something else
 Beat = Callable[[str], None]

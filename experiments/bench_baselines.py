@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from evaluators.api import EvalRequest, TimingConfig
-from evaluators.variant import Variant
 from kernels.spec import load_kernel, shape_label
+from kernels.variant import Variant
 
 ASTRA = ["silu_and_mul", "fused_add_rmsnorm", "merge_attn_states_lse"]
 PEERS = ["flashinfer", "torch_compile", "torch_eager", "liger"]

@@ -25,8 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from evaluators.verdict import geomean
 from kernels.spec import KernelSpec, list_kernels, load_kernel, shape_label
+from kernels.verdict import geomean
 from search.report import git_commit
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

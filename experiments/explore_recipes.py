@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from agents.embedded.recipes import recipes_for
-from evaluators.variant import Variant
-from evaluators.verdict import geomean
 from kernels.spec import load_kernel, shape_label
+from kernels.variant import Variant
+from kernels.verdict import geomean
 from search.report import git_commit
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

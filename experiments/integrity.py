@@ -24,9 +24,9 @@ from typing import Any
 import yaml
 
 from evaluators.api import EvalRequest, TimingConfig
-from evaluators.variant import Variant
+from kernels.records import read_jsonl
 from kernels.spec import load_kernel
-from search.records import read_jsonl
+from kernels.variant import Variant
 
 INDEX = Path(__file__).resolve().parents[1] / "tests" / "adversarial" / "fixtures.yaml"
 

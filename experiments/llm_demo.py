@@ -27,10 +27,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from evaluators.compile import atomic_write
-from evaluators.variant import Variant
+from kernels.records import atomic_write, read_jsonl
 from kernels.spec import load_kernel, shape_label
-from search.records import read_jsonl
+from kernels.variant import Variant
 from search.report import git_commit
 from tests.llm_server import ScriptedLLMServer
 

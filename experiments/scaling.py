@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.search_results import busy_breakdown
-from search.records import read_jsonl
+from kernels.records import read_jsonl
 
 SCALING_TARGET = 1.8  # two GPUs against one
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from search.records import read_jsonl
+from kernels.records import read_jsonl
 
 # The Astra paper's multi-agent speedups over its baselines (REFERENCE.md section 2).
 ASTRA_TARGETS = {"silu_and_mul": 1.46, "fused_add_rmsnorm": 1.25, "merge_attn_states_lse": 1.26}

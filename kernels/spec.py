@@ -2,7 +2,7 @@
 
 Each kernel of the library is a folder ``kernels/NAME/`` with ``spec.py`` (defining
 ``SPEC = KernelSpec(...)``) and ``baseline.cu`` (the starting kernel, in the variant file
-format of :mod:`evaluators.launch`). Reference functions and input generators are torch code;
+format of :mod:`kernels.launch`). Reference functions and input generators are torch code;
 they run in the evaluator's worker process on the GPU (or on the CPU in tests).
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from evaluators.launch import LaunchSpec, LaunchSpecError, check_names, parse_launch_header
+from kernels.launch import LaunchSpec, LaunchSpecError, check_names, parse_launch_header
 
 LIBRARY_DIR = Path(__file__).resolve().parent
 SCALAR = "scalar"  # a tensor whose element type is the run's dtype (the macro scalar_t)

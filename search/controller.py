@@ -25,12 +25,13 @@ import ray
 
 from agents.base import Attempt, Proposal
 from evaluators.api import EvalRequest, TimingConfig
-from evaluators.variant import Variant
-from evaluators.verdict import Evaluation, Status
+from kernels.records import EvalRecord, ShapeSet, Stage, eval_key, params_key
+from kernels.variant import Variant
+from kernels.verdict import Evaluation, Status
 from search.config import RunConfig
 from search.pool import CompileOutcome, EvalPool, compile_task
 from search.progress import Progress
-from search.records import EvalRecord, RunHistory, RunRecords, eval_key, params_key
+from search.records import RunHistory, RunRecords
 from search.selection import Scored, pick_contenders, scored
 from search.state import KernelState, RoundState
 from search.tuning import TuningStore, VariantStudy
@@ -211,8 +212,8 @@ class Controller:
             run_id=self.records.run_id, kernel=st.name, dtype=st.dtype,
             round=st.round.number if st.round else st.rounds_done,
             agent=agent_name(job.agent) if job.agent is not None else job.variant.author,
-            stage=job.stage, trial=job.trial, variant=job.variant, evaluation=evaluation,
-            compile_key=job.compile_key, params=dict(job.params), shape_set=job.shape_set,
+            stage=Stage(job.stage), trial=job.trial, variant=job.variant, evaluation=evaluation,
+            compile_key=job.compile_key, params=dict(job.params), shape_set=ShapeSet(job.shape_set),
             time=time.time(), busy_s=busy_s,
         )
         self.records.evaluation(record)

@@ -21,7 +21,7 @@ from typing import Any
 
 import polars as pl
 
-from search.records import read_jsonl
+from kernels.records import read_jsonl
 
 # Reward of a variant that did not pass: worse for what cannot run or cheats than for a
 # kernel that ran and was only wrong. NO_VARIANT: the agent produced no code.

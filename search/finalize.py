@@ -20,10 +20,10 @@ import ray
 
 from evaluators.api import EvalRequest, TimingConfig
 from evaluators.peer_warmup import PeerWarmup
-from evaluators.verdict import Evaluation
+from kernels.records import EvalRecord, Stage, eval_key
+from kernels.verdict import Evaluation
 from search.controller import Controller, Job
 from search.pool import spawn_evaluator
-from search.records import EvalRecord, eval_key
 from search.selection import Scored
 from search.state import KernelState
 
@@ -93,7 +93,7 @@ def _final_timing(ctl: Controller, actor: Any, st: KernelState, item: Scored, lo
     evaluation, busy = ray.get(actor.evaluate.remote(request))
     record = EvalRecord(
         run_id=ctl.records.run_id, kernel=st.name, dtype=st.dtype, round=st.rounds_done, agent=item.variant.author,
-        stage="final", trial=None, variant=item.variant, evaluation=evaluation, params=params,
+        stage=Stage.FINAL, trial=None, variant=item.variant, evaluation=evaluation, params=params,
         time=time.time(), busy_s=busy,
     )
     with lock:

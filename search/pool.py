@@ -21,9 +21,9 @@ from ray.exceptions import RayActorError
 
 from agents.base import AgentContext, Attempt, Proposal
 from evaluators.api import EvalRequest
-from evaluators.launch import LaunchSpecError
-from evaluators.variant import Variant
-from evaluators.verdict import Evaluation, Status
+from kernels.launch import LaunchSpecError
+from kernels.variant import Variant
+from kernels.verdict import Evaluation, Status
 
 
 class AgentActor:

@@ -20,114 +20,12 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evaluators.compile import atomic_write
-from evaluators.variant import Variant
-from evaluators.verdict import Evaluation
-
-STAGES = ("screen", "full", "heldout", "final")
-
-
-def params_key(params: Mapping[str, int]) -> str:
-    return json.dumps({k: int(v) for k, v in sorted(params.items())}, separators=(",", ":"))
-
-
-def eval_key(variant_id: str, params: Mapping[str, int], dtype: str, stage: str, shape_set: str) -> str:
-    """Identity of one evaluation: evaluated at most once per run, across resumes."""
-    return "|".join((variant_id, params_key(params), dtype, stage, shape_set))
-
-
-@dataclass(frozen=True)
-class EvalRecord:
-    """One line of ``evaluations.jsonl``.
-
-    Attributes:
-        run_id / kernel / dtype / round / agent: where it belongs.
-        stage: screen, full, heldout or final.
-        trial: the Optuna trial number, or None outside a study.
-        variant: the candidate.
-        evaluation: its verdict.
-        compile_key: the compile cache key ('' when compiling was refused).
-        params: the full parameter assignment asked for (defaults filled in).
-        shape_set: search or heldout.
-        time: wall-clock timestamp (seconds since the epoch).
-        busy_s: seconds the evaluator actor spent on it.
-    """
-
-    run_id: str
-    kernel: str
-    dtype: str
-    round: int
-    agent: str
-    stage: str
-    trial: int | None
-    variant: Variant
-    evaluation: Evaluation
-    compile_key: str = ""
-    params: dict[str, int] = field(default_factory=dict)
-    shape_set: str = "search"
-    time: float = 0.0
-    busy_s: float = 0.0
-
-    @property
-    def key(self) -> str:
-        return eval_key(self.variant.id, self.params, self.dtype, self.stage, self.shape_set)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "run_id": self.run_id,
-            "kernel": self.kernel,
-            "dtype": self.dtype,
-            "round": self.round,
-            "agent": self.agent,
-            "stage": self.stage,
-            "trial": self.trial,
-            "variant": self.variant.to_dict(),
-            "evaluation": self.evaluation.to_dict(),
-            "compile_key": self.compile_key,
-            "params": self.params,
-            "shape_set": self.shape_set,
-            "key": self.key,
-            "time": self.time,
-            "busy_s": self.busy_s,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> EvalRecord:
-        """Reads a line back; unknown fields (newer versions) are ignored."""
-        return cls(
-            run_id=d.get("run_id", ""),
-            kernel=d["kernel"],
-            dtype=d["dtype"],
-            round=int(d.get("round", 0)),
-            agent=d.get("agent", ""),
-            stage=d["stage"],
-            trial=d.get("trial"),
-            variant=Variant.from_dict(d["variant"]),
-            evaluation=Evaluation.from_dict(d["evaluation"]),
-            compile_key=d.get("compile_key", ""),
-            params={k: int(v) for k, v in d.get("params", {}).items()},
-            shape_set=d.get("shape_set", "search"),
-            time=float(d.get("time", 0.0)),
-            busy_s=float(d.get("busy_s", 0.0)),
-        )
-
-
-def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """The complete lines of a JSONL file; a torn last line (killed writer) is skipped."""
-    if not path.is_file():
-        return
-    with path.open("rb") as f:
-        for raw in f:
-            if not raw.endswith(b"\n"):
-                return
-            line = raw.strip()
-            if line:
-                yield json.loads(line)
+from kernels.records import EvalRecord, atomic_write, read_evaluations, read_jsonl
 
 
 def _cut_torn_tail(path: Path) -> None:
@@ -225,7 +123,7 @@ class RunHistory:
 
 def load_history(run_dir: Path) -> RunHistory:
     run_dir = Path(run_dir)
-    evals = [EvalRecord.from_dict(d) for d in read_jsonl(run_dir / "evaluations.jsonl")]
+    evals = read_evaluations(run_dir / "evaluations.jsonl")
     proposals = list(read_jsonl(run_dir / "proposals.jsonl"))
     done: dict[str, int] = {}
     for d in read_jsonl(run_dir / "rounds.jsonl"):

@@ -18,10 +18,9 @@ from typing import Any, TextIO
 
 import polars as pl
 
-from evaluators.compile import atomic_write
-from evaluators.verdict import geomean
+from kernels.records import atomic_write, read_jsonl
 from kernels.spec import shape_label
-from search.records import read_jsonl
+from kernels.verdict import geomean
 
 STANDIN_WARNING = "STAND-IN EVALUATOR: synthetic numbers from a CPU test double, not measurements"
 

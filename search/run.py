@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from agents.factory import AgentConfigError, make_agent
-from evaluators.compile import atomic_write
+from kernels.records import atomic_write, read_jsonl
 from kernels.spec import KernelSpec, KernelSpecError, list_kernels, load_kernel
 from search.config import ConfigError, RunConfig, dump_config, load_config, override
-from search.records import RunRecords, read_jsonl
+from search.records import RunRecords
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXTRA_SHAPES_FILE = "extra_shapes.json"

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from evaluators.variant import Variant
-from evaluators.verdict import Evaluation
+from kernels.variant import Variant
+from kernels.verdict import Evaluation
 
 STAGE_RANK = {"screen": 0, "full": 1}
 

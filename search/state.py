@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agents.base import AgentContext, Attempt
-from evaluators.variant import Variant
-from evaluators.verdict import Evaluation
 from kernels.spec import KernelSpec, shape_label
+from kernels.variant import Variant
+from kernels.verdict import Evaluation
 from search.selection import Dedupe, EliteArchive, Islands, Scored
 
 

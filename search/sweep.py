@@ -33,11 +33,10 @@ from typing import Any
 import polars as pl
 
 from agents.factory import AgentConfigError
-from evaluators.compile import atomic_write
+from kernels.records import atomic_write, read_jsonl
 from kernels.spec import LIBRARY_DIR, KernelSpecError, list_kernels, load_kernel
 from search.config import ConfigError, RunConfig, dump_config, load_config, override
 from search.progress import Progress, busy_fraction
-from search.records import read_jsonl
 from search.report import STANDIN_WARNING
 from search.run import (
     OneLineErrorParser,

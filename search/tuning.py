@@ -20,7 +20,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from evaluators.verdict import Evaluation
+from kernels.verdict import Evaluation
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -17,8 +17,8 @@ from agents.embedded.coder import Applied, apply_plan, check_variant
 from agents.embedded.planner import Signals, candidate_plans, learn, rank_plans
 from agents.embedded.recipes import recipes_for
 from agents.embedded.strategies import STRATEGIES, pick_strategy
-from evaluators.variant import Variant, source_hash
 from kernels.spec import KernelSpec, load_kernel
+from kernels.variant import Variant, source_hash
 
 __all__ = ["EmbeddedAgent", "STRATEGIES"]
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from agents.embedded.recipes import Recipe, RecipeError
 from agents.embedded.transforms import GENERIC, Target
 from evaluators.compile import compile_variant
-from evaluators.launch import LaunchSpecError, parse_launch_header
+from kernels.launch import LaunchSpecError, parse_launch_header
 from kernels.spec import KernelSpec, KernelSpecError, check_signature
 
 MAX_THREADS = 1024

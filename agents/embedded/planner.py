@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from agents.base import Attempt
 from agents.embedded.strategies import Strategy, group_of
 from agents.embedded.transforms import GENERIC
-from evaluators.verdict import Evaluation, Status
+from kernels.verdict import Evaluation, Status
 
 # A relative gain below this counts as "gave nothing": inside the timing noise.
 MIN_GAIN = 0.02

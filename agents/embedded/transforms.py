@@ -23,7 +23,7 @@ from agents.embedded.source import (
     match_brace,
     replace_launch,
 )
-from evaluators.launch import LaunchSpecError, parse_launch_header
+from kernels.launch import LaunchSpecError, parse_launch_header
 
 BLOCK_CHOICES = (128, 256, 512, 1024)
 # Grid caps for grid-stride loops: 2, 4, 8 and 16 blocks per SM of a 132-SM H200.

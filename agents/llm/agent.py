@@ -23,8 +23,8 @@ from agents.llm.config import LLMConfig
 from agents.llm.cost import UsageLedger
 from agents.llm.prompts import context_values
 from agents.llm.roles import coder, planner, single, tester
-from evaluators.variant import Variant
 from kernels.spec import KernelSpec, load_kernel
+from kernels.variant import Variant
 
 
 @lru_cache(maxsize=64)

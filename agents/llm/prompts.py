@@ -17,8 +17,8 @@ from typing import Any
 import jinja2
 
 from agents.base import AgentContext, Attempt
-from evaluators.verdict import Evaluation
 from kernels.spec import shape_label
+from kernels.verdict import Evaluation
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
 SCALAR_TYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float"}

@@ -23,7 +23,7 @@ class Fixture:
     Attributes:
         file: the variant's file name in this folder.
         kernel: library kernel it claims to implement.
-        status: expected :class:`evaluators.verdict.Status` value.
+        status: expected :class:`kernels.verdict.Status` value.
         trick: one line on what it does.
         guard: for REJECTED the guard that must fire; for COMPILE_ERROR the front-end check.
         covers: items of REFERENCE.md section 5 it exercises.

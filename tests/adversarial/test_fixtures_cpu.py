@@ -8,10 +8,10 @@ import pytest
 
 from evaluators.api import EvalRequest
 from evaluators.compile import compile_variant
-from evaluators.launch import LaunchSpecError, parse_launch_header
-from evaluators.variant import Variant
-from evaluators.verdict import Status
+from kernels.launch import LaunchSpecError, parse_launch_header
 from kernels.spec import KernelSpecError, check_signature, list_kernels, load_kernel
+from kernels.variant import Variant
+from kernels.verdict import Status
 from tests.adversarial.index import (
     FIXTURE_DIR,
     FRONT_END_GUARDS,

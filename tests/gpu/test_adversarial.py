@@ -9,9 +9,9 @@ import torch
 
 from evaluators.api import EvalRequest, TimingConfig
 from evaluators.sanitize import SanitizerStatus, sanitize
-from evaluators.variant import Variant
-from evaluators.verdict import Status
 from kernels.spec import load_kernel
+from kernels.variant import Variant
+from kernels.verdict import Status
 from tests.adversarial.index import Fixture, fixtures
 
 pytestmark = [

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from evaluators.api import EvalRequest, TimingConfig
-from evaluators.variant import Variant
-from evaluators.verdict import Status
 from kernels.spec import list_kernels, load_kernel, shape_label
+from kernels.variant import Variant
+from kernels.verdict import Status
 
 pytestmark = [
     pytest.mark.gpu,

@@ -18,10 +18,10 @@ from agents.embedded.recipes import family_of, recipes_for
 from agents.embedded.strategies import STRATEGIES
 from agents.embedded.transforms import GENERIC, Target
 from evaluators.compile import compile_variant
-from evaluators.launch import parse_launch_header
-from evaluators.variant import Variant
-from evaluators.verdict import Evaluation, ShapeResult, Status
+from kernels.launch import parse_launch_header
 from kernels.spec import check_signature, list_kernels, load_kernel
+from kernels.variant import Variant
+from kernels.verdict import Evaluation, ShapeResult, Status
 
 ASTRA = ("silu_and_mul", "fused_add_rmsnorm", "merge_attn_states_lse")
 ROW_NORMS = ("fused_add_rmsnorm", "rmsnorm", "gemma_fused_add_rmsnorm")

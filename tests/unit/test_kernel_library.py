@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from evaluators.compile import compile_variant
-from evaluators.launch import parse_launch_header
 from kernels import KernelSpecError, check_signature, list_kernels, load_kernel
+from kernels.launch import parse_launch_header
 from kernels.spec import LIBRARY_DIR
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from evaluators.launch import (
+from kernels.launch import (
     Expr,
     LaunchConfig,
     LaunchSpecError,

@@ -16,8 +16,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from evaluators.compile import compile_variant
-from evaluators.launch import parse_launch_header
 from kernels import list_kernels, load_kernel
+from kernels.launch import parse_launch_header
 
 NEW_KERNELS = (
     "rmsnorm",

@@ -17,9 +17,9 @@ import pytest
 from agents.base import AgentContext, Attempt
 from agents.llm import LLMAgent, LLMConfig, PreflightError, UsageLedger
 from agents.llm.cost import PriceTable
-from evaluators.variant import Variant
-from evaluators.verdict import Evaluation, ShapeResult, Status
 from kernels.spec import load_kernel
+from kernels.variant import Variant
+from kernels.verdict import Evaluation, ShapeResult, Status
 from tests.llm_server import ScriptedLLMServer
 
 KEY = "sk-test-secret-0123456789"

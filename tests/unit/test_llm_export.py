@@ -11,10 +11,11 @@ import polars as pl
 import pytest
 
 from agents.base import Proposal
-from evaluators.variant import Variant
-from evaluators.verdict import Evaluation, ShapeResult, Status
+from kernels.records import EvalRecord
+from kernels.variant import Variant
+from kernels.verdict import Evaluation, ShapeResult, Status
 from search.export import SAMPLE_SCHEMA, TRAJECTORY_SCHEMA, export_run
-from search.records import EvalRecord, RunRecords
+from search.records import RunRecords
 
 ROOT = Path(__file__).resolve().parents[2]
 K = "silu_and_mul"

@@ -19,10 +19,10 @@ import pytest
 
 from evaluators.api import EvalRequest
 from evaluators.standin import StandinEvaluator
-from evaluators.variant import Variant
 from experiments import llm_demo
+from kernels.records import read_jsonl
 from kernels.spec import load_kernel, shape_label
-from search.records import read_jsonl
+from kernels.variant import Variant
 from search.run import EXTRA_SHAPES_FILE, REPO_ROOT
 from tests.llm_server import ScriptedLLMServer
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import ray
 
 from evaluators.api import EvalRequest
-from evaluators.variant import Variant
-from evaluators.verdict import Status
 from kernels.spec import load_kernel
+from kernels.variant import Variant
+from kernels.verdict import Status
 from search.pool import EvalPool
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from kernels.records import EvalRecord, read_jsonl
 from search.config import override
-from search.records import EvalRecord, read_jsonl
 from search.run import (
     REPO_ROOT,
     Prepared,

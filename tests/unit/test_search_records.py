@@ -7,8 +7,9 @@ import json
 import pytest
 
 from agents.base import Proposal
-from evaluators.variant import Variant
-from evaluators.verdict import Evaluation, ShapeResult, Status
+from kernels.records import EvalRecord, read_jsonl
+from kernels.variant import Variant
+from kernels.verdict import Evaluation, ShapeResult, Status
 from search.config import (
     ConfigError,
     RunConfig,
@@ -17,7 +18,7 @@ from search.config import (
     load_config,
     override,
 )
-from search.records import EvalRecord, RunRecords, load_history, read_jsonl
+from search.records import RunRecords, load_history
 
 
 def _record(stage: str = "screen") -> EvalRecord:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from evaluators.variant import Variant
-from evaluators.verdict import Evaluation, ShapeResult, Status
 from kernels import load_kernel
+from kernels.variant import Variant
+from kernels.verdict import Evaluation, ShapeResult, Status
 from search.pool import compile_outcome
 from search.selection import Dedupe, EliteArchive, Islands, Scored, pick_contenders, scored
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import optuna
 from optuna.trial import TrialState
 
-from evaluators.verdict import Evaluation, ShapeResult, Status
+from kernels.verdict import Evaluation, ShapeResult, Status
 from search.tuning import TuningStore, study_name
 
 TUNE = {"BLOCK": (128, 256, 512, 1024), "VEC": (1, 2, 4, 8)}

@@ -6,9 +6,9 @@ import pytest
 
 from evaluators.api import EvalRequest
 from evaluators.standin import DEVICE_NAME, StandinEvaluator
-from evaluators.variant import Variant
-from evaluators.verdict import Status
 from kernels import load_kernel
+from kernels.variant import Variant
+from kernels.verdict import Status
 
 
 @pytest.fixture(scope="module")

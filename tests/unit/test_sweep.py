@@ -18,9 +18,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from kernels.records import read_jsonl
 from kernels.spec import LIBRARY_DIR
 from search.config import ConfigError
-from search.records import read_jsonl
 from search.run import REPO_ROOT, UsageError
 from search.sweep import SWEEP_FILE, TABLE_SCHEMA, choose_kernels, kernel_wall_s, main
 

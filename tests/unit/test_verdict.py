@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from evaluators.verdict import Evaluation, ShapeResult, Status, geomean
+from kernels.verdict import Evaluation, ShapeResult, Status, geomean
 
 
 @pytest.mark.parametrize(

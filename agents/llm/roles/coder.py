@@ -17,7 +17,7 @@ from agents.llm.client import ChatClient
 from agents.llm.config import RoleConfig
 from agents.llm.parse import extract_code
 from agents.llm.prompts import render
-from evaluators.launch import LaunchSpecError, parse_launch_header
+from kernels.launch import LaunchSpecError, parse_launch_header
 from kernels.spec import KernelSpec, KernelSpecError, check_signature
 
 _LOG_CHARS = 4000

@@ -7,13 +7,15 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from evaluators.launch import LaunchSpec, parse_launch_header
+from kernels.launch import LaunchSpec, parse_launch_header
 
 
 def source_hash(source: str) -> str:
-    """Hash of a source with trailing whitespace normalised: identical kernels dedupe."""
-    norm = "\n".join(line.rstrip() for line in source.strip().splitlines())
-    return hashlib.sha256(norm.encode()).hexdigest()[:16]
+    """Hash of the exact source bytes. No normalisation: any rule that maps two texts to one
+    id (``splitlines`` also breaks at form feeds and other separators the compiler reads
+    differently) lets a variant inherit the verdict of a different program. Sources that
+    differ only in whitespace still share a verdict through deduplication by binary."""
+    return hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

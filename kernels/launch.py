@@ -306,3 +306,47 @@ def check_names(spec: LaunchSpec, allowed: set[str]) -> None:
                 f"launch expression {e.text!r} uses {sorted(missing)}; "
                 f"only the kernel's integer arguments {sorted(allowed)} and tunables {sorted(spec.tune)} may appear"
             )
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    """What one launch may ask of the device. The defaults are the H200's (sm_90); the GPU
+    worker reports its own device's values, which replace them there.
+
+    Attributes:
+        max_threads_per_block: threads of one block, all dimensions multiplied.
+        max_block: per-dimension block limits.
+        max_grid: per-dimension grid limits (x < 2^31, y and z < 2^16).
+        max_smem_bytes: dynamic shared memory per block, with the opt-in attribute set.
+    """
+
+    max_threads_per_block: int = 1024
+    max_block: tuple[int, int, int] = (1024, 1024, 64)
+    max_grid: tuple[int, int, int] = (2**31 - 1, 65535, 65535)
+    max_smem_bytes: int = 232448
+
+
+class LaunchLimitError(LaunchSpecError):
+    """A launch that resolves to sizes the device cannot run (a RESOURCE_ERROR verdict)."""
+
+
+def check_limits(cfg: LaunchConfig, limits: DeviceLimits, where: str = "") -> None:
+    """Refuses a resolved launch outside the device's limits, before anything is launched.
+
+    Raises:
+        LaunchLimitError: the block, the grid or the shared memory is too large.
+    """
+    at = f" {where}" if where else ""
+    threads = cfg.block[0] * cfg.block[1] * cfg.block[2]
+    if threads > limits.max_threads_per_block:
+        raise LaunchLimitError(f"block {cfg.block} has {threads} threads, more than {limits.max_threads_per_block}{at}")
+    for axis, (size, top) in enumerate(zip(cfg.block, limits.max_block, strict=True)):
+        if size > top:
+            raise LaunchLimitError(f"block dimension {'xyz'[axis]} = {size} exceeds {top}{at}")
+    for axis, (size, top) in enumerate(zip(cfg.grid, limits.max_grid, strict=True)):
+        if size > top:
+            raise LaunchLimitError(f"grid dimension {'xyz'[axis]} = {size} exceeds {top}{at}")
+    if cfg.smem_bytes > limits.max_smem_bytes:
+        raise LaunchLimitError(
+            f"{cfg.smem_bytes} bytes of dynamic shared memory exceed the device's {limits.max_smem_bytes}{at}"
+        )
