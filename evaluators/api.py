@@ -10,6 +10,7 @@ from kernels.variant import Variant
 from kernels.verdict import Evaluation
 
 if TYPE_CHECKING:
+    from evaluators.admit import Artifact
     from kernels.spec import KernelSpec
 
 
@@ -52,8 +53,9 @@ class EvalRequest:
         best_ms: per-shape best times so far (for the early cutoff), keyed by shape label.
         time: False to validate only.
         noise_floor: also time the baseline against itself (A/A) and report the spread.
-        extra_shapes: shapes added to the kernel's search shapes for this run (the tester's);
-            ignored for the held-out set, which the search must never see.
+        extra_shapes: shapes added to the spec's set for this run: the tester's shapes for
+            ``search``, the shapes drawn for this run from the spec's held-out ranges for
+            ``heldout`` (the search never sees either held-out list).
     """
 
     kernel: str
@@ -69,11 +71,8 @@ class EvalRequest:
     extra_shapes: tuple[dict[str, int], ...] = ()
 
     def shapes(self, spec: KernelSpec) -> tuple[dict[str, int], ...]:
-        """The shapes to evaluate: the spec's set, plus ``extra_shapes`` for ``search``."""
-        own = spec.shapes(self.shape_set)
-        if self.shape_set != "search":
-            return own
-        return own + tuple(dict(s) for s in self.extra_shapes)
+        """The shapes to evaluate: the spec's set, plus ``extra_shapes``."""
+        return spec.shapes(self.shape_set) + tuple(dict(s) for s in self.extra_shapes)
 
 
 class Evaluator(ABC):
@@ -81,8 +80,13 @@ class Evaluator(ABC):
     (:mod:`evaluators.gpu`) and a CPU stand-in for tests (:mod:`evaluators.standin`)."""
 
     @abstractmethod
-    def evaluate(self, request: EvalRequest) -> Evaluation:
-        """Returns a verdict; kernel faults become statuses, never exceptions."""
+    def evaluate(self, request: EvalRequest, artifact: Artifact | None = None) -> Evaluation:
+        """Returns a verdict; kernel faults become statuses, never exceptions.
+
+        ``artifact`` is the candidate as :func:`evaluators.admit.admit` made it for this
+        request's kernel, dtype and parameters (a compile task's output, shipped as a Ray
+        object); without one the evaluator admits the source itself.
+        """
 
     def time_peers(self, kernel: str, dtype: str, shape_set: str = "search",
                    ours: dict[str, tuple[str, dict[str, int]]] | None = None) -> dict[str, dict[str, float]]:

@@ -14,6 +14,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from evaluators.admit import Artifact
 from evaluators.api import EvalRequest, Evaluator
 from evaluators.compile import CompileResult, compile_variant
 from kernels.launch import LaunchSpecError
@@ -158,7 +159,7 @@ class GpuEvaluator(Evaluator):
             return result, [], params, result.log
         return result, [(c.grid, c.block, c.smem_bytes) for c in configs], params, ""
 
-    def evaluate(self, request: EvalRequest) -> Evaluation:
+    def evaluate(self, request: EvalRequest, artifact: Artifact | None = None) -> Evaluation:
         start = time.perf_counter()
         spec = self.spec(request.kernel)
         shapes = request.shapes(spec)

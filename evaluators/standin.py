@@ -21,6 +21,7 @@ import time
 import zlib
 from pathlib import Path
 
+from evaluators.admit import Artifact
 from evaluators.api import EvalRequest, Evaluator
 from evaluators.compile import compile_variant
 from kernels.launch import LaunchConfig, LaunchSpecError
@@ -94,7 +95,7 @@ class StandinEvaluator(Evaluator):
             extra={"evaluator": self.kind}, **kw,  # type: ignore[arg-type]
         )
 
-    def evaluate(self, request: EvalRequest) -> Evaluation:
+    def evaluate(self, request: EvalRequest, artifact: Artifact | None = None) -> Evaluation:
         start = time.perf_counter()
         spec = self._spec(request.kernel)
         source = request.variant.source
