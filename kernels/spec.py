@@ -112,6 +112,8 @@ class KernelSpec:
             by default the fp32 reference with its results rounded into the outputs. Set it
             where that is not what a serving engine would compile: a scatter into a cache
             whose reference returns a whole fp32 copy of the cache would time the copy.
+        heldout_draw: ``(random.Random) -> shapes``: held-out shapes drawn per run from
+            ranges (see :meth:`draw_heldout`); None draws none.
         directory: the kernel's folder (set by the loader).
     """
 
@@ -131,6 +133,7 @@ class KernelSpec:
     compare: Callable[[str, Any, Any], str | None] | None = None
     peers: Mapping[str, Callable[..., None]] = field(default_factory=dict)
     compiled: Callable[..., None] | None = None
+    heldout_draw: Callable[[Any], tuple[dict[str, int], ...]] | None = None
     directory: Path | None = None
 
     def __post_init__(self) -> None:
@@ -185,6 +188,18 @@ class KernelSpec:
         if which == "heldout":
             return self.heldout_shapes
         raise KernelSpecError(f"shape set must be 'search' or 'heldout', got {which!r}")
+
+    def draw_heldout(self, seed: int) -> tuple[dict[str, int], ...]:
+        """Held-out shapes drawn for one run from the spec's ranges (``heldout_draw``, given a
+        ``random.Random(seed)``), on top of the fixed ``heldout_shapes``: no fixed list can be
+        tuned to. The same seed gives the same shapes; none repeats a search shape."""
+        if self.heldout_draw is None:
+            return ()
+        import random
+
+        search = {_shape_key(s) for s in self.search_shapes}
+        drawn = [dict(s) for s in self.heldout_draw(random.Random(seed))]
+        return tuple(s for s in drawn if _shape_key(s) not in search)
 
     def tolerance(self, dtype: str) -> tuple[float, float]:
         return dict(DEFAULT_TOLERANCES, **self.tolerances).get(dtype, DEFAULT_TOLERANCES["float32"])
