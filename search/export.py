@@ -2,11 +2,12 @@
 
 ``python -m search.export runs/<id> --format jsonl|parquet [--out PATH] [--zero-penalty]``
 
-Reads ``evaluations.jsonl``, ``proposals.jsonl`` and ``llm_calls.jsonl`` and writes
-``samples.<fmt>`` (one row per LLM call, and one per embedded proposal, each a chat in
-``messages`` ending with the model's reply, with the reward of the variant it led to) and
-``trajectories.<fmt>`` (one row per lineage path from the baseline to a leaf proposal, its
-turns concatenated in one chat, with per-step rewards). docs/llm.md documents the schema.
+Reads ``evaluations.jsonl``, ``proposals.jsonl`` and ``llm_calls.jsonl`` through their record
+types and writes ``samples.<fmt>`` (one row per LLM call, tester calls included, and one per
+embedded proposal, each a chat in ``messages`` ending with the model's reply, with the reward
+of the variant it led to) and ``trajectories.<fmt>`` (one row per lineage path from the
+baseline to a leaf proposal and per agent role on it, the role's turns in one chat with a
+single leading system message, with per-step rewards). docs/llm.md documents the schema.
 """
 
 from __future__ import annotations
@@ -15,27 +16,26 @@ import argparse
 import json
 import sys
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from kernels.records import read_jsonl
-
-# Reward of a variant that did not pass: worse for what cannot run or cheats than for a
-# kernel that ran and was only wrong. NO_VARIANT: the agent produced no code.
-PENALTIES: dict[str, float] = {
-    "COMPILE_ERROR": -1.0,
-    "RESOURCE_ERROR": -0.5,
-    "INCORRECT": -0.5,
-    "CRASH": -1.0,
-    "TIMEOUT": -1.0,
-    "REJECTED": -1.0,
-    "NO_VARIANT": -1.0,
-    "NOT_EVALUATED": 0.0,
-}
-_AUTHORITATIVE_STAGES = ("final", "full")
+from kernels.records import read_evaluations
+from search.config import ConfigError, load_config
+from search.export_rewards import (
+    STANDIN_EVALUATOR,
+    Outcome,
+    ProposalOutcome,
+    VariantOutcome,
+    reward,
+    tester_reward,
+    variant_outcomes,
+)
+from search.export_turns import EMBEDDED_ROLE, Conversation, embedded_messages, new_turns
+from search.proposal_records import CallRecord, ProposalRecord, read_calls, read_proposals
 
 MESSAGE = pl.Struct({"role": pl.String, "content": pl.String})
 SAMPLE_SCHEMA: dict[str, Any] = {
@@ -43,9 +43,10 @@ SAMPLE_SCHEMA: dict[str, Any] = {
     "agent": pl.String, "origin": pl.String, "proposal_id": pl.String, "call_id": pl.String,
     "role": pl.String, "model": pl.String, "variant_id": pl.String, "parent_id": pl.String,
     "transformation": pl.String, "messages": pl.List(MESSAGE), "completion": pl.String,
-    "status": pl.String, "speedup": pl.Float64, "reward": pl.Float64,
+    "status": pl.String, "speedup": pl.Float64, "reward": pl.Float64, "synthetic": pl.Boolean,
     "prompt_tokens": pl.Int64, "completion_tokens": pl.Int64, "latency_s": pl.Float64,
     "cost_usd": pl.Float64, "error": pl.String, "failure": pl.String,
+    "shapes_accepted": pl.Int64, "shapes_rejected": pl.Int64,
 }
 STEP = pl.Struct({
     "proposal_id": pl.String, "variant_id": pl.String, "parent_id": pl.String, "round": pl.Int64,
@@ -54,188 +55,194 @@ STEP = pl.Struct({
 STEP_KEYS = tuple(f.name for f in STEP.fields)
 TRAJECTORY_SCHEMA: dict[str, Any] = {
     "run_id": pl.String, "kernel": pl.String, "dtype": pl.String, "agent": pl.String,
-    "trajectory_id": pl.String, "root_id": pl.String, "leaf_variant_id": pl.String,
-    "n_steps": pl.Int64, "messages": pl.List(MESSAGE), "steps": pl.List(STEP),
+    "trajectory_id": pl.String, "leaf_proposal_id": pl.String, "role": pl.String, "root_id": pl.String,
+    "leaf_variant_id": pl.String, "n_steps": pl.Int64, "messages": pl.List(MESSAGE), "steps": pl.List(STEP),
     "step_rewards": pl.List(pl.Float64), "reward": pl.Float64, "best_reward": pl.Float64,
-    "status": pl.String,
+    "status": pl.String, "synthetic": pl.Boolean,
 }
 
 
-def variant_outcomes(evaluations: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, float | None, str]]:
-    """Per variant id: (status, speedup, dtype) from its search-shape evaluations.
+@dataclass(frozen=True)
+class Node:
+    """A proposal joined with the outcome of its variant."""
 
-    An OK verdict wins over failures (a variant can fail at one parameter assignment and
-    pass at another); among OK ones the full-protocol stages win over screening, then the
-    highest speedup. Without any OK verdict the latest status stands.
-    """
-    groups: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
-    for rec in evaluations:
-        groups[rec["variant"]["id"]].append(rec)
-    out: dict[str, tuple[str, float | None, str]] = {}
-    for vid, recs in groups.items():
-        search = [r for r in recs if r.get("shape_set", "search") == "search"] or recs
-        ok = [r for r in search if r["evaluation"]["status"] == "OK" and r["evaluation"].get("speedup")]
-        if ok:
-            full = [r for r in ok if r.get("stage") in _AUTHORITATIVE_STAGES] or ok
-            best = max(full, key=lambda r: float(r["evaluation"]["speedup"]))
-            out[vid] = ("OK", float(best["evaluation"]["speedup"]), best.get("dtype", ""))
-        else:
-            last = search[-1]
-            out[vid] = (last["evaluation"]["status"], None, last.get("dtype", ""))
-    return out
+    proposal: ProposalRecord
+    proposal_id: str
+    parent_id: str
+    dtype: str
+    outcome: VariantOutcome
+    reward: float
+
+    @property
+    def status(self) -> Outcome:
+        return self.outcome.status
+
+    def step(self) -> dict[str, Any]:
+        p = self.proposal
+        return {"proposal_id": self.proposal_id, "variant_id": p.variant_id, "parent_id": self.parent_id,
+                "round": p.round, "status": self.status.value, "speedup": self.outcome.speedup,
+                "reward": self.reward, "transformation": p.transformation}
 
 
-def reward(status: str, speedup: float | None, zero_penalty: bool = False) -> float:
-    if status == "OK" and speedup is not None:
-        return float(speedup)
-    return 0.0 if zero_penalty else PENALTIES.get(status, -1.0)
-
-
-def _proposal_nodes(
-    proposals: Sequence[Mapping[str, Any]], outcomes: Mapping[str, tuple[str, float | None, str]], zero_penalty: bool
-) -> list[dict[str, Any]]:
+def _nodes(proposals: Sequence[ProposalRecord], outcomes: Mapping[str, VariantOutcome],
+           run_synthetic: bool, zero_penalty: bool) -> list[Node]:
     nodes = []
     for i, p in enumerate(proposals):
-        v = p["variant"]
-        vid = p.get("variant_id") or v["id"]
-        failed = bool(p.get("failure"))
-        if failed:
-            status, speedup, dtype = "NO_VARIANT", None, ""
+        vid = p.variant_id
+        if p.failed:
+            outcome = VariantOutcome(ProposalOutcome.NO_VARIANT)
         else:
-            status, speedup, dtype = outcomes.get(vid, ("NOT_EVALUATED", None, ""))
-        nodes.append({
-            "proposal_id": (v.get("meta") or {}).get("proposal_id") or f"{vid}:{i}",
-            "variant_id": vid, "parent_id": vid if failed else v.get("parent", ""),
-            "source": v["source"], "failed": failed, "failure": p.get("failure", ""),
-            "run_id": p.get("run_id", ""), "kernel": p.get("kernel") or v.get("kernel", ""),
-            "dtype": p.get("dtype") or dtype, "round": int(p.get("round", v.get("round", 0))),
-            "agent": p.get("agent") or v.get("author", ""), "transformation": p.get("transformation", ""),
-            "status": status, "speedup": speedup, "reward": reward(status, speedup, zero_penalty),
-        })
+            outcome = outcomes.get(vid, VariantOutcome(ProposalOutcome.NOT_EVALUATED))
+        if run_synthetic and not outcome.synthetic:
+            outcome = VariantOutcome(outcome.status, outcome.speedup, outcome.dtype, True)
+        nodes.append(Node(
+            proposal=p, proposal_id=p.proposal_id or f"{vid}:{i}",
+            # A failed proposal carries its parent as the variant: its step starts from there.
+            parent_id=vid if p.failed else p.variant.parent, dtype=p.dtype or outcome.dtype,
+            outcome=outcome, reward=reward(outcome.status, outcome.speedup, zero_penalty),
+        ))
     return nodes
 
 
-def _embedded_messages(node: Mapping[str, Any], parent_source: str) -> list[dict[str, str]]:
-    """An embedded proposal as a chat: parent source and transformation in, child out."""
-    prompt = (f"Kernel `{node['kernel']}`. Apply the transformation: {node['transformation'] or 'unnamed'}\n"
-              f"```cuda\n{parent_source.strip()}\n```")
-    reply = "" if node["failed"] else f"```cuda\n{node['source'].strip()}\n```"
-    return [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]
-
-
-def _sample(node: Mapping[str, Any], call: Mapping[str, Any] | None, messages: list[dict[str, str]],
-            reward_value: float) -> dict[str, Any]:
-    call = call or {}
-    usage = call.get("usage") or {}
+def _sample(node: Node, call: CallRecord | None, messages: list[dict[str, str]], reward_value: float) -> dict[str, Any]:
+    p = node.proposal
     return {
-        "run_id": node["run_id"], "kernel": node["kernel"], "dtype": node["dtype"], "round": node["round"],
-        "agent": node["agent"], "origin": "llm" if call else "embedded", "proposal_id": node["proposal_id"],
-        "call_id": call.get("call_id", ""), "role": call.get("role", "transformation"),
-        "model": call.get("model", ""), "variant_id": node["variant_id"], "parent_id": node["parent_id"],
-        "transformation": node["transformation"], "messages": messages,
-        "completion": messages[-1]["content"] if messages else "", "status": node["status"],
-        "speedup": node["speedup"], "reward": reward_value,
-        "prompt_tokens": int(usage.get("prompt_tokens") or 0), "completion_tokens": int(usage.get("completion_tokens") or 0),
-        "latency_s": float(call.get("latency_s") or 0.0), "cost_usd": float(call.get("cost_usd") or 0.0),
-        "error": call.get("error", ""), "failure": node["failure"],
+        "run_id": p.run_id, "kernel": p.kernel, "dtype": node.dtype, "round": p.round, "agent": p.agent,
+        "origin": "llm" if call else "embedded", "proposal_id": node.proposal_id,
+        "call_id": call.call_id if call else "", "role": call.role if call else EMBEDDED_ROLE,
+        "model": call.model if call else "", "variant_id": p.variant_id, "parent_id": node.parent_id,
+        "transformation": p.transformation, "messages": messages,
+        "completion": messages[-1]["content"] if messages else "", "status": node.status.value,
+        "speedup": node.outcome.speedup, "reward": reward_value, "synthetic": node.outcome.synthetic,
+        "prompt_tokens": call.prompt_tokens if call else 0, "completion_tokens": call.completion_tokens if call else 0,
+        "latency_s": call.latency_s if call else 0.0, "cost_usd": call.cost_usd if call else 0.0,
+        "error": call.error if call else "", "failure": p.failure, "shapes_accepted": None, "shapes_rejected": None,
     }
 
 
-def _chat(call: Mapping[str, Any]) -> list[dict[str, str]]:
-    return [{"role": m["role"], "content": m["content"]} for m in call.get("messages", [])] + [
-        {"role": "assistant", "content": call.get("reply", "")}
-    ]
+def _tester_sample(call: CallRecord, dtype: str, synthetic: bool) -> dict[str, Any]:
+    accepted, rejected = len(call.accepted_shapes), len(call.rejected_shapes)
+    messages = call.chat()
+    return {
+        "run_id": call.run_id, "kernel": call.kernel, "dtype": dtype, "round": call.round, "agent": "tester",
+        "origin": "llm", "proposal_id": "", "call_id": call.call_id, "role": call.role, "model": call.model,
+        "variant_id": "", "parent_id": "", "transformation": "", "messages": messages,
+        "completion": messages[-1]["content"], "status": "", "speedup": None,
+        "reward": tester_reward(accepted, rejected), "synthetic": synthetic,
+        "prompt_tokens": call.prompt_tokens, "completion_tokens": call.completion_tokens,
+        "latency_s": call.latency_s, "cost_usd": call.cost_usd, "error": call.error, "failure": "",
+        "shapes_accepted": accepted, "shapes_rejected": rejected,
+    }
+
+
+def _run_uses_standin(run_dir: Path) -> bool:
+    """Whether the run's resolved config chose the stand-in evaluator (synthetic numbers)."""
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return False
+    try:
+        return load_config(path).evaluator.kind == STANDIN_EVALUATOR
+    except ConfigError:
+        return False  # an unreadable config: the evaluation records still say who judged
 
 
 class _Run:
     """The joined records of one run: proposals as nodes, calls by proposal and by id."""
 
     def __init__(self, run_dir: Path, zero_penalty: bool) -> None:
-        evaluations = list(read_jsonl(run_dir / "evaluations.jsonl"))
-        self.nodes = _proposal_nodes(list(read_jsonl(run_dir / "proposals.jsonl")),
-                                     variant_outcomes(evaluations), zero_penalty)
-        self.sources = {r["variant"]["id"]: r["variant"]["source"] for r in evaluations}
-        self.sources.update({n["variant_id"]: n["source"] for n in self.nodes})
-        by_variant = {n["variant_id"]: n["proposal_id"] for n in self.nodes if not n["failed"]}
-        self.calls: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        self.call_by_id: dict[str, dict[str, Any]] = {}
-        for c in read_jsonl(run_dir / "llm_calls.jsonl"):
-            pid = c.get("proposal_id") or by_variant.get(c.get("variant_id", ""), "")
-            self.calls[pid].append(c)
-            if c.get("call_id"):
-                self.call_by_id[c["call_id"]] = c
-        node_of = {n["proposal_id"]: n for n in self.nodes}
+        evaluations = read_evaluations(run_dir / "evaluations.jsonl")
+        self.synthetic = _run_uses_standin(run_dir)
+        self.nodes = _nodes(read_proposals(run_dir / "proposals.jsonl"), variant_outcomes(evaluations),
+                            self.synthetic, zero_penalty)
+        self.sources = {r.variant.id: r.variant.source for r in evaluations}
+        self.sources.update({n.proposal.variant_id: n.proposal.variant.source for n in self.nodes})
+        self.dtypes = {n.proposal.kernel: n.dtype for n in self.nodes if n.dtype}
+        by_variant = {n.proposal.variant_id: n.proposal_id for n in self.nodes if not n.proposal.failed}
+        calls = read_calls(run_dir / "llm_calls.jsonl")
+        self.tester_calls = [c for c in calls if c.is_tester]
+        self.calls: dict[str, list[CallRecord]] = defaultdict(list)
+        self.call_by_id: dict[str, CallRecord] = {}
+        for c in calls:
+            if c.is_tester:
+                continue
+            self.calls[c.proposal_id or by_variant.get(c.variant_id, "")].append(c)
+            if c.call_id:
+                self.call_by_id[c.call_id] = c
+        node_of = {n.proposal_id: n for n in self.nodes}
         # A shared planner call is credited with the best of the proposals it led to.
         self.plan_reward: dict[str, float] = {}
-        for pid, calls in self.calls.items():
-            for c in calls:
-                for cid in {str(c.get("call_id") or ""), str(c.get("plan_call_id") or "")} - {""}:
-                    if pid in node_of:
-                        r = node_of[pid]["reward"]
-                        self.plan_reward[cid] = max(self.plan_reward.get(cid, r), r)
-        self.producer: dict[str, dict[str, Any]] = {}
-        for n in sorted(self.nodes, key=lambda n: n["round"]):
-            if not n["failed"]:
-                self.producer.setdefault(n["variant_id"], n)
+        for pid, pcalls in self.calls.items():
+            if pid not in node_of:
+                continue
+            for c in pcalls:
+                for cid in {c.call_id, c.plan_call_id} - {""}:
+                    r = node_of[pid].reward
+                    self.plan_reward[cid] = max(self.plan_reward.get(cid, r), r)
+        self.producer: dict[str, Node] = {}
+        for n in sorted(self.nodes, key=lambda n: n.proposal.round):
+            if not n.proposal.failed:
+                self.producer.setdefault(n.proposal.variant_id, n)
 
-    def step_calls(self, node: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def step_calls(self, node: Node) -> list[CallRecord]:
         """The calls of a proposal, the shared planner call it used first."""
-        own = self.calls.get(node["proposal_id"], [])
-        plan_ids = {c.get("plan_call_id") for c in own} - {None, ""}
-        own_ids = {c.get("call_id") for c in own}
-        shared = [self.call_by_id[i] for i in plan_ids if i in self.call_by_id and i not in own_ids]
-        return shared + own
+        own = self.calls.get(node.proposal_id, [])
+        own_ids = {c.call_id for c in own}
+        plan_ids = sorted({c.plan_call_id for c in own} - {""} - own_ids)
+        return [self.call_by_id[i] for i in plan_ids if i in self.call_by_id] + own
 
     def samples(self) -> list[dict[str, Any]]:
-        rows = []
+        rows = [_tester_sample(c, self.dtypes.get(c.kernel, ""), self.synthetic) for c in self.tester_calls]
         for n in self.nodes:
-            calls = self.calls.get(n["proposal_id"], [])
+            calls = self.calls.get(n.proposal_id, [])
             if not calls:
-                parent_source = self.sources.get(n["parent_id"], "")
-                rows.append(_sample(n, None, _embedded_messages(n, parent_source), n["reward"]))
+                rows.append(_sample(n, None, embedded_messages(n.proposal, self._parent_source(n)), n.reward))
             for c in calls:
-                rows.append(_sample(n, c, _chat(c), self.plan_reward.get(c.get("call_id", ""), n["reward"])))
+                rows.append(_sample(n, c, c.chat(), self.plan_reward.get(c.call_id, n.reward)))
         return rows
 
-    def chain(self, leaf: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-        steps, seen = [leaf], {leaf["proposal_id"]}
-        while (prev := self.producer.get(steps[-1]["parent_id"])) is not None and prev["proposal_id"] not in seen:
+    def _parent_source(self, node: Node) -> str:
+        return self.sources.get(node.parent_id, "")
+
+    def chain(self, leaf: Node) -> list[Node]:
+        steps, seen = [leaf], {leaf.proposal_id}
+        while (prev := self.producer.get(steps[-1].parent_id)) is not None and prev.proposal_id not in seen:
             steps.append(prev)
-            seen.add(prev["proposal_id"])
+            seen.add(prev.proposal_id)
         return steps[::-1]
 
-    def trajectory_messages(self, steps: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
-        messages: list[dict[str, str]] = []
+    def conversations(self, steps: Sequence[Node]) -> dict[str, Conversation]:
+        """The path's turns split by the role that took them, each role one conversation."""
+        convs: dict[str, Conversation] = {}
         for n in steps:
             calls = self.step_calls(n)
             if not calls:
-                messages += _embedded_messages(n, self.sources.get(n["parent_id"], ""))
-            prev: list[dict[str, str]] = []
+                convs.setdefault(EMBEDDED_ROLE, Conversation()).add(n, embedded_messages(n.proposal, self._parent_source(n)))
+                continue
+            by_role: dict[str, list[CallRecord]] = defaultdict(list)
             for c in calls:
-                chat = _chat(c)
-                prompt = chat[:-1]
-                # A repair turn repeats its conversation so far: add only what is new.
-                messages += chat[len(prev):] if prev and prompt[: len(prev)] == prev else chat
-                prev = chat
-        return messages
+                by_role[c.role].append(c)
+            for role, role_calls in by_role.items():
+                convs.setdefault(role, Conversation()).add(n, new_turns([c.chat() for c in role_calls]))
+        return convs
 
     def trajectories(self) -> list[dict[str, Any]]:
-        parents = {n["parent_id"] for n in self.nodes if not n["failed"]}
+        parents = {n.parent_id for n in self.nodes if not n.proposal.failed}
         rows = []
         for leaf in self.nodes:
-            if not leaf["failed"] and leaf["variant_id"] in parents:
+            if not leaf.proposal.failed and leaf.proposal.variant_id in parents:
                 continue
-            steps = self.chain(leaf)
-            rewards = [float(s["reward"]) for s in steps]
-            rows.append({
-                "run_id": leaf["run_id"], "kernel": leaf["kernel"], "dtype": leaf["dtype"], "agent": leaf["agent"],
-                "trajectory_id": leaf["proposal_id"], "root_id": steps[0]["parent_id"],
-                "leaf_variant_id": leaf["variant_id"], "n_steps": len(steps),
-                "messages": self.trajectory_messages(steps),
-                "steps": [{k: s[k] for k in STEP_KEYS} for s in steps],
-                "step_rewards": rewards, "reward": rewards[-1], "best_reward": max(rewards),
-                "status": leaf["status"],
-            })
+            path = self.chain(leaf)
+            for role, conv in self.conversations(path).items():
+                rewards = [float(s.reward) for s in conv.steps]
+                rows.append({
+                    "run_id": leaf.proposal.run_id, "kernel": leaf.proposal.kernel, "dtype": leaf.dtype,
+                    "agent": leaf.proposal.agent, "trajectory_id": f"{leaf.proposal_id}:{role}",
+                    "leaf_proposal_id": leaf.proposal_id, "role": role, "root_id": path[0].parent_id,
+                    "leaf_variant_id": leaf.proposal.variant_id, "n_steps": len(conv.steps),
+                    "messages": conv.messages, "steps": [s.step() for s in conv.steps],
+                    "step_rewards": rewards, "reward": leaf.reward, "best_reward": max(rewards),
+                    "status": leaf.status.value, "synthetic": any(s.outcome.synthetic for s in path),
+                })
         return rows
 
 
@@ -267,7 +274,7 @@ def export_run(run_dir: Path, fmt: str = "jsonl", out: Path | None = None, zero_
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m search.export", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m search.export", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("run_dir", type=Path, help="a run directory (runs/<id>)")
     parser.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default RUN_DIR/export)")
