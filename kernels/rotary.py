@@ -6,11 +6,15 @@ The two kernels differ only in which elements form a rotated pair; the functions
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from typing import Any
 
+from kernels import draws, edges
 from kernels.spec import Arg
 
+# head_size is a multiple of 8 (16-byte head rows in fp16/bf16), rot_dim of 16 (each NeoX half
+# and each cache half starts on a 16-byte boundary); nothing larger is promised.
 ARGS = (
         Arg("positions", "tensor", dtype="int64"),
         Arg("query", "tensor", role="inout"),
@@ -19,9 +23,14 @@ ARGS = (
         Arg("num_tokens", "int"),
         Arg("num_heads", "int"),
         Arg("num_kv_heads", "int"),
-        Arg("head_size", "int"),
-        Arg("rot_dim", "int"),
+        Arg("head_size", "int", multiple_of=8),
+        Arg("rot_dim", "int", multiple_of=16),
         Arg("max_position", "int"),
+)
+EDGE_CASES = ("zero_positions", "last_position", "range")
+ALIGNMENT_NOTE = (
+    "head_size is a multiple of 8 and rot_dim of 16 (16-byte rows and halves); nothing larger is "
+    "promised (head_size = 8 * odd and rot_dim = 16 * odd occur)."
 )
 
 
@@ -41,6 +50,12 @@ def make_inputs(shape: Mapping[str, int], dtype: Any, generator: Any, case: str,
     angles = torch.arange(max_pos, device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]
     q = torch.randn(t, shape["num_heads"], hs, generator=generator, device=device)
     k = torch.randn(t, shape["num_kv_heads"], hs, generator=generator, device=device)
+    if case == "range":
+        # Tokens from 1e-2 up to the element type's range (bf16 far past fp16's): the
+        # rotation must be done in fp32, not in the element type.
+        row = hs * max(shape["num_heads"], shape["num_kv_heads"])
+        scale = edges.row_scales(t, row, dtype, generator, device)[:, :, None]
+        q, k = q * scale, k * scale
     return {
         "positions": pos,
         "query": q.to(dtype),
@@ -103,3 +118,19 @@ def bytes_moved(s: Mapping[str, int], dt: str) -> int:
 
 def flops(s: Mapping[str, int]) -> int:
     return 3 * s["num_tokens"] * (s["num_heads"] + s["num_kv_heads"]) * s["rot_dim"]
+
+
+def _draw_one(rng: random.Random, index: int) -> dict[str, int]:
+    heads = draws.at_alignment(rng, 1, 63)
+    head_size = draws.at_alignment(rng, 40, 256, 8)
+    return {
+        "num_tokens": draws.tokens(rng, index), "num_heads": heads,
+        "num_kv_heads": draws.at_alignment(rng, 1, heads), "head_size": head_size,
+        "rot_dim": draws.at_alignment(rng, 16, head_size, 16), "max_position": draws.at_alignment(rng, 2049, 131071),
+    }
+
+
+def heldout_draw(rng: random.Random) -> tuple[dict[str, int], ...]:
+    """Three shapes per run: odd token and head counts, head_size = 8 * odd, rot_dim = 16 * odd,
+    an odd max_position up to 131071 (positions that large)."""
+    return draws.draw_shapes(rng, _draw_one, lambda s: s["num_tokens"] * s["num_heads"] * s["head_size"])

@@ -22,6 +22,9 @@ LIBRARY_DIR = Path(__file__).resolve().parent
 SCALAR = "scalar"  # a tensor whose element type is the run's dtype (the macro scalar_t)
 
 Shape = Mapping[str, int]
+# A shape with a tensor of at least this many elements needs 64-bit offsets (a signed 32-bit
+# index wraps past it); see KernelSpec.is_huge.
+HUGE_ELEMENTS = 2**31
 Tensors = dict[str, Any]  # name -> torch.Tensor (kept Any so this module imports without torch)
 
 # Output-dtype tolerances (rtol, atol) for |got - expected| <= atol + rtol * |expected|.
@@ -58,6 +61,11 @@ class Arg:
         dtype: for tensors, ``scalar`` (the run's dtype) or a torch dtype name.
         role: for tensors: ``in`` (must be unchanged), ``out`` (fully written), ``inout``.
         min_value: for ints: the smallest value a shape may give (1 for sizes, 0 for flags).
+        multiple_of: for ints: every value a shape gives (fixed or drawn) is a multiple of
+            this, and a variant may rely on nothing more: the alignment the kernel's callers
+            promise (8 elements for 16-byte rows of fp16/bf16). Held-out shapes sit at exactly
+            this alignment (``multiple_of`` times an odd number), so a kernel that assumes more
+            meets its tail.
     """
 
     name: str
@@ -65,8 +73,11 @@ class Arg:
     dtype: str = SCALAR
     role: Literal["in", "out", "inout"] = "in"
     min_value: int = 1
+    multiple_of: int = 1
 
     def __post_init__(self) -> None:
+        if self.multiple_of < 1:
+            raise KernelSpecError(f"argument {self.name}: multiple_of must be at least 1")
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", self.name):
             raise KernelSpecError(f"argument name {self.name!r} is not a C identifier")
         if self.kind not in ("tensor", "int", "float"):
@@ -154,20 +165,59 @@ class KernelSpec:
             raise KernelSpecError(f"{self.name}: no search shapes")
         if not self.heldout_shapes:
             raise KernelSpecError(f"{self.name}: no held-out shapes")
-        symbols = set(self.shape_symbols)
         for shape in (*self.search_shapes, *self.heldout_shapes):
-            if set(shape) != symbols:
-                raise KernelSpecError(f"{self.name}: shape {dict(shape)} must give exactly {sorted(symbols)}")
-            minimum = {a.name: a.min_value for a in self.args if a.kind == "int"}
-            low = [k for k, v in shape.items() if int(v) < minimum[k]]
-            if low:
-                raise KernelSpecError(
-                    f"{self.name}: shape {dict(shape)} has a non-positive size or negative flag: "
-                    f"{low[0]}={shape[low[0]]}, below its min_value {minimum[low[0]]}"
-                )
+            self.check_shape(shape)
         overlap = {_shape_key(s) for s in self.search_shapes} & {_shape_key(s) for s in self.heldout_shapes}
         if overlap:
             raise KernelSpecError(f"{self.name}: held-out shapes repeat search shapes: {sorted(overlap)}")
+
+    def check_shape(self, shape: Shape) -> None:
+        """Checks that a shape gives every int argument a value within its promise.
+
+        Raises:
+            KernelSpecError: a symbol is missing or extra, a value is below its ``min_value``
+                or not a multiple of its ``multiple_of``.
+        """
+        symbols = set(self.shape_symbols)
+        if set(shape) != symbols:
+            raise KernelSpecError(f"{self.name}: shape {dict(shape)} must give exactly {sorted(symbols)}")
+        ints = {a.name: a for a in self.args if a.kind == "int"}
+        low = [k for k, v in shape.items() if int(v) < ints[k].min_value]
+        if low:
+            raise KernelSpecError(
+                f"{self.name}: shape {dict(shape)} has a non-positive size or negative flag: "
+                f"{low[0]}={shape[low[0]]}, below its min_value {ints[low[0]].min_value}"
+            )
+        off = [k for k, v in shape.items() if int(v) % ints[k].multiple_of]
+        if off:
+            raise KernelSpecError(
+                f"{self.name}: shape {dict(shape)} breaks the promised alignment: {off[0]}={shape[off[0]]} "
+                f"is not a multiple of {ints[off[0]].multiple_of}"
+            )
+
+    @property
+    def alignment(self) -> dict[str, int]:
+        """Per int argument, the multiple its values always have (``Arg.multiple_of``)."""
+        return {a.name: a.multiple_of for a in self.args if a.kind == "int"}
+
+    def tensor_elements(self, shape: Shape) -> dict[str, int]:
+        """How many elements each tensor argument holds at ``shape``, found by making the
+        inputs on torch's ``meta`` device: nothing is allocated, so this is safe for shapes
+        whose tensors would not fit in host memory."""
+        import torch
+
+        made = self.make_inputs(shape, torch.float16, torch.Generator(), "random", torch.device("meta"))
+        return {name: int(t.numel()) for name, t in made.items()}
+
+    def largest_tensor_elements(self, shape: Shape) -> int:
+        """Elements of the shape's largest tensor (see :meth:`tensor_elements`)."""
+        return max(self.tensor_elements(shape).values())
+
+    def is_huge(self, shape: Shape) -> bool:
+        """True when some tensor holds at least :data:`HUGE_ELEMENTS` (2^31) elements: a shape
+        that checks 64-bit indexing, never materialised on the CPU, and skipped by the
+        sanitizer (its instrumented launches would take minutes)."""
+        return self.largest_tensor_elements(shape) >= HUGE_ELEMENTS
 
     @property
     def shape_symbols(self) -> tuple[str, ...]:
@@ -197,9 +247,17 @@ class KernelSpec:
             return ()
         import random
 
-        search = {_shape_key(s) for s in self.search_shapes}
-        drawn = [dict(s) for s in self.heldout_draw(random.Random(seed))]
-        return tuple(s for s in drawn if _shape_key(s) not in search)
+        seen = {_shape_key(s) for s in self.search_shapes}
+        out = []
+        for shape in self.heldout_draw(random.Random(seed)):
+            try:
+                self.check_shape(shape)
+            except KernelSpecError as exc:
+                raise KernelSpecError(f"{self.name}: heldout_draw gave a shape outside the spec: {exc}") from None
+            if _shape_key(shape) not in seen:
+                seen.add(_shape_key(shape))
+                out.append(dict(shape))
+        return tuple(out)
 
     def tolerance(self, dtype: str) -> tuple[float, float]:
         return dict(DEFAULT_TOLERANCES, **self.tolerances).get(dtype, DEFAULT_TOLERANCES["float32"])

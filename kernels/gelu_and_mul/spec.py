@@ -34,8 +34,11 @@ SPEC = KernelSpec(
         "GeGLU activation of an LLM MLP (exact erf gelu, as in Gemma-7B). x has shape "
         "[num_tokens, 2*d] (gate then up, row-major, contiguous); out has shape [num_tokens, d]. "
         "out[t, i] = gelu(x[t, i]) * x[t, d + i] with gelu(v) = 0.5 * v * (1 + erf(v / sqrt(2))), "
-        "computed in fp32 and rounded once to the element type. 2*d*sizeof(scalar_t) is a multiple "
-        "of 16 bytes. Memory-bound: reads 2d and writes d elements per token."
+        "computed in fp32 and rounded once to the element type. "
+        "d is a multiple of 8, so the out rows and both halves of every x row start on 16-byte "
+        "boundaries; nothing larger is promised (d = 8 * an odd number occurs, and x can pass "
+        "2^31 elements: index in 64 bits). "
+        "Memory-bound: reads 2d and writes d elements per token."
     ),
     args=gated.ARGS,
     # Gemma-2B 16384, Gemma-7B 24576, BERT/ViT-style 3072 and 4096, Phi-2 10240.
@@ -53,6 +56,9 @@ SPEC = KernelSpec(
         {"num_tokens": 77, "d": 3072},
         {"num_tokens": 2048, "d": 24576},
         {"num_tokens": 8191, "d": 4096},
+        {"num_tokens": 1, "d": 9224},
+        {"num_tokens": 255, "d": 3080},
+        gated.HUGE_SHAPE,
     ),
     make_inputs=gated.make_inputs,
     reference=reference,
@@ -60,5 +66,6 @@ SPEC = KernelSpec(
     flops=lambda s: 10 * s["num_tokens"] * s["d"],
     dtypes=("float16", "bfloat16"),
     edge_cases=gated.EDGE_CASES,
+    heldout_draw=gated.heldout_draw,
     peers={"torch_eager": torch_eager, "flashinfer": flashinfer},
 )

@@ -45,7 +45,10 @@ SPEC = KernelSpec(
         "[num_tokens, 2*d] (gate then up, row-major, contiguous); out has shape [num_tokens, d]. "
         "out[t, i] = g(x[t, i]) * x[t, d + i] with "
         "g(v) = 0.5 * v * (1 + tanh(0.7978845608 * (v + 0.044715 * v^3))), computed in fp32 and "
-        "rounded once to the element type. 2*d*sizeof(scalar_t) is a multiple of 16 bytes. "
+        "rounded once to the element type. "
+        "d is a multiple of 8, so the out rows and both halves of every x row start on 16-byte "
+        "boundaries; nothing larger is promised (d = 8 * an odd number occurs, and x can pass "
+        "2^31 elements: index in 64 bits). "
         "Memory-bound: reads 2d and writes d elements per token."
     ),
     args=gated.ARGS,
@@ -64,6 +67,9 @@ SPEC = KernelSpec(
         {"num_tokens": 77, "d": 15360},
         {"num_tokens": 2048, "d": 14336},
         {"num_tokens": 8191, "d": 9216},
+        {"num_tokens": 3, "d": 14344},
+        {"num_tokens": 129, "d": 2312},
+        gated.HUGE_SHAPE,
     ),
     make_inputs=gated.make_inputs,
     reference=reference,
@@ -71,5 +77,6 @@ SPEC = KernelSpec(
     flops=lambda s: 12 * s["num_tokens"] * s["d"],
     dtypes=("float16", "bfloat16"),
     edge_cases=gated.EDGE_CASES,
+    heldout_draw=gated.heldout_draw,
     peers={"torch_eager": torch_eager, "flashinfer": flashinfer, "liger_kernel": liger},
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kernels import draws, edges
 from kernels.spec import Arg, KernelSpec
 
 
@@ -20,6 +21,10 @@ def make_inputs(shape, dtype, generator, case, device):
     elif case == "large":
         # |x + residual| up to ~900: its square overflows fp16, the sum must stay in fp32.
         x, res = x * 150.0, res * 150.0
+    elif case == "range":
+        # Rows from 1e-2 up to the element type's range (bf16 far past fp16's).
+        scale = edges.row_scales(t, h, dtype, generator, device)
+        x, res = x * scale, res * scale
     # Gemma stores weight around 0 and scales by (1 + weight).
     w = 0.3 * torch.randn(h, generator=generator, device=device)
     return {"input": x.to(dtype), "residual": res.to(dtype), "weight": w.to(dtype)}
@@ -56,7 +61,8 @@ SPEC = KernelSpec(
         "x = input + residual; residual <- x (rounded to the element type); "
         "r = rsqrt(sum(x^2) / hidden + eps); input <- x * r * (1 + weight), rounded once. "
         "eps = 1e-6. Both input and residual are overwritten; whether the second pass uses x before "
-        "or after rounding is free (the tolerance admits either). Memory-bound: reads two and "
+        "or after rounding is free (the tolerance admits either). hidden is a multiple of 8 (16-byte "
+        "rows); nothing larger is promised. Memory-bound: reads two and "
         "writes two rows per token."
     ),
     args=(
@@ -64,7 +70,7 @@ SPEC = KernelSpec(
         Arg("residual", "tensor", role="inout"),
         Arg("weight", "tensor"),
         Arg("num_tokens", "int"),
-        Arg("hidden", "int"),
+        Arg("hidden", "int", multiple_of=8),
         Arg("eps", "float"),
     ),
     # Gemma-2-2B 2304, Gemma-2-9B 3584, Gemma-3-12B 3840, Gemma-2-27B 4608, Gemma-3-27B 5376.
@@ -82,13 +88,16 @@ SPEC = KernelSpec(
         {"num_tokens": 77, "hidden": 5376},
         {"num_tokens": 2048, "hidden": 3840},
         {"num_tokens": 8191, "hidden": 3584},
+        {"num_tokens": 1, "hidden": 2312},
+        {"num_tokens": 255, "hidden": 1160},
     ),
     make_inputs=make_inputs,
     reference=reference,
     bytes_moved=lambda s, dt: (4 * s["num_tokens"] + 1) * s["hidden"] * (4 if dt == "float32" else 2),
     flops=lambda s: 6 * s["num_tokens"] * s["hidden"],
     dtypes=("float16", "bfloat16"),
-    edge_cases=("zeros", "cancel", "large"),
+    edge_cases=("zeros", "cancel", "large", "range"),
+    heldout_draw=draws.row_draw(8),
     constants={"eps": 1e-6},
     peers={"torch_eager": torch_eager, "flashinfer": flashinfer},
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kernels import draws, edges
 from kernels.spec import Arg, KernelSpec
 
 
@@ -16,6 +17,9 @@ def make_inputs(shape, dtype, generator, case, device):
         # Mean 300, spread 1: E[x^2] - E[x]^2 in fp32 cancels catastrophically, the
         # variance has to be taken around the mean.
         x = 300.0 + x
+    elif case == "range":
+        # Rows from 1e-2 up to the element type's range (bf16 far past fp16's).
+        x = x * edges.row_scales(t, h, dtype, generator, device)
     w = 1.0 + 0.5 * torch.randn(h, generator=generator, device=device)
     b = 0.5 * torch.randn(h, generator=generator, device=device)
     return {
@@ -57,7 +61,8 @@ SPEC = KernelSpec(
         "[num_tokens, hidden] (row-major, contiguous); weight and bias have shape [hidden]. Per row, "
         "in fp32: mean = sum(x) / hidden; var = sum((x - mean)^2) / hidden (biased); "
         "out = (x - mean) * rsqrt(var + eps) * weight + bias, rounded once. eps = 1e-5. Rows can "
-        "have a large mean and a small spread, so E[x^2] - mean^2 is not accurate enough. "
+        "have a large mean and a small spread, so E[x^2] - mean^2 is not accurate enough. hidden is a "
+        "multiple of 8 (16-byte rows); nothing larger is promised. "
         "Memory-bound: reads and writes hidden elements per token."
     ),
     args=(
@@ -66,7 +71,7 @@ SPEC = KernelSpec(
         Arg("weight", "tensor"),
         Arg("bias", "tensor"),
         Arg("num_tokens", "int"),
-        Arg("hidden", "int"),
+        Arg("hidden", "int", multiple_of=8),
         Arg("eps", "float"),
     ),
     # GPT-NeoX-20B / StarCoder2-15B 6144, Falcon-7B 4544, Falcon-40B 8192, Phi-2 2560,
@@ -85,13 +90,16 @@ SPEC = KernelSpec(
         {"num_tokens": 77, "hidden": 1024},
         {"num_tokens": 2048, "hidden": 6144},
         {"num_tokens": 8191, "hidden": 2560},
+        {"num_tokens": 1, "hidden": 4552},
+        {"num_tokens": 129, "hidden": 1032},
     ),
     make_inputs=make_inputs,
     reference=reference,
     bytes_moved=lambda s, dt: (2 * s["num_tokens"] + 2) * s["hidden"] * (4 if dt == "float32" else 2),
     flops=lambda s: 7 * s["num_tokens"] * s["hidden"],
     dtypes=("float16", "bfloat16"),
-    edge_cases=("zeros", "offset"),
+    edge_cases=("zeros", "offset", "range"),
+    heldout_draw=draws.row_draw(8),
     constants={"eps": 1e-5},
     peers={"torch_eager": torch_eager, "liger_kernel": liger},
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kernels import draws
 from kernels.spec import Arg, KernelSpec
 
 
@@ -25,7 +26,30 @@ def _lse_pair(t, h, generator, device, case):
         sign = torch.randint(0, 2, (t, h), generator=generator, device=device) * 2 - 1
         base = randn() * 100.0
         sa, sb = base + 30.0 * sign, base - 30.0 * sign
+    elif case == "gap":
+        sa, sb = _gaps(t, h, generator, device)
     return sa.float(), sb.float()
+
+
+EMPTY_MARK = -1e30  # how some engines mark an empty state instead of -inf (a finite lse)
+
+
+def _gaps(t, h, generator, device):
+    """lse pairs whose gap is beyond 126 (2^-gap underflows fp32: an exponent built from
+    bits without a clamp wraps there), and states marked empty with -1e30 on one side, the
+    other or both (both: the formula gives the mean of the values, lse -1e30 + 1)."""
+    import torch
+
+    base = torch.randn(t, h, generator=generator, device=device) * 100.0
+    gap = 126.0 + torch.rand(t, h, generator=generator, device=device) * 300.0
+    pick = torch.randint(0, 5, (t, h), generator=generator, device=device)
+    pick.view(-1)[:5] = torch.arange(5, device=device)[: pick.numel()]  # every pattern occurs
+    sa = torch.where(pick == 1, base - gap, base)
+    sb = torch.where(pick == 0, base - gap, base)
+    sb = torch.where(pick == 1, base, sb)
+    sa = torch.where((pick == 2) | (pick == 4), torch.full_like(sa, EMPTY_MARK), sa)
+    sb = torch.where((pick == 3) | (pick == 4), torch.full_like(sb, EMPTY_MARK), sb)
+    return sa, sb
 
 
 def make_inputs(shape, dtype, generator, case, device):
@@ -85,6 +109,16 @@ def _bytes_moved(shape, dtype):
     return 3 * t * h * d * (4 if dtype == "float32" else 2) + 3 * t * h * 4
 
 
+def _draw_one(rng, index):
+    return {"num_tokens": draws.tokens(rng, index), "num_heads": draws.at_alignment(rng, 1, 64),
+            "head_dim": draws.at_alignment(rng, 32, 512, 8)}
+
+
+def _draw(rng):
+    """Three shapes per run: odd token and head counts, head_dim = 8 * odd."""
+    return draws.draw_shapes(rng, _draw_one, lambda s: s["num_tokens"] * s["num_heads"] * s["head_dim"])
+
+
 SPEC = KernelSpec(
     name="merge_attn_states_lse",
     description=(
@@ -94,7 +128,8 @@ SPEC = KernelSpec(
         "head, in fp32: m = max(sa, sb); wa = 2^(sa - m); wb = 2^(sb - m); S = wa + wb; "
         "v_out = v_a * (wa / S) + v_b * (wb / S) rounded once; s_out = log2(S) + m. An lse of -inf "
         "means an empty state (weight 0); when both are -inf, v_out = 0 and s_out = -inf. "
-        "head_dim*sizeof(scalar_t) is a multiple of 16 bytes. Memory-bound."
+        "An lse of -1e30 is an ordinary (finite) value; gaps between sa and sb can exceed 126. "
+        "head_dim is a multiple of 8 (16-byte rows); nothing larger is promised. Memory-bound."
     ),
     args=(
         Arg("v_out", "tensor", role="out"),
@@ -105,7 +140,7 @@ SPEC = KernelSpec(
         Arg("s_b", "tensor", dtype="float32"),
         Arg("num_tokens", "int"),
         Arg("num_heads", "int"),
-        Arg("head_dim", "int"),
+        Arg("head_dim", "int", multiple_of=8),
     ),
     search_shapes=(
         {"num_tokens": 1, "num_heads": 32, "head_dim": 128},
@@ -123,12 +158,15 @@ SPEC = KernelSpec(
         {"num_tokens": 333, "num_heads": 28, "head_dim": 128},
         {"num_tokens": 1023, "num_heads": 16, "head_dim": 256},
         {"num_tokens": 2048, "num_heads": 8, "head_dim": 128},
+        {"num_tokens": 1, "num_heads": 3, "head_dim": 40},
+        {"num_tokens": 129, "num_heads": 7, "head_dim": 72},
     ),
     make_inputs=make_inputs,
     reference=reference,
     bytes_moved=_bytes_moved,
     flops=lambda s: s["num_tokens"] * s["num_heads"] * (3 * s["head_dim"] + 10),
     dtypes=("float16", "bfloat16"),
-    edge_cases=("neg_inf", "extreme"),
+    edge_cases=("neg_inf", "extreme", "gap"),
+    heldout_draw=_draw,
     peers={"torch_eager": torch_eager, "flashinfer": flashinfer},
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kernels import draws
 from kernels.spec import Arg, KernelSpec
 
 
@@ -20,6 +21,13 @@ def make_inputs(shape, dtype, generator, case, device):
         lse[:, ::2] = float("-inf")  # by definition: out = 0, lse_out = -inf
     elif case == "lse_gap":
         lse = lse * 10.0  # weights 2^-100 and below: underflow must not produce NaN
+    elif case == "marked_empty":
+        # Some engines mark an empty state with a finite -1e30 instead of -inf: an ordinary
+        # value whose gap to the others is far beyond 126. Every other (token, head) has all
+        # its states marked (the formula then gives the mean of the values).
+        marked = torch.rand(p, t, h, generator=generator, device=device) < 0.5
+        marked[:, ::2] = True
+        lse = torch.where(marked, torch.full_like(lse, -1e30), lse)
     return {
         "v_out": torch.empty(t, h, d, device=device, dtype=dtype),
         "lse_out": torch.empty(t, h, device=device, dtype=torch.float32),
@@ -52,6 +60,18 @@ def torch_eager(t, shape, constants):
     t["lse_out"].copy_(lse_out)
 
 
+def _draw_one(rng, index):
+    return {"num_states": draws.at_alignment(rng, 3, 15), "num_tokens": draws.tokens(rng, index),
+            "num_heads": draws.at_alignment(rng, 1, 64), "head_dim": draws.at_alignment(rng, 32, 512, 8)}
+
+
+def _draw(rng):
+    """Three shapes per run: odd state, token and head counts, head_dim = 8 * odd."""
+    return draws.draw_shapes(
+        rng, _draw_one, lambda s: s["num_states"] * s["num_tokens"] * s["num_heads"] * s["head_dim"]
+    )
+
+
 SPEC = KernelSpec(
     name="merge_attn_states_multi",
     description=(
@@ -61,7 +81,8 @@ SPEC = KernelSpec(
         "[num_tokens, num_heads, head_dim] and lse_out fp32 [num_tokens, num_heads]. Per token and "
         "head, in fp32: m = max_p lse[p]; w_p = 2^(lse[p] - m); S = sum_p w_p; "
         "v_out = sum_p v[p] * w_p / S rounded once; lse_out = log2(S) + m. If every state has "
-        "lse = -inf: v_out = 0 and lse_out = -inf. Memory-bound: reads num_states values per output."
+        "lse = -inf: v_out = 0 and lse_out = -inf (-1e30 is an ordinary value). head_dim is a multiple of 8 "
+        "(16-byte rows), nothing larger is promised; v can pass 2^31 elements (index in 64 bits). Memory-bound: reads num_states values per output."
     ),
     args=(
         Arg("v_out", "tensor", role="out"),
@@ -71,7 +92,7 @@ SPEC = KernelSpec(
         Arg("num_states", "int"),
         Arg("num_tokens", "int"),
         Arg("num_heads", "int"),
-        Arg("head_dim", "int"),
+        Arg("head_dim", "int", multiple_of=8),
     ),
     # Llama-style 32/40/8 heads of 128; DeepSeek MLA decode with 16 or 128 heads of 512.
     search_shapes=(
@@ -89,6 +110,11 @@ SPEC = KernelSpec(
         {"num_states": 4, "num_tokens": 2048, "num_heads": 8, "head_dim": 128},
         {"num_states": 2, "num_tokens": 8191, "num_heads": 32, "head_dim": 128},
         {"num_states": 5, "num_tokens": 64, "num_heads": 16, "head_dim": 512},
+        {"num_states": 3, "num_tokens": 1, "num_heads": 7, "head_dim": 40},
+        {"num_states": 6, "num_tokens": 129, "num_heads": 8, "head_dim": 200},
+        # v just past 2^31 elements: a signed 32-bit offset into v wraps on the last state.
+        # ~4.9 GB of fp16 inputs, about 33 GB at the peak of a validation case.
+        {"num_states": 8, "num_tokens": 65537, "num_heads": 32, "head_dim": 128},
     ),
     make_inputs=make_inputs,
     reference=reference,
@@ -99,6 +125,7 @@ SPEC = KernelSpec(
         s["head_dim"] * (2 * s["num_states"] + 1) + 3 * s["num_states"]
     ),
     dtypes=("float16", "bfloat16"),
-    edge_cases=("neg_inf_state", "all_neg_inf", "lse_gap"),
+    edge_cases=("neg_inf_state", "all_neg_inf", "lse_gap", "marked_empty"),
+    heldout_draw=_draw,
     peers={"torch_eager": torch_eager},
 )

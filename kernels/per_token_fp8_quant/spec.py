@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+
+from kernels import draws
 from kernels.spec import Arg, KernelSpec
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -20,6 +23,13 @@ def make_inputs(shape, dtype, generator, case, device):
         x = x * 1e-3
         cols = torch.randint(0, h, (t,), generator=generator, device=device)
         x[torch.arange(t, device=device), cols] = 100.0
+    elif case == "range":
+        # Rows from 1e-6 (fp16 subnormals) up to an eighth of the element type's maximum (bf16
+        # far past fp16's range): the scale is taken in fp32 whatever the magnitude.
+        top = math.log10(float(torch.finfo(dtype).max) / 8.0)
+        exponent = torch.rand(t, 1, generator=generator, device=device) * (top + 6.0) - 6.0
+        exponent[-1] = top
+        x = x * torch.pow(10.0, exponent)
     return {
         "out": torch.empty(t, h, device=device, dtype=torch.float8_e4m3fn),
         "scales": torch.empty(t, device=device, dtype=torch.float32),
@@ -83,14 +93,15 @@ SPEC = KernelSpec(
         "row gets scale = 1 (its out is all 0); out = e4m3(clamp(x / scale, -448, 448)) with "
         "round-to-nearest-even; scales[t] = scale. Checked as: scales within 1e-6 relative, and "
         "every out value within one e4m3 step of x / scale (so out * scale dequantises to x within "
-        "one rounding step). Memory-bound: reads hidden elements, writes hidden bytes per token."
+        "one rounding step). hidden is a multiple of 16 (16-byte rows of the fp8 output, as the fp8 "
+        "GEMM that reads it requires); nothing larger is promised. Memory-bound: reads hidden elements, writes hidden bytes per token."
     ),
     args=(
         Arg("out", "tensor", dtype="float8_e4m3fn", role="out"),
         Arg("scales", "tensor", dtype="float32", role="out"),
         Arg("input", "tensor"),
         Arg("num_tokens", "int"),
-        Arg("hidden", "int"),
+        Arg("hidden", "int", multiple_of=16),
     ),
     # Hidden and intermediate sizes that feed fp8 GEMMs (Llama-3, DeepSeek-V3, Qwen2.5).
     search_shapes=(
@@ -107,13 +118,16 @@ SPEC = KernelSpec(
         {"num_tokens": 77, "hidden": 2048},
         {"num_tokens": 2048, "hidden": 14336},
         {"num_tokens": 8191, "hidden": 3584},
+        {"num_tokens": 1, "hidden": 2064},
+        {"num_tokens": 129, "hidden": 4112},
     ),
     make_inputs=make_inputs,
     reference=reference,
     bytes_moved=lambda s, dt: s["num_tokens"] * (s["hidden"] * ((4 if dt == "float32" else 2) + 1) + 4),
     flops=lambda s: 3 * s["num_tokens"] * s["hidden"],
     dtypes=("float16", "bfloat16"),
-    edge_cases=("zero_rows", "outlier"),
+    edge_cases=("zero_rows", "outlier", "range"),
+    heldout_draw=draws.row_draw(16),
     compare=compare,
     peers={"torch_eager": torch_eager},
 )

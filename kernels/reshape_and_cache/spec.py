@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kernels import draws
 from kernels.spec import Arg, KernelSpec
 
 
@@ -18,7 +19,10 @@ def make_inputs(shape, dtype, generator, case, device):
         # Distinct slots in random order, as after many sequences came and went.
         slots = torch.randperm(nb * bs, generator=generator, device=device)[:t]
         if case == "skip_slots":
-            slots[::3] = -1  # padding tokens: nothing is written for them
+            # Padding tokens: nothing is written for any negative slot, not only -1.
+            marks = torch.tensor([-1, -2, -(2**40)], device=device)
+            skipped = slots[::3]
+            slots[::3] = marks[torch.arange(skipped.numel(), device=device) % 3]
     # The caches hold older entries that must survive untouched.
     return {
         "key": torch.randn(t, h, d, generator=generator, device=device).to(dtype),
@@ -68,6 +72,22 @@ def torch_eager(t, shape, constants):
     _scatter(t["value_cache"], t["value"], t["slot_mapping"], shape["block_size"])
 
 
+def _draw_one(rng, index):
+    tokens, block_size = draws.tokens(rng, index), draws.at_alignment(rng, 8, 72, 8)
+    # Room for every token and a few blocks more, an odd count of blocks.
+    blocks = draws.at_alignment(rng, -(-tokens // block_size) + 1, -(-tokens // block_size) + 64)
+    return {"num_tokens": tokens, "num_kv_heads": draws.at_alignment(rng, 1, 15),
+            "head_size": draws.at_alignment(rng, 40, 256, 8), "block_size": block_size, "num_blocks": blocks}
+
+
+def _draw(rng):
+    """Three shapes per run: odd token, head and block counts, head_size = 8 * odd,
+    block_size = 8 * odd (24, 40, ...: not a power of two)."""
+    return draws.draw_shapes(
+        rng, _draw_one, lambda s: s["num_blocks"] * s["block_size"] * s["num_kv_heads"] * s["head_size"]
+    )
+
+
 SPEC = KernelSpec(
     name="reshape_and_cache",
     description=(
@@ -76,9 +96,11 @@ SPEC = KernelSpec(
         "block_size, head_size] (HND paged layout, contiguous); slot_mapping is int64 [num_tokens]. "
         "For each token t with slot = slot_mapping[t] >= 0: block = slot / block_size, "
         "offset = slot % block_size, and key_cache[block, h, offset, :] = key[t, h, :] for every "
-        "head h (the same for value). Tokens with slot < 0 write nothing; distinct tokens have "
+        "head h (the same for value). Tokens with any slot < 0 write nothing; distinct tokens have "
         "distinct slots; every cache entry not written keeps its old value. A pure copy: "
-        "memory-bound, reads and writes 2 * num_kv_heads * head_size elements per token."
+        "memory-bound, reads and writes 2 * num_kv_heads * head_size elements per token. head_size is a "
+        "multiple of 8 (16-byte rows) and block_size of 8 (not necessarily a power of two); nothing "
+        "larger is promised."
     ),
     args=(
         Arg("key", "tensor"),
@@ -88,8 +110,8 @@ SPEC = KernelSpec(
         Arg("slot_mapping", "tensor", dtype="int64"),
         Arg("num_tokens", "int"),
         Arg("num_kv_heads", "int"),
-        Arg("head_size", "int"),
-        Arg("block_size", "int"),
+        Arg("head_size", "int", multiple_of=8),
+        Arg("block_size", "int", multiple_of=8),
         Arg("num_blocks", "int"),
     ),
     # Llama-3-8B 8 kv heads, LLaMA-7B 32, Qwen2.5-7B 4, Gemma-2-9B 8 x 256; blocks of 16-64.
@@ -107,6 +129,8 @@ SPEC = KernelSpec(
         {"num_tokens": 77, "num_kv_heads": 32, "head_size": 128, "block_size": 16, "num_blocks": 64},
         {"num_tokens": 2048, "num_kv_heads": 8, "head_size": 128, "block_size": 32, "num_blocks": 128},
         {"num_tokens": 8191, "num_kv_heads": 8, "head_size": 128, "block_size": 16, "num_blocks": 1024},
+        {"num_tokens": 1, "num_kv_heads": 1, "head_size": 72, "block_size": 8, "num_blocks": 3},
+        {"num_tokens": 129, "num_kv_heads": 3, "head_size": 40, "block_size": 24, "num_blocks": 33},
     ),
     make_inputs=make_inputs,
     reference=reference,
@@ -116,6 +140,7 @@ SPEC = KernelSpec(
     flops=lambda s: 0,
     dtypes=("float16", "bfloat16"),
     edge_cases=("skip_slots", "contiguous"),
+    heldout_draw=_draw,
     peers={"torch_eager": torch_eager},
     # The scatter in place, as an engine would compile it: the fp32 reference returns whole
     # copies of the caches, and compiling it would time copying them.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kernels import draws, edges
 from kernels.spec import Arg, KernelSpec
 
 
@@ -15,6 +16,10 @@ def make_inputs(shape, dtype, generator, case, device):
     elif case == "large":
         # |x| up to ~600: x^2 overflows fp16, so the sum of squares must stay in fp32.
         x = torch.randn(t, h, generator=generator, device=device) * 200.0
+    elif case == "range":
+        # Rows from 1e-2 up to the element type's range (bf16 far past fp16's), each row's
+        # sum of squares still finite in fp32.
+        x = torch.randn(t, h, generator=generator, device=device) * edges.row_scales(t, h, dtype, generator, device)
     else:
         x = torch.randn(t, h, generator=generator, device=device)
     w = 1.0 + 0.5 * torch.randn(h, generator=generator, device=device)
@@ -62,14 +67,15 @@ SPEC = KernelSpec(
         "(row-major, contiguous), weight has shape [hidden]. Per row: "
         "r = rsqrt(sum(x^2) / hidden + eps) with x and the sum in fp32, then "
         "out[t, i] = x[t, i] * r * weight[i], rounded once to the element type. eps = 1e-6. "
-        "input and weight are not modified. Memory-bound: reads and writes hidden elements per token."
+        "input and weight are not modified. hidden is a multiple of 8 (16-byte rows) and nothing larger "
+        "is promised. Memory-bound: reads and writes hidden elements per token."
     ),
     args=(
         Arg("out", "tensor", role="out"),
         Arg("input", "tensor"),
         Arg("weight", "tensor"),
         Arg("num_tokens", "int"),
-        Arg("hidden", "int"),
+        Arg("hidden", "int", multiple_of=8),
         Arg("eps", "float"),
     ),
     search_shapes=(
@@ -89,13 +95,16 @@ SPEC = KernelSpec(
         {"num_tokens": 2048, "hidden": 5120},
         {"num_tokens": 8191, "hidden": 3584},
         {"num_tokens": 4096, "hidden": 128},
+        {"num_tokens": 1, "hidden": 2056},
+        {"num_tokens": 129, "hidden": 5128},
     ),
     make_inputs=make_inputs,
     reference=reference,
     bytes_moved=lambda s, dt: (2 * s["num_tokens"] + 1) * s["hidden"] * (4 if dt == "float32" else 2),
     flops=lambda s: 4 * s["num_tokens"] * s["hidden"],
     dtypes=("float16", "bfloat16"),
-    edge_cases=("zeros", "large"),
+    edge_cases=("zeros", "large", "range"),
+    heldout_draw=draws.row_draw(8),
     constants={"eps": 1e-6},
     peers={"torch_eager": torch_eager, "flashinfer": flashinfer, "liger_kernel": liger},
 )

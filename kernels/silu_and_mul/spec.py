@@ -34,7 +34,10 @@ SPEC = KernelSpec(
         "SwiGLU activation of an LLM MLP. x has shape [num_tokens, 2*d] (gate then up, row-major, "
         "contiguous); out has shape [num_tokens, d]. out[t, i] = silu(x[t, i]) * x[t, d + i] with "
         "silu(v) = v / (1 + exp(-v)), computed in fp32 and rounded once to the element type. "
-        "2*d*sizeof(scalar_t) is a multiple of 16 bytes. Memory-bound: reads 2d and writes d elements per token."
+        "d is a multiple of 8, so the out rows and both halves of every x row start on 16-byte "
+        "boundaries; nothing larger is promised (d = 8 * an odd number occurs, and x can pass "
+        "2^31 elements: index in 64 bits). "
+        "Memory-bound: reads 2d and writes d elements per token."
     ),
     args=gated.ARGS,
     search_shapes=(
@@ -51,6 +54,9 @@ SPEC = KernelSpec(
         {"num_tokens": 333, "d": 28672},
         {"num_tokens": 2048, "d": 18432},
         {"num_tokens": 8191, "d": 4096},
+        {"num_tokens": 1, "d": 11000},
+        {"num_tokens": 129, "d": 1352},
+        gated.HUGE_SHAPE,
     ),
     make_inputs=gated.make_inputs,
     reference=reference,
@@ -58,5 +64,6 @@ SPEC = KernelSpec(
     flops=lambda s: 6 * s["num_tokens"] * s["d"],
     dtypes=("float16", "bfloat16"),
     edge_cases=gated.EDGE_CASES,
+    heldout_draw=gated.heldout_draw,
     peers={"torch_eager": torch_eager, "flashinfer": flashinfer},
 )

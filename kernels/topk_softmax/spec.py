@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kernels import draws
 from kernels.spec import Arg, KernelSpec
 
 
@@ -12,6 +13,13 @@ def make_inputs(shape, dtype, generator, case, device):
     z = torch.randn(t, e, generator=generator, device=device)
     if case == "ties":
         logits = torch.zeros(t, e, device=device)  # every expert ties: ids 0..k-1
+    elif case == "masked":
+        # Experts masked out with -inf (probability exactly 0) among tied logits: the picks
+        # past the finite ones tie at 0 and go to the lower ids. Expert 0 stays finite, so
+        # every row has a maximum.
+        logits = (z * 4.0).round() / 4.0
+        logits = torch.where(torch.rand(t, e, generator=generator, device=device) < 0.4, float("-inf"), logits)
+        logits[:, 0] = 0.0
     elif case == "large_logits":
         # Logits around 100: exp overflows fp32 unless the row maximum is subtracted first.
         logits = 100.0 + (z * 10.0).round().clamp(-30.0, 30.0)
@@ -53,6 +61,17 @@ def torch_eager(t, shape, constants):
     t["topk_ids"].copy_(ids)
 
 
+def _draw_one(rng, index):
+    experts = draws.at_alignment(rng, 8, 256)
+    return {"num_tokens": draws.tokens(rng, index), "num_experts": experts,
+            "topk": draws.at_alignment(rng, 1, min(9, experts)), "renormalize": rng.randrange(2)}
+
+
+def _draw(rng):
+    """Three shapes per run: odd token, expert and top-k counts (8 to 256 experts)."""
+    return draws.draw_shapes(rng, _draw_one, lambda s: s["num_tokens"] * s["num_experts"])
+
+
 SPEC = KernelSpec(
     name="topk_softmax",
     description=(
@@ -61,7 +80,7 @@ SPEC = KernelSpec(
         "fp32 [num_tokens, topk] and topk_ids is int32 [num_tokens, topk]. Per row, in fp32: "
         "p = softmax(gating) (subtract the row max first: logits can be ~130); pick the topk "
         "experts with the largest p in descending order of p, equal p going to the lower expert "
-        "index; topk_ids holds their indices and topk_weights their p. If renormalize is nonzero, "
+        "index (an expert whose logit is -inf has p = 0 and ties with the others at 0); topk_ids holds their indices and topk_weights their p. If renormalize is nonzero, "
         "topk_weights is divided by its row sum. Ids are compared exactly. Small rows: "
         "num_experts is 8 to 256 and need not be a power of two."
     ),
@@ -90,12 +109,15 @@ SPEC = KernelSpec(
         {"num_tokens": 77, "num_experts": 16, "topk": 4, "renormalize": 1},
         {"num_tokens": 2048, "num_experts": 128, "topk": 8, "renormalize": 0},
         {"num_tokens": 8191, "num_experts": 8, "topk": 2, "renormalize": 1},
+        {"num_tokens": 1, "num_experts": 9, "topk": 1, "renormalize": 0},
+        {"num_tokens": 129, "num_experts": 33, "topk": 3, "renormalize": 1},
     ),
     make_inputs=make_inputs,
     reference=reference,
     bytes_moved=lambda s, dt: s["num_tokens"] * (s["num_experts"] * (4 if dt == "float32" else 2) + 8 * s["topk"]),
     flops=lambda s: 4 * s["num_tokens"] * s["num_experts"],
     dtypes=("float16", "bfloat16"),
-    edge_cases=("ties", "large_logits"),
+    edge_cases=("ties", "large_logits", "masked"),
+    heldout_draw=_draw,
     peers={"torch_eager": torch_eager},
 )

@@ -142,8 +142,11 @@ def test_inputs_have_the_declared_dtypes_and_shapes(name, shape, dtype, case):
         assert tensor.dtype == getattr(torch, declared[arg_name].tensor_dtype(dtype)), arg_name
         assert tuple(tensor.shape) == expected_shapes[arg_name], arg_name
         assert tensor.is_contiguous(), arg_name
-        if not declared[arg_name].written and tensor.is_floating_point() and name != "merge_attn_states_multi":
-            assert torch.isfinite(tensor.float()).all(), f"{arg_name} has non-finite inputs"
+        if not declared[arg_name].written and tensor.is_floating_point():
+            values = tensor.float()
+            if name == "merge_attn_states_multi" or (name, case) == ("topk_softmax", "masked"):
+                values = values[~torch.isneginf(values)]  # -inf marks an empty state or a masked expert
+            assert torch.isfinite(values).all(), f"{arg_name} has non-finite inputs"
 
 
 # ---------------------------------------------------------------- references against plain loops
