@@ -1,18 +1,28 @@
 """compute-sanitizer checks for winning variants: memcheck (out-of-bounds and misaligned
-accesses) and racecheck (shared-memory hazards).
+accesses) on every shape, racecheck (shared-memory hazards) and synccheck (barriers under
+divergence) on the smallest and the largest.
 
 Some bugs pass every output check: a read one vector past the end of a buffer lands inside
 the caching allocator's block and its value goes unused. They show up only under
-compute-sanitizer, which is too slow for every candidate but cheap enough for winners.
+compute-sanitizer, which is too slow for every candidate but cheap enough for winners. An
+access out of bounds may depend on the shape (a tail that only some sizes have) or on the
+launch count (state kept in device memory between launches), so every shape is launched
+:data:`LAUNCHES_PER_SHAPE` times, not once.
 
 Two halves:
 
-* a launcher, ``python -m evaluators.sanitize --kernel NAME VARIANT.cu --dtype float16``,
-  that compiles the variant, makes inputs for one small shape, launches once and
-  synchronises (it is the program compute-sanitizer watches);
+* a launcher, ``python -m evaluators.sanitize --kernel NAME VARIANT.cu --dtype float16
+  --shapes-file S.json``, that admits the variant through :func:`evaluators.admit.admit`
+  (the one door from source to binary), makes inputs for each shape, launches each several
+  times and synchronises after every launch (it is the program compute-sanitizer watches);
 * :func:`sanitize`, which runs that launcher under ``compute-sanitizer --tool T`` for each
-  tool with a timeout, and parses the report into a :class:`SanitizerReport`. Without
-  compute-sanitizer on the machine it returns an UNAVAILABLE report instead of failing.
+  tool with a timeout that grows with the number of shapes, and parses the report into a
+  :class:`SanitizerReport`. Without compute-sanitizer on the machine it returns an
+  UNAVAILABLE report instead of failing.
+
+Shapes with a tensor of 2^31 elements or more (``KernelSpec.is_huge``) are left out: one
+instrumented launch over them takes minutes, and what they test (64-bit offsets) the
+held-out validation already judges on the outputs. The report names the shapes it skipped.
 
 The launcher runs with ``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` so that every tensor is its own
 device allocation (memcheck sees allocation bounds, not the allocator's blocks), and memcheck
@@ -22,6 +32,7 @@ adds padding after each allocation so that a neighbouring buffer cannot hide an 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -30,13 +41,21 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-TOOLS = ("memcheck", "racecheck")
+TOOLS = ("memcheck", "racecheck", "synccheck")
+# Tools slow enough to run on the smallest and the largest shape only.
+EXTREME_SHAPES_ONLY = frozenset({"racecheck", "synccheck"})
+LAUNCHES_PER_SHAPE = 3
+# A tool run's limit: start-up (Python, torch, CUDA context, admission through the compile
+# cache) plus a share per shape; instrumented launches of ~10^8 elements take seconds each.
+BASE_TIMEOUT_S = 120.0
+PER_SHAPE_TIMEOUT_S = 30.0
+LAUNCH_MARK = "sanitize-launcher: launch"
 LAUNCHER_DONE = "sanitize-launcher: done"
 _PREFIX = "========="
 _SUMMARY_RE = re.compile(r"ERROR SUMMARY:\s*(\d+)\s+errors?")
@@ -63,16 +82,19 @@ _SEVERITY = [SanitizerStatus.FINDINGS, SanitizerStatus.TIMEOUT, SanitizerStatus.
 
 @dataclass(frozen=True)
 class ToolReport:
-    """What one compute-sanitizer tool said about one launch.
+    """What one compute-sanitizer tool said about the launches of one run.
 
     Attributes:
-        tool: ``memcheck`` or ``racecheck``.
+        tool: ``memcheck``, ``racecheck`` or ``synccheck``.
         status: the outcome.
         errors: the tool's error count (from its summary line).
-        warnings: racecheck's warning count (potential hazards), 0 for memcheck.
-        findings: one line per reported problem: what, and where (kernel + offset).
+        warnings: racecheck's warning count (potential hazards), 0 for the others.
+        findings: one line per reported problem: what, and where (kernel + offset), led by
+            the shape and launch it happened in (``[shape [1, 11008] launch 2/3]``).
         message: why the run failed or timed out, else empty.
         output_tail: the end of the combined output, for a human.
+        shapes: labels of the shapes the tool launched.
+        launches_per_shape: launches of each shape.
     """
 
     tool: str
@@ -82,23 +104,27 @@ class ToolReport:
     findings: tuple[str, ...] = ()
     message: str = ""
     output_tail: str = ""
+    shapes: tuple[str, ...] = ()
+    launches_per_shape: int = 0
 
 
 @dataclass(frozen=True)
 class SanitizerReport:
-    """compute-sanitizer's verdicts on one variant (one launch per tool).
+    """compute-sanitizer's verdicts on one variant (one run per tool).
 
     Attributes:
         kernel: library kernel name.
         dtype: run dtype.
         tools: one report per tool, in the order run.
         message: a note for the whole report (e.g. why the tools are unavailable).
+        skipped_shapes: labels of shapes left out as too large to instrument (2^31 elements).
     """
 
     kernel: str
     dtype: str
     tools: tuple[ToolReport, ...] = ()
     message: str = ""
+    skipped_shapes: tuple[str, ...] = ()
 
     @property
     def status(self) -> SanitizerStatus:
@@ -134,9 +160,14 @@ class SanitizerReport:
 
 # -- parsing ------------------------------------------------------------------------------
 def _findings(lines: Sequence[str]) -> list[str]:
-    """Each problem's first line, joined with the next line when that says where."""
+    """Each problem's first line, joined with the next line when that says where, and led by
+    the launch it followed (the launcher's last ``launch`` line) when there is one."""
     out: list[str] = []
+    where = ""
     for i, line in enumerate(lines):
+        if line.startswith(LAUNCH_MARK):
+            where = "[" + line[len(LAUNCH_MARK):].strip() + "] "
+            continue
         if not line.startswith(_PREFIX):
             continue
         body = line[len(_PREFIX):]
@@ -147,7 +178,7 @@ def _findings(lines: Sequence[str]) -> list[str]:
             detail = lines[i + 1][len(_PREFIX):].strip()
             if detail.startswith(("at ", "and ")):
                 head = f"{head} {detail}"
-        out.append(head)
+        out.append(where + head)
     return out
 
 
@@ -199,16 +230,15 @@ def find_compute_sanitizer(search_dirs: Iterable[str | Path] | None = None) -> s
     return None
 
 
-def _command(exe: str, tool: str, kernel: str, path: Path, dtype: str,
-             shape: Mapping[str, int] | None, params: Mapping[str, int] | None) -> list[str]:
+def _command(exe: str, tool: str, kernel: str, path: Path, dtype: str, shapes_file: Path,
+             params: Mapping[str, int] | None, launches: int) -> list[str]:
     cmd = [exe, "--tool", tool, "--report-api-errors", "no", "--print-limit", str(_MAX_FINDINGS),
            # Only our kernel is instrumented: torch's own kernels stay fast and out of the report.
            "--kernel-name", f"kernel_substring={kernel}"]
     if tool == "memcheck":
         cmd += ["--padding", "4096"]
-    cmd += [sys.executable, "-m", "evaluators.sanitize", "--kernel", kernel, str(path), "--dtype", dtype]
-    if shape:
-        cmd += ["--shape", ",".join(f"{k}={v}" for k, v in shape.items())]
+    cmd += [sys.executable, "-m", "evaluators.sanitize", "--kernel", kernel, str(path), "--dtype", dtype,
+            "--shapes-file", str(shapes_file), "--launches", str(launches)]
     for k, v in (params or {}).items():
         cmd += ["--param", f"{k}={v}"]
     return cmd
@@ -230,27 +260,75 @@ def _run(cmd: list[str], timeout_s: float) -> tuple[int | None, str]:
         return None, out or ""
 
 
+@dataclass(frozen=True)
+class ShapePlan:
+    """Which shapes each tool launches.
+
+    Attributes:
+        every: all shapes to check (memcheck), smallest first, without repeats.
+        extremes: the smallest and the largest of them (racecheck, synccheck).
+        skipped: shapes left out as too large to instrument (``KernelSpec.is_huge``).
+    """
+
+    every: tuple[dict[str, int], ...]
+    extremes: tuple[dict[str, int], ...]
+    skipped: tuple[dict[str, int], ...]
+
+    def for_tool(self, tool: str) -> tuple[dict[str, int], ...]:
+        return self.extremes if tool in EXTREME_SHAPES_ONLY else self.every
+
+
+def plan_shapes(spec: Any, extra: Iterable[Mapping[str, int]] = (), include_huge: bool = False) -> ShapePlan:
+    """The spec's search and held-out shapes plus ``extra`` (the run's drawn held-out shapes),
+    ordered by the size of their largest tensor; huge shapes are skipped unless asked for."""
+    seen: dict[tuple[tuple[str, int], ...], dict[str, int]] = {}
+    for shape in (*spec.search_shapes, *spec.heldout_shapes, *extra):
+        seen.setdefault(tuple(sorted((k, int(v)) for k, v in shape.items())), dict(shape))
+    sized = sorted(seen.values(), key=lambda s: (spec.largest_tensor_elements(s), sorted(s.items())))
+    skipped = tuple(s for s in sized if not include_huge and spec.is_huge(s))
+    every = tuple(s for s in sized if s not in skipped)
+    extremes = every if len(every) <= 2 else (every[0], every[-1])
+    return ShapePlan(every, extremes, skipped)
+
+
+def tool_timeout_s(shape_count: int, launches: int = LAUNCHES_PER_SHAPE) -> float:
+    """The limit of one tool run over ``shape_count`` shapes of ``launches`` launches each."""
+    return BASE_TIMEOUT_S + PER_SHAPE_TIMEOUT_S * shape_count * max(1, launches) / LAUNCHES_PER_SHAPE
+
+
+def _unavailable(kernel: str, dtype: str, tools: Sequence[str], exe: str | None) -> SanitizerReport:
+    why = f"compute-sanitizer not found ({exe or 'not on PATH, CUDA_HOME or /usr/local/cuda'})"
+    return SanitizerReport(kernel, dtype, tuple(ToolReport(t, SanitizerStatus.UNAVAILABLE, message=why)
+                                                for t in tools), why)
+
+
 def sanitize(
     kernel: str,
     source: str,
     dtype: str = "float16",
     tools: Sequence[str] = TOOLS,
-    timeout_s: float = 600.0,
+    timeout_s: float | None = None,
     shape: Mapping[str, int] | None = None,
     params: Mapping[str, int] | None = None,
     executable: str | None = None,
+    shapes: Iterable[Mapping[str, int]] = (),
+    launches: int = LAUNCHES_PER_SHAPE,
 ) -> SanitizerReport:
-    """Runs one launch of a variant under each compute-sanitizer tool.
+    """Runs a variant under each compute-sanitizer tool, every shape launched several times.
 
     Args:
         kernel: library kernel name (or kernel folder).
         source: the variant file's text.
         dtype: run dtype.
         tools: compute-sanitizer tools to run, each in its own process.
-        timeout_s: limit per tool run (instrumented launches are slow).
-        shape: the shape to launch; default: the kernel's smallest shape.
+        timeout_s: limit per tool run; default :func:`tool_timeout_s` of its shape count.
+        shape: launch this one shape only (every tool); default: see ``shapes``.
         params: tunable parameters; missing ones take their defaults.
         executable: the compute-sanitizer to use; default: :func:`find_compute_sanitizer`.
+        shapes: shapes added to the spec's search and held-out shapes (the held-out shapes
+            drawn for the run). memcheck launches all of them, racecheck and synccheck the
+            smallest and the largest; shapes of 2^31 elements or more are skipped.
+        launches: launches of each shape, each followed by a synchronisation.
 
     Returns:
         One :class:`ToolReport` per tool; every tool UNAVAILABLE if there is no sanitizer.
@@ -263,34 +341,37 @@ def sanitize(
         raise ValueError(f"unknown sanitizer tool(s) {unknown}; known: {list(TOOLS)}")
     exe = executable or find_compute_sanitizer()
     if not exe or not Path(exe).is_file():
-        why = f"compute-sanitizer not found ({exe or 'not on PATH, CUDA_HOME or /usr/local/cuda'})"
-        return SanitizerReport(kernel, dtype, tuple(ToolReport(t, SanitizerStatus.UNAVAILABLE, message=why)
-                                                    for t in tools), why)
+        return _unavailable(kernel, dtype, tools, exe)
+    from kernels.spec import load_kernel, shape_label
+
+    spec = load_kernel(kernel)
+    plan = ShapePlan((dict(shape),), (dict(shape),), ()) if shape else plan_shapes(spec, shapes)
     reports = []
     with tempfile.TemporaryDirectory(prefix="sanitize-") as tmp:
         path = Path(tmp) / "variant.cu"
         path.write_text(source)
         for tool in tools:
-            code, out = _run(_command(exe, tool, kernel, path, dtype, shape, params), timeout_s)
+            chosen = plan.for_tool(tool)
+            shapes_file = Path(tmp) / f"{tool}-shapes.json"
+            shapes_file.write_text(json.dumps(list(chosen)))
+            limit_s = timeout_s if timeout_s is not None else tool_timeout_s(len(chosen), launches)
+            code, out = _run(_command(exe, tool, kernel, path, dtype, shapes_file, params, launches), limit_s)
             if code is None:
-                reports.append(ToolReport(tool, SanitizerStatus.TIMEOUT, message=f"no result within {timeout_s:.0f} s",
-                                          output_tail=out[-_TAIL_CHARS:]))
+                report = ToolReport(tool, SanitizerStatus.TIMEOUT, message=f"no result within {limit_s:.0f} s",
+                                    output_tail=out[-_TAIL_CHARS:])
             else:
-                reports.append(parse_output(tool, out))
-    return SanitizerReport(kernel, dtype, tuple(reports))
+                report = parse_output(tool, out)
+            reports.append(replace(report, shapes=tuple(shape_label(s) for s in chosen), launches_per_shape=launches))
+    skipped = tuple(shape_label(s) for s in plan.skipped)
+    note = f"skipped (2^31 elements or more): {', '.join(skipped)}" if skipped else ""
+    return SanitizerReport(kernel, dtype, tuple(reports), note, skipped)
 
 
 # -- the launcher (runs under compute-sanitizer) -------------------------------------------
 def smallest_shape(spec: Any) -> dict[str, int]:
-    """The kernel's shape with the fewest elements (search and held-out shapes)."""
-    def size(shape: dict[str, int]) -> int:
-        n = 1
-        for v in shape.values():
-            n *= int(v)
-        return n
-
-    shapes = [dict(s) for s in (*spec.search_shapes, *spec.heldout_shapes)]
-    return min(shapes, key=size)
+    """The kernel's shape with the fewest elements in its largest tensor (search and
+    held-out shapes)."""
+    return plan_shapes(spec).every[0]
 
 
 def _pairs(text: str | None, what: str) -> dict[str, int]:
@@ -306,62 +387,86 @@ def _pairs(text: str | None, what: str) -> dict[str, int]:
 @dataclass
 class _Plan:
     spec: Any
-    shape: dict[str, int]
-    params: dict[str, int]
-    config: Any
-    cubin: bytes = field(repr=False, default=b"")
+    shapes: list[dict[str, int]]
+    artifact: Any = field(repr=False, default=None)
+    launches: dict[str, Any] = field(default_factory=dict)
+
+
+def _shapes(args: argparse.Namespace, spec: Any) -> list[dict[str, int]]:
+    """The shapes asked for, each checked against the spec (symbols, sizes, alignment)."""
+    if args.shapes_file:
+        shapes = [{k: int(v) for k, v in s.items()} for s in json.loads(Path(args.shapes_file).read_text())]
+    else:
+        shapes = [_pairs(args.shape, "--shape")] if args.shape else [smallest_shape(spec)]
+    for shape in shapes:
+        spec.check_shape(shape)
+    return shapes
 
 
 def _prepare(args: argparse.Namespace) -> _Plan | str:
-    """Everything that needs no GPU: launch header, signature, shape, compile."""
-    from evaluators.compile import compile_variant, target_arch
-    from kernels.launch import LaunchSpecError, parse_launch_header
-    from kernels.spec import KernelSpecError, check_signature, load_kernel
+    """Everything that needs no GPU: admission (header, signature, limits, compile)."""
+    from evaluators.admit import Refusal, admit
+    from evaluators.compile import target_arch
+    from kernels.launch import DeviceLimits, LaunchSpecError
+    from kernels.spec import KernelSpecError, load_kernel
 
     source = Path(args.variant).read_text()
     try:
         spec = load_kernel(args.kernel)
-        launch = parse_launch_header(source)
-        spec.check_launch(launch)
-        params = launch.validate_params(_pairs(",".join(args.param), "--param"))
-        check_signature(spec, source)
-        shape = _pairs(args.shape, "--shape") if args.shape else smallest_shape(spec)
-        config = launch.resolve(shape, params)
-    except (LaunchSpecError, KernelSpecError) as exc:
+        shapes = _shapes(args, spec)
+    except KernelSpecError as exc:
         return f"refused: {exc}"
-    result = compile_variant(source, spec.name, args.dtype, params, target_arch())
-    if not result.ok:
-        return f"compile error:\n{result.log}"
-    return _Plan(spec, shape, params, config, result.cubin)
+    params = _pairs(",".join(args.param), "--param")
+    artifact = admit(spec, source, args.dtype, params, arch=target_arch(), shapes=shapes)
+    if isinstance(artifact, Refusal):
+        kind = "compile error" if artifact.compile_key else "refused"
+        return f"{kind}: {artifact.message}"
+    try:
+        launches = artifact.launches(shapes, DeviceLimits())
+    except LaunchSpecError as exc:
+        return f"refused: {exc}"
+    return _Plan(spec, shapes, artifact, launches)
 
 
-def _launch_once(plan: _Plan, dtype: str) -> None:
+def _launch_all(plan: _Plan, dtype: str, launches: int) -> None:
+    """Every shape: fresh inputs, outputs poisoned, ``launches`` launches each followed by a
+    synchronisation (so a fault is reported against the launch that made it)."""
     import torch
 
     from evaluators.launcher import Kernel
     from kernels.spec import shape_label
 
     device = torch.device("cuda", torch.cuda.current_device())
-    gen = torch.Generator(device=device).manual_seed(0)
-    tensors = plan.spec.make_inputs(plan.shape, getattr(torch, dtype), gen, "random", device)
-    for a in plan.spec.written_args:
-        if a.role == "out" and tensors[a.name].dtype.is_floating_point:
-            tensors[a.name].fill_(float("nan"))  # unwritten outputs stay visible, as in validation
-    torch.cuda.synchronize()
-    label = shape_label(plan.shape)
-    kernel = Kernel(plan.cubin, plan.spec, {label: plan.config})
-    kernel.launch(label, kernel.args(tensors, plan.shape))
-    torch.cuda.synchronize()
+    kernel = Kernel(plan.artifact.cubin, plan.spec, plan.launches)
+    for shape in plan.shapes:
+        label = shape_label(shape)
+        cfg = plan.launches[label]
+        print(f"sanitize-launcher: {plan.spec.name} shape {shape} params {plan.artifact.params} "
+              f"grid {cfg.grid} block {cfg.block} smem {cfg.smem_bytes}", flush=True)
+        gen = torch.Generator(device=device).manual_seed(0)
+        tensors = plan.spec.make_inputs(shape, getattr(torch, dtype), gen, "random", device)
+        for a in plan.spec.written_args:
+            if a.role == "out" and tensors[a.name].dtype.is_floating_point:
+                tensors[a.name].fill_(float("nan"))  # unwritten outputs stay visible, as in validation
+        torch.cuda.synchronize()
+        args = kernel.args(tensors, shape)
+        for k in range(1, launches + 1):
+            print(f"{LAUNCH_MARK} shape {label} launch {k}/{launches}", flush=True)
+            kernel.launch(label, args)
+            torch.cuda.synchronize()
+        del tensors, args  # freed at once (no caching allocator): the next shape gets fresh memory
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Launcher entry point. Exit codes: 0 launched, 1 the launch failed, 2 refused or
+    """Launcher entry point. Exit codes: 0 launched, 1 a launch failed, 2 refused or
     compile error, 3 no CUDA GPU."""
     parser = argparse.ArgumentParser(prog="python -m evaluators.sanitize", description=main.__doc__)
     parser.add_argument("--kernel", required=True, help="library kernel name or kernel folder")
     parser.add_argument("variant", help="the variant .cu file")
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     parser.add_argument("--shape", help="e.g. num_tokens=4,d=1024 (default: the smallest shape)")
+    parser.add_argument("--shapes-file", help="a JSON list of shapes to launch, in order")
+    parser.add_argument("--launches", type=int, default=LAUNCHES_PER_SHAPE, help="launches per shape")
     parser.add_argument("--param", action="append", default=[], help="tunable NAME=INT (repeatable)")
     args = parser.parse_args(argv)
     plan = _prepare(args)
@@ -373,11 +478,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("sanitize-launcher: compiled; launching needs a CUDA GPU", flush=True)
         return 3
-    cfg = plan.config
-    print(f"sanitize-launcher: {plan.spec.name} shape {plan.shape} params {plan.params} "
-          f"grid {cfg.grid} block {cfg.block} smem {cfg.smem_bytes}", flush=True)
     try:
-        _launch_once(plan, args.dtype)
+        _launch_all(plan, args.dtype, max(1, args.launches))
     except Exception as exc:  # the fault itself is what the sanitizer report describes
         print(f"sanitize-launcher: launch failed: {type(exc).__name__}: {exc}", flush=True)
         return 1

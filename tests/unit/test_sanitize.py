@@ -12,16 +12,23 @@ from pathlib import Path
 import pytest
 
 from evaluators.sanitize import (
+    BASE_TIMEOUT_S,
+    LAUNCH_MARK,
     LAUNCHER_DONE,
+    LAUNCHES_PER_SHAPE,
+    PER_SHAPE_TIMEOUT_S,
     SanitizerReport,
     SanitizerStatus,
     ToolReport,
     find_compute_sanitizer,
     parse_output,
+    plan_shapes,
     sanitize,
     smallest_shape,
+    tool_timeout_s,
 )
-from kernels.spec import load_kernel
+from kernels import gated
+from kernels.spec import load_kernel, shape_label
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "adversarial"
@@ -134,7 +141,7 @@ def test_missing_compute_sanitizer_gives_an_unavailable_report(tmp_path):
     source = (FIXTURES / "honest_silu_vectorized.cu").read_text()
     report = sanitize("silu_and_mul", source, executable=str(tmp_path / "compute-sanitizer"))
     assert report.status is SanitizerStatus.UNAVAILABLE
-    assert [t.tool for t in report.tools] == ["memcheck", "racecheck"]
+    assert [t.tool for t in report.tools] == ["memcheck", "racecheck", "synccheck"]
     assert all(t.status is SanitizerStatus.UNAVAILABLE for t in report.tools)
     assert "not found" in report.message and not report.clean
 
@@ -157,8 +164,86 @@ def test_find_compute_sanitizer_in_given_folders(tmp_path):
 
 
 def test_smallest_shape_is_taken_from_search_and_heldout_shapes():
-    assert smallest_shape(load_kernel("silu_and_mul")) == {"num_tokens": 1, "d": 11008}
-    assert smallest_shape(load_kernel("merge_attn_states_lse")) == {"num_tokens": 1, "num_heads": 32, "head_dim": 128}
+    assert smallest_shape(load_kernel("silu_and_mul")) == {"num_tokens": 1, "d": 11000}  # held-out tail
+    assert smallest_shape(load_kernel("merge_attn_states_lse")) == {"num_tokens": 1, "num_heads": 3, "head_dim": 40}
+
+
+def test_plan_covers_every_shape_and_the_extremes_and_skips_huge_ones():
+    spec = load_kernel("silu_and_mul")
+    drawn = spec.draw_heldout(5)
+    plan = plan_shapes(spec, drawn)
+    every_key = {tuple(sorted(s.items())) for s in plan.every}
+    for shape in (*spec.search_shapes, *spec.heldout_shapes, *drawn):
+        key = tuple(sorted(shape.items()))
+        assert (key in every_key) != spec.is_huge(shape), shape
+    assert plan.skipped == (gated.HUGE_SHAPE,)
+    sizes = [spec.largest_tensor_elements(s) for s in plan.every]
+    assert sizes == sorted(sizes) and len(set(map(str, plan.every))) == len(plan.every)
+    assert plan.extremes == (plan.every[0], plan.every[-1])
+    assert plan.for_tool("memcheck") == plan.every
+    assert plan.for_tool("racecheck") == plan.for_tool("synccheck") == plan.extremes
+    assert plan_shapes(spec, include_huge=True).every[-1] == gated.HUGE_SHAPE
+
+
+def test_tool_timeout_grows_with_the_shapes_and_launches():
+    assert tool_timeout_s(2) < tool_timeout_s(14) < tool_timeout_s(14, launches=6)
+    assert tool_timeout_s(14) == BASE_TIMEOUT_S + 14 * PER_SHAPE_TIMEOUT_S
+
+
+def test_findings_name_the_shape_and_launch_they_followed():
+    text = f"""\
+========= COMPUTE-SANITIZER
+{LAUNCH_MARK} shape [1, 11008] launch 1/3
+{LAUNCH_MARK} shape [129, 1352] launch 1/3
+{LAUNCH_MARK} shape [129, 1352] launch 2/3
+========= Invalid __global__ write of size 2 bytes
+=========     at silu_and_mul+0x1f0
+=========
+sanitize-launcher: launch failed: RuntimeError: CUDA error: unspecified launch failure
+========= ERROR SUMMARY: 1 error
+"""
+    report = parse_output("memcheck", text)
+    assert report.status is SanitizerStatus.FINDINGS
+    assert report.findings == ("[shape [129, 1352] launch 2/3] Invalid __global__ write of size 2 bytes at silu_and_mul+0x1f0",)
+
+
+FAKE_SANITIZER = """#!{python}
+# Stands in for compute-sanitizer: records the tool and the shapes the launcher was given.
+import json, sys
+args = sys.argv[1:]
+tool = args[args.index("--tool") + 1]
+shapes = json.load(open(args[args.index("--shapes-file") + 1]))
+launches = int(args[args.index("--launches") + 1])
+with open({log!r}, "a") as f:
+    f.write(json.dumps({{"tool": tool, "shapes": shapes, "launches": launches}}) + "\\n")
+for s in shapes:
+    for k in range(launches):
+        print("{mark} shape", list(s.values()), "launch", k + 1)
+print("{done}")
+print("========= ERROR SUMMARY: 0 errors")
+"""
+
+
+def test_sanitize_gives_each_tool_its_shapes_and_launches(tmp_path):
+    log = tmp_path / "calls.jsonl"
+    exe = tmp_path / "compute-sanitizer"
+    exe.write_text(FAKE_SANITIZER.format(python=sys.executable, log=str(log), mark=LAUNCH_MARK, done=LAUNCHER_DONE))
+    exe.chmod(0o755)
+    spec = load_kernel("silu_and_mul")
+    drawn = spec.draw_heldout(11)
+    source = (FIXTURES / "honest_silu_vectorized.cu").read_text()
+    report = sanitize("silu_and_mul", source, executable=str(exe), shapes=drawn)
+    assert report.clean, report.summary()
+    calls = {c["tool"]: c for c in map(json.loads, log.read_text().splitlines())}
+    plan = plan_shapes(spec, drawn)
+    assert calls["memcheck"]["shapes"] == [dict(s) for s in plan.every]
+    assert all(d in calls["memcheck"]["shapes"] for d in drawn)
+    assert calls["racecheck"]["shapes"] == calls["synccheck"]["shapes"] == [dict(s) for s in plan.extremes]
+    assert {c["launches"] for c in calls.values()} == {LAUNCHES_PER_SHAPE}
+    assert report.tool("memcheck").shapes == tuple(shape_label(s) for s in plan.every)
+    assert report.skipped_shapes == (shape_label(gated.HUGE_SHAPE),) and "2^31" in report.message
+    one = sanitize("silu_and_mul", source, executable=str(exe), tools=("memcheck",), shape={"num_tokens": 3, "d": 64})
+    assert one.tool("memcheck").shapes == ("[3, 64]",)
 
 
 def _launcher(fixture: str, kernel: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -179,6 +264,27 @@ def test_launcher_compiles_then_needs_a_gpu(tmp_path):
     else:
         assert run.returncode == 3, run.stdout + run.stderr
         assert "needs a CUDA GPU" in run.stdout
+
+
+def test_launcher_takes_a_list_of_shapes_and_launch_count(tmp_path):
+    import torch
+
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text(json.dumps([{"num_tokens": 1, "d": 8}, {"num_tokens": 7, "d": 1352}]))
+    run = _launcher("honest_silu_vectorized.cu", "silu_and_mul", tmp_path, "--shapes-file", str(shapes),
+                    "--launches", "2")
+    if torch.cuda.is_available():
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert run.stdout.count(LAUNCH_MARK) == 4 and "shape [7, 1352] launch 2/2" in run.stdout
+    else:
+        assert run.returncode == 3, run.stdout + run.stderr
+
+
+def test_launcher_refuses_a_shape_beyond_the_promised_alignment(tmp_path):
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text(json.dumps([{"num_tokens": 1, "d": 12}]))
+    run = _launcher("honest_silu_vectorized.cu", "silu_and_mul", tmp_path, "--shapes-file", str(shapes))
+    assert run.returncode == 2 and "multiple of 8" in run.stdout
 
 
 def test_launcher_reports_compile_errors_and_refusals(tmp_path):
