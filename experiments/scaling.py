@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from experiments.search_results import busy_breakdown
-from kernels.records import read_jsonl
+from experiments.search_results import SEARCH_STAGES, busy_breakdown
+from kernels.records import read_evaluations
 
 SCALING_TARGET = 1.8  # two GPUs against one
 
@@ -27,24 +27,24 @@ SCALING_TARGET = 1.8  # two GPUs against one
 def run_rates(run_dir: Path) -> dict[str, Any]:
     """Trials, phases and rates of one run directory (summary.json and evaluations.jsonl)."""
     summary = json.loads((run_dir / "summary.json").read_text())
-    records = list(read_jsonl(run_dir / "evaluations.jsonl"))
-    trials = [r for r in records if r["stage"] in ("screen", "full")]
+    records = read_evaluations(run_dir / "evaluations.jsonl")
+    trials = [r for r in records if r.stage in SEARCH_STAGES]
     n_gpus = int(summary.get("n_gpus", 1))
     phase = busy_breakdown(records, n_gpus)
     # Once every evaluator has finished its first evaluation (which can hold its start-up):
     # a diagnostic beside the target's measure, not a replacement for it. Records do not name
     # their evaluator, so the first evaluations are taken to be the n longest of the first 4n.
-    trials.sort(key=lambda r: r["time"])
-    firsts = sorted(trials[: 4 * n_gpus], key=lambda r: r["busy_s"])[-n_gpus:]
-    warm_from = max(r["time"] for r in firsts)
-    warm = [r for r in trials if r["time"] > warm_from]
-    warm_s = max(r["time"] for r in trials) - warm_from
+    trials.sort(key=lambda r: r.time)
+    firsts = sorted(trials[: 4 * n_gpus], key=lambda r: r.busy_s)[-n_gpus:]
+    warm_from = max(r.time for r in firsts)
+    warm = [r for r in trials if r.time > warm_from]
+    warm_s = max(r.time for r in trials) - warm_from
     return {
         "run_id": summary.get("run_id"), "command": summary.get("command"), "git_commit": summary.get("git_commit"),
         "gpu": summary.get("gpu"), "date": summary.get("date"), "n_gpus": n_gpus, "variant_trials": len(trials),
         "search_phase_s": phase["search_phase_s"], "search_phase_busy_fraction": phase["search_phase_busy_fraction"],
         "trials_per_min": len(trials) / (phase["search_phase_s"] / 60.0),
-        "first_evaluation_busy_s": [round(float(r["busy_s"]), 2) for r in firsts],
+        "first_evaluation_busy_s": [round(r.busy_s, 2) for r in firsts],
         "after_first_trials_per_min": len(warm) / (warm_s / 60.0) if warm_s > 0 else None,
         "wall_s": summary["wall_s"], "whole_run_trials_per_min": len(trials) / (summary["wall_s"] / 60.0),
         "gpu_busy_fraction": summary.get("gpu_busy_fraction"),

@@ -16,7 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kernels.records import read_jsonl
+from kernels.records import EvalRecord, Stage, read_evaluations
+
+SEARCH_STAGES = (Stage.SCREEN, Stage.FULL)  # the search's own work, before the end of the run
 
 # The Astra paper's multi-agent speedups over its baselines (REFERENCE.md section 2).
 ASTRA_TARGETS = {"silu_and_mul": 1.46, "fused_add_rmsnorm": 1.25, "merge_attn_states_lse": 1.26}
@@ -24,7 +26,7 @@ PEER_TARGETS = {"flashinfer": 0.95, "torch_compile": 1.0}
 BUSY_TARGET = 0.70
 
 
-def busy_breakdown(evaluations: list[dict[str, Any]], n_gpus: int) -> dict[str, float]:
+def busy_breakdown(evaluations: list[EvalRecord], n_gpus: int) -> dict[str, float]:
     """Evaluator-busy fraction of the search phase (first evaluation to the last screening or
     full evaluation), from the run's records; the whole-run figure in summary.json also
     counts Ray start-up and the end-of-run peer timing, during which no search work exists.
@@ -35,11 +37,11 @@ def busy_breakdown(evaluations: list[dict[str, Any]], n_gpus: int) -> dict[str, 
     """
     if not evaluations:
         return {}
-    evaluations = sorted(evaluations, key=lambda r: r["time"])
-    start = evaluations[0]["time"] - evaluations[0]["busy_s"]
-    search = [r for r in evaluations if r["stage"] in ("screen", "full")]
-    end = max(r["time"] for r in search)
-    busy = sum(r["busy_s"] for r in search)
+    evaluations = sorted(evaluations, key=lambda r: r.time)
+    start = evaluations[0].time - evaluations[0].busy_s
+    search = [r for r in evaluations if r.stage in SEARCH_STAGES]
+    end = max(r.time for r in search)
+    busy = sum(r.busy_s for r in search)
     return {"search_phase_s": end - start, "search_phase_busy_s": busy,
             "search_phase_busy_fraction": busy / ((end - start) * n_gpus)}
 
@@ -145,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"{args.run_dir} has no summary.json (pass --summary-json)")
     records = args.run_dir / "evaluations.jsonl"
     if records.exists():
-        rows = list(read_jsonl(records))
+        rows = read_evaluations(records)
         summary.update(busy_breakdown(rows, int(summary.get("n_gpus", 1))))
     targets = check_targets(summary)
     out = Path(args.out)

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 import polars as pl
 
-from kernels.records import atomic_write, read_jsonl
+from kernels.records import EvalRecord, Stage, atomic_write, read_evaluations
 from kernels.spec import shape_label
 from kernels.verdict import geomean
 
@@ -36,16 +36,24 @@ def git_commit(repo: Path) -> str:
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
-def _peer_speedups(shapes: list[dict[str, Any]], peers: dict[str, dict[str, float]]) -> dict[str, float]:
+OURS = "best"  # our winner's name in the end-of-run loop; the peer ratios are taken against it
+
+
+def _peer_speedups(shapes: list[dict[str, Any]], peers: dict[str, dict[str, float]],
+                   failures: dict[str, str]) -> dict[str, float]:
     """Per peer, the geometric mean of peer time / our time over the shapes both have.
 
     Our time is the winner's time from the same interleaved loop as the peers (``best``)
-    when the evaluator gave one, else the final evaluation's.
+    when the evaluator gave one, else the final evaluation's. No ratio is computed for an
+    implementation that failed verification in the loop, and none at all when ours did:
+    a time whose output was wrong is not a time to compare.
     """
+    if OURS in failures:
+        return {}
     out = {}
-    ours = peers.get("best", {})
+    ours = peers.get(OURS, {})
     for peer, times in peers.items():
-        if peer == "best":
+        if peer == OURS or peer in failures:
             continue
         ratios = [times[s["label"]] / ours.get(s["label"], s["best_ms"]) for s in shapes
                   if s["label"] in times and times[s["label"]] > 0]
@@ -54,17 +62,20 @@ def _peer_speedups(shapes: list[dict[str, Any]], peers: dict[str, dict[str, floa
     return out
 
 
-def kernel_summary(result: Any, records: list[dict[str, Any]]) -> dict[str, Any]:
+def kernel_summary(result: Any, records: list[EvalRecord]) -> dict[str, Any]:
     """One kernel's entry of summary.json (``result`` is a :class:`search.finalize.KernelResult`)."""
     st, final, heldout = result.state, result.final, result.heldout
+    # Implementations whose output failed verification in the peers' loop (name -> reason).
+    failures = dict(getattr(result, "peer_failures", None) or {})
     shapes = [
         {"shape": s.shape, "label": shape_label(s.shape), "baseline_ms": s.baseline_ms, "best_ms": s.candidate_ms,
          "speedup": s.speedup, "copy_bw_fraction": s.copy_bw_fraction,
-         # every implementation timed in the end-of-run interleaved loop (best, baseline, peers)
-         "loop_ms": {impl: t[shape_label(s.shape)] for impl, t in result.peers.items() if shape_label(s.shape) in t}}
+         # every implementation timed and verified in the end-of-run interleaved loop (best, baseline, peers)
+         "loop_ms": {impl: t[shape_label(s.shape)] for impl, t in result.peers.items()
+                     if shape_label(s.shape) in t and impl not in failures}}
         for s in final.shapes
     ]
-    mine = [r for r in records if r["kernel"] == st.name]
+    mine = [r for r in records if r.kernel == st.name]
     fractions = [s["copy_bw_fraction"] for s in shapes if s["copy_bw_fraction"] > 0]
     return {
         "kernel": st.name,
@@ -78,11 +89,12 @@ def kernel_summary(result: Any, records: list[dict[str, Any]]) -> dict[str, Any]
         "heldout_status": heldout.status.value,
         "noise_floor": final.noise_floor,
         "shapes": shapes,
-        "speedup_over_peers": _peer_speedups(shapes, result.peers),
+        "speedup_over_peers": _peer_speedups(shapes, result.peers, failures),
         "peer_errors": dict(result.peer_errors),
+        "peer_failures": failures,
         "copy_bw_fraction": geomean(fractions) if fractions else None,
-        "variants_evaluated": len({r["variant"]["id"] for r in mine}),
-        "trials_evaluated": sum(1 for r in mine if r["stage"] == "screen"),
+        "variants_evaluated": len({r.variant.id for r in mine}),
+        "trials_evaluated": sum(1 for r in mine if r.stage is Stage.SCREEN),
         "evaluations": len(mine),
         "rejected_on_heldout": result.rejected,
         "sanitizer": getattr(result, "sanitizer", {}).get("summary", ""),
@@ -92,7 +104,7 @@ def kernel_summary(result: Any, records: list[dict[str, Any]]) -> dict[str, Any]
 
 
 def build_summary(run_dir: Path, results: Sequence[Any], meta: dict[str, Any]) -> dict[str, Any]:
-    records = list(read_jsonl(run_dir / "evaluations.jsonl"))
+    records = read_evaluations(run_dir / "evaluations.jsonl")
     summary = {
         **meta,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -127,6 +139,8 @@ def print_summary(summary: dict[str, Any], out: TextIO | None = None) -> None:
             w(f"   vs {peer}: {s:.3f}x\n")
         for peer, why in k.get("peer_errors", {}).items():
             w(f"   {peer} not timed: {why[:200]}\n")
+        for impl, why in k.get("peer_failures", {}).items():
+            w(f"   {impl} failed verification in the peers' loop (no ratio taken): {why[:200]}\n")
         if k["rejected_on_heldout"]:
             w(f"   failed held-out (not reported): {', '.join(k['rejected_on_heldout'])}\n")
         w(f"   evaluated {k['variants_evaluated']} variants, {k['trials_evaluated']} screening trials\n")
@@ -134,23 +148,23 @@ def print_summary(summary: dict[str, Any], out: TextIO | None = None) -> None:
                                          for x in k["lineage"]) + "\n")
 
 
-def _flat_record(d: dict[str, Any]) -> dict[str, Any]:
-    ev, var = d["evaluation"], d["variant"]
+def _flat_record(r: EvalRecord) -> dict[str, Any]:
+    ev, var = r.evaluation, r.variant
     return {
-        "run_id": d.get("run_id", ""), "kernel": d["kernel"], "dtype": d["dtype"], "round": d.get("round", 0),
-        "agent": d.get("agent", ""), "stage": d["stage"], "trial": d.get("trial"),
-        "variant_id": var.get("id", ""), "parent": var.get("parent", ""), "author": var.get("author", ""),
-        "note": var.get("note", ""), "params": json.dumps(d.get("params", {}), sort_keys=True),
-        "shape_set": d.get("shape_set", "search"), "status": ev["status"], "speedup": ev.get("speedup"),
-        "message": (ev.get("message") or "")[:500], "registers": ev.get("registers"),
-        "compile_key": d.get("compile_key", ""), "busy_s": d.get("busy_s", 0.0), "time": d.get("time", 0.0),
+        "run_id": r.run_id, "kernel": r.kernel, "dtype": r.dtype, "round": r.round,
+        "agent": r.agent, "stage": r.stage.value, "trial": r.trial,
+        "variant_id": var.id, "parent": var.parent, "author": var.author,
+        "note": var.note, "params": json.dumps(r.params, sort_keys=True),
+        "shape_set": r.shape_set.value, "status": ev.status.value, "speedup": ev.speedup,
+        "message": ev.message[:500], "registers": ev.registers,
+        "compile_key": r.compile_key, "busy_s": r.busy_s, "time": r.time,
     }
 
 
 def write_tables(run_dir: Path) -> tuple[Path, Path]:
     """evaluations.parquet from the records and best.parquet from ``best/*.json``."""
     run_dir = Path(run_dir)
-    rows = [_flat_record(d) for d in read_jsonl(run_dir / "evaluations.jsonl")]
+    rows = [_flat_record(r) for r in read_evaluations(run_dir / "evaluations.jsonl")]
     evals = pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame()
     evals.write_parquet(run_dir / "evaluations.parquet")
     best_rows = []

@@ -33,10 +33,11 @@ from typing import Any
 import polars as pl
 
 from agents.factory import AgentConfigError
-from kernels.records import atomic_write, read_jsonl
+from kernels.records import EvalRecord, atomic_write, read_evaluations
 from kernels.spec import LIBRARY_DIR, KernelSpecError, list_kernels, load_kernel
 from search.config import ConfigError, RunConfig, dump_config, load_config, override
 from search.progress import Progress, busy_fraction
+from search.proposal_records import read_calls
 from search.report import STANDIN_WARNING
 from search.run import (
     OneLineErrorParser,
@@ -213,25 +214,25 @@ def kernel_wall_s(times: Sequence[float], attempts: Sequence[dict[str, Any]]) ->
 
 
 def _llm_usage(run_dir: Path) -> dict[str, dict[str, float]]:
+    """Calls, tokens and cost per kernel, tester calls included."""
     usage: dict[str, dict[str, float]] = {}
-    for call in read_jsonl(run_dir / "llm_calls.jsonl"):
-        u = call.get("usage") or {}
-        t = usage.setdefault(str(call.get("kernel") or ""), dict.fromkeys(
+    for call in read_calls(run_dir / "llm_calls.jsonl"):
+        t = usage.setdefault(call.kernel, dict.fromkeys(
             ("llm_calls", "prompt_tokens", "completion_tokens", "cost_usd"), 0))
         t["llm_calls"] += 1
-        t["prompt_tokens"] += int(u.get("prompt_tokens") or 0)
-        t["completion_tokens"] += int(u.get("completion_tokens") or 0)
-        t["cost_usd"] += float(call.get("cost_usd") or 0.0)
+        t["prompt_tokens"] += call.prompt_tokens
+        t["completion_tokens"] += call.completion_tokens
+        t["cost_usd"] += call.cost_usd
     return usage
 
 
-def _kernel_row(k: dict[str, Any], best: dict[str, Any], records: list[dict[str, Any]],
+def _kernel_row(k: dict[str, Any], best: dict[str, Any], records: list[EvalRecord],
                 attempts: list[dict[str, Any]], usage: dict[str, float]) -> dict[str, Any]:
     shapes = [{"label": s["label"], "bytes_moved": int(f.get("bytes_moved", 0)), "baseline_ms": s["baseline_ms"],
                "best_ms": s["best_ms"], "speedup": s["speedup"], "copy_bw_fraction": s["copy_bw_fraction"]}
               for s, f in zip(k["shapes"], best.get("final", {}).get("shapes", [{}] * len(k["shapes"])), strict=True)]
     largest = max(shapes, key=lambda s: s["bytes_moved"], default=None)
-    mine = [r for r in records if r["kernel"] == k["kernel"]]
+    mine = [r for r in records if r.kernel == k["kernel"]]
     return {
         "kernel": k["kernel"], "dtype": k["dtype"], "note": "", "winner": k["winner"],
         "params": json.dumps(k["params"], sort_keys=True), "shapes": shapes,
@@ -242,8 +243,8 @@ def _kernel_row(k: dict[str, Any], best: dict[str, Any], records: list[dict[str,
         "largest_shape": largest["label"] if largest else None,
         "copy_bw_fraction_largest": largest["copy_bw_fraction"] if largest else None,
         "variants_evaluated": k["variants_evaluated"], "evaluations": k["evaluations"],
-        "wall_s": kernel_wall_s([float(r.get("time", 0.0)) for r in mine], attempts),
-        "gpu_busy_s": sum(float(r.get("busy_s") or 0.0) for r in mine),
+        "wall_s": kernel_wall_s([r.time for r in mine], attempts),
+        "gpu_busy_s": sum(r.busy_s for r in mine),
         "llm_calls": int(usage.get("llm_calls", 0)), "prompt_tokens": int(usage.get("prompt_tokens", 0)),
         "completion_tokens": int(usage.get("completion_tokens", 0)), "cost_usd": float(usage.get("cost_usd", 0.0)),
     }
@@ -254,7 +255,7 @@ def build_table(sweep_dir: Path) -> pl.DataFrame:
     meta = json.loads((sweep_dir / SWEEP_FILE).read_text())
     run_dir = sweep_dir / meta["run_dir"]
     summary = json.loads((run_dir / "summary.json").read_text())
-    records = list(read_jsonl(run_dir / "evaluations.jsonl"))
+    records = read_evaluations(run_dir / "evaluations.jsonl")
     usage = _llm_usage(run_dir)
     rows = []
     for k in summary["kernels"]:

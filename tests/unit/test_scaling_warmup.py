@@ -9,14 +9,23 @@ from pathlib import Path
 from evaluators.peer_warmup import PeerWarmup
 from experiments.scaling import main as scaling_main
 from experiments.scaling import run_rates
+from kernels.records import EvalRecord, Stage
+from kernels.variant import Variant
+from kernels.verdict import Evaluation, Status
+
+
+def _record(stage: Stage, time_s: float, busy_s: float, i: int) -> dict:
+    variant = Variant("k", f"// variant {i}\n")
+    return EvalRecord("r", "k", "float16", 0, "a", stage, None, variant, Evaluation(Status.COMPILE_ERROR),
+                      time=time_s, busy_s=busy_s).to_dict()
 
 
 def _run(tmp: Path, name: str, n_gpus: int, trial_s: float, n: int = 60) -> Path:
     run = tmp / name
     run.mkdir()
     t0 = 1000.0
-    rows = [{"stage": "screen", "time": t0 + (i + 1) * trial_s, "busy_s": trial_s} for i in range(n)]
-    rows.append({"stage": "final", "time": t0 + n * trial_s + 30.0, "busy_s": 1.0})
+    rows = [_record(Stage.SCREEN, t0 + (i + 1) * trial_s, trial_s, i) for i in range(n)]
+    rows.append(_record(Stage.FINAL, t0 + n * trial_s + 30.0, 1.0, n))
     (run / "evaluations.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     summary = {"run_id": name, "command": "python -m search.run", "git_commit": "abc", "gpu": "G", "date": "d",
                "n_gpus": n_gpus, "wall_s": n * trial_s + 60.0, "gpu_busy_fraction": 0.8,
