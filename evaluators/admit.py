@@ -8,9 +8,17 @@ parameters)`` into an :class:`Artifact` or a :class:`Refusal` here and nowhere e
    parameters are among the declared values (defaults filled in);
 2. the entry point keeps the spec's C signature;
 3. the launch resolves on every shape the spec lists within the device's limits;
-4. the source passes the static checks (includes, flags, routes to the file system);
-5. NVRTC compiles it (cached on disk by everything that changes the binary) and the binary
-   holds the entry.
+4. the source passes the static checks (includes, flags, every preprocessor route to the
+   file system: :mod:`evaluators.compile_checks`);
+5. NVRTC compiles it in a bounded sandbox (:mod:`evaluators.compile_sandbox`: no secrets in
+   its environment, wall-clock and memory limits; cached on disk by everything that changes
+   the binary), and the binary holds the entry, calls no device-runtime service (printf,
+   heap) and stays within the binary-size and per-thread stack limits.
+
+Refusals are COMPILE_ERROR (header, signature, static checks, the compiler, a compile
+stopped by its time or memory limit) or RESOURCE_ERROR (a launch beyond the device's limits,
+a binary too large or with too much stack), each with a message cut to
+:data:`MAX_LOG_CHARS`.
 
 The artifact carries the cubin, so the evaluator loads it instead of compiling again; across
 Ray it travels as an object (see :mod:`search.pool`).
@@ -21,8 +29,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from evaluators.compile import CompileResult, compile_variant
+from evaluators.compile import DEFAULT_ARCH, CompileLimits, CompileResult, compile_variant
 from kernels.launch import (
     DeviceLimits,
     LaunchConfig,
@@ -33,6 +42,7 @@ from kernels.launch import (
     parse_launch_header,
 )
 from kernels.spec import KernelSpec, KernelSpecError, Shape, check_signature, shape_label
+from kernels.variant import source_hash
 from kernels.verdict import Status
 
 
@@ -130,20 +140,41 @@ def binary_key(result: CompileResult, launch: LaunchSpec, params: Mapping[str, i
     return h.hexdigest()[:32]
 
 
-def _front(spec: KernelSpec, source: str, params: Mapping[str, int],
-           shapes: Iterable[Shape], limits: DeviceLimits) -> tuple[LaunchSpec, dict[str, int]]:
-    launch = parse_launch_header(source)
-    spec.check_launch(launch)
-    full = launch.validate_params(params)
-    check_signature(spec, source)
-    for shape in shapes:
-        check_limits(launch.resolve(shape, full), limits, f"at shape {shape_label(shape)} with {full}")
+def check_front(spec: KernelSpec, source: str, params: Mapping[str, int] | None = None, *,
+                limits: DeviceLimits | None = None,
+                shapes: Iterable[Shape] | None = None) -> tuple[LaunchSpec, dict[str, int]] | Refusal:
+    """Admission without the compile: header, names, parameters, signature, launch limits.
+
+    Args:
+        spec: the kernel.
+        source: the variant file.
+        params: tunable values (missing ones take their defaults).
+        limits: the device's launch limits (default: the H200's).
+        shapes: the shapes whose launches must fit (default: the spec's search and held-out).
+
+    Returns:
+        The parsed launch header and the full parameter assignment, or a :class:`Refusal`.
+    """
+    limits = limits or DeviceLimits()
+    chosen = tuple(shapes) if shapes is not None else (*spec.search_shapes, *spec.heldout_shapes)
+    try:
+        launch = parse_launch_header(source)
+        spec.check_launch(launch)
+        full = launch.validate_params(params or {})
+        check_signature(spec, source)
+        for shape in chosen:
+            check_limits(launch.resolve(shape, full), limits, f"at shape {shape_label(shape)} with {full}")
+    except LaunchLimitError as exc:
+        return Refusal(Status.RESOURCE_ERROR, clip_log(str(exc)), dict(params or {}))
+    except (LaunchSpecError, KernelSpecError) as exc:
+        return Refusal(Status.COMPILE_ERROR, clip_log(str(exc)), dict(params or {}))
     return launch, full
 
 
 def admit(spec: KernelSpec, source: str, dtype: str, params: Mapping[str, int] | None = None, *,
           arch: str | None = None, limits: DeviceLimits | None = None,
-          shapes: Iterable[Shape] | None = None) -> Artifact | Refusal:
+          shapes: Iterable[Shape] | None = None, compile_limits: CompileLimits | None = None,
+          cache_dir: Path | None = None) -> Artifact | Refusal:
     """Admits one variant at one parameter assignment, or says why not.
 
     Args:
@@ -154,38 +185,27 @@ def admit(spec: KernelSpec, source: str, dtype: str, params: Mapping[str, int] |
         arch: compile target (default: :data:`evaluators.compile.DEFAULT_ARCH`).
         limits: the device's launch limits (default: the H200's).
         shapes: the shapes whose launches must fit (default: the spec's search and held-out).
+        compile_limits: the compile's time, memory, binary-size and stack limits (default:
+            :class:`evaluators.compile.CompileLimits`).
+        cache_dir: the compile cache (default: :func:`evaluators.compile.default_cache_dir`).
 
     Returns:
         An :class:`Artifact`, or a :class:`Refusal` whose status is the verdict.
     """
-    limits = limits or DeviceLimits()
-    chosen = tuple(shapes) if shapes is not None else (*spec.search_shapes, *spec.heldout_shapes)
-    try:
-        launch, full = _front(spec, source, params or {}, chosen, limits)
-    except LaunchLimitError as exc:
-        return Refusal(Status.RESOURCE_ERROR, str(exc), dict(params or {}))
-    except (LaunchSpecError, KernelSpecError) as exc:
-        return Refusal(Status.COMPILE_ERROR, str(exc), dict(params or {}))
-    result = compile_variant(source, spec.name, dtype, full, arch)
+    front = check_front(spec, source, params, limits=limits, shapes=shapes)
+    if isinstance(front, Refusal):
+        return front
+    launch, full = front
+    arch = arch or DEFAULT_ARCH
+    result = compile_variant(source, spec.name, dtype, full, arch, cache_dir, limits=compile_limits)
     if not result.ok:
-        return Refusal(Status.COMPILE_ERROR, clip_log(result.log), full, result.seconds, result.key)
-    variant_id = _variant_id(source)
+        status = Status.RESOURCE_ERROR if result.resource_error else Status.COMPILE_ERROR
+        return Refusal(status, clip_log(result.log or "compilation failed without a log"), full,
+                       result.seconds, result.key)
     return Artifact(
-        kernel=spec.name, variant_id=variant_id, dtype=dtype, params=full, launch=launch,
-        cubin=result.cubin, arch=arch or _default_arch(), compile_key=result.key,
+        kernel=spec.name, variant_id=source_hash(source), dtype=dtype, params=full, launch=launch,
+        cubin=result.cubin, arch=arch, compile_key=result.key,
         binary_key=binary_key(result, launch, full, dtype), compile_s=result.seconds,
         log=clip_log(result.log), registers=result.registers, spill_bytes=result.spill_bytes,
         stack_bytes=result.stack_bytes, smem_bytes=result.smem_bytes,
     )
-
-
-def _variant_id(source: str) -> str:
-    from kernels.variant import source_hash
-
-    return source_hash(source)
-
-
-def _default_arch() -> str:
-    from evaluators.compile import DEFAULT_ARCH
-
-    return DEFAULT_ARCH

@@ -1,10 +1,14 @@
 """Evaluate one variant file against its kernel's baseline.
 
     python -m evaluators.check --kernel silu_and_mul my_variant.cu [--json] [--shapes heldout]
+    python -m evaluators.check --kernel silu_and_mul my_variant.cu --compile-only [--json]
 
 Prints a per-shape table (kernel times from CUDA events around single launches, L2 flushed,
 median of the repetitions, baseline and candidate interleaved) or the verdict as JSON.
-Exit status: 0 for OK, 1 for any other verdict, 2 for bad arguments or no GPU.
+``--compile-only`` runs admission alone (every static check and the sandboxed compile, no GPU
+needed) and prints its verdict. With ``--json`` every outcome, argument errors included, is
+one JSON object on stdout. Exit status: 0 for OK, 1 for any other verdict, 2 for bad
+arguments or no GPU.
 """
 
 from __future__ import annotations
@@ -13,11 +17,24 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any, NoReturn
 
+from evaluators.admit import Artifact, admit
 from evaluators.api import EvalRequest, TimingConfig
-from kernels.spec import KernelSpecError, load_kernel, shape_label
+from evaluators.compile import DEFAULT_ARCH, CompileLimits
+from kernels.launch import DeviceLimits
+from kernels.spec import KernelSpec, KernelSpecError, load_kernel, shape_label
 from kernels.variant import Variant
-from kernels.verdict import Evaluation
+from kernels.verdict import Evaluation, Status
+
+
+class _ArgumentError(Exception):
+    """A bad command line (argparse would print usage and exit; we report it our way)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _ArgumentError(message)
 
 
 def _params(items: list[str]) -> dict[str, int]:
@@ -49,8 +66,8 @@ def format_table(ev: Evaluation) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m evaluators.check", description=__doc__.split("\n")[0])
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m evaluators.check", description=(__doc__ or "").split("\n")[0])
     p.add_argument("variant", type=Path, help="variant .cu file")
     p.add_argument("--kernel", required=True, help="library kernel name or kernel folder")
     p.add_argument("--dtype", default="float16")
@@ -60,21 +77,75 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--noise-floor", action="store_true", help="also time the baseline against itself")
     p.add_argument("--json", action="store_true", help="print the verdict as JSON")
     p.add_argument("--timeout", type=float, default=20.0, help="watchdog: seconds without progress")
-    args = p.parse_args(argv)
+    p.add_argument("--compile-only", action="store_true",
+                   help="admission only: static checks and the sandboxed compile (no GPU needed)")
+    p.add_argument("--compile-timeout", type=float, default=CompileLimits().timeout_s,
+                   help="wall-clock limit of the compile, seconds")
+    p.add_argument("--arch", default=DEFAULT_ARCH, help="compile target with --compile-only")
+    return p
+
+
+def _fail(message: str, as_json: bool) -> int:
+    """Reports a bad argument or a missing GPU: exit status 2."""
+    if as_json:
+        print(json.dumps({"error": message, "exit_code": 2}))
+    else:
+        print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def compile_only_verdict(spec: KernelSpec, source: str, dtype: str, params: dict[str, int],
+                         arch: str, limits: CompileLimits) -> dict[str, Any]:
+    """Admission's verdict as a JSON-ready dict (status, message, resources, variant id)."""
+    outcome = admit(spec, source, dtype, params, arch=arch, limits=DeviceLimits(), compile_limits=limits)
+    verdict: dict[str, Any] = {"kernel": spec.name, "dtype": dtype, "variant_id": Variant(spec.name, source).id,
+                               "arch": arch, "compile_only": True}
+    if isinstance(outcome, Artifact):
+        return dict(verdict, status=Status.OK.value, message="admitted: static checks and compile passed",
+                    params=outcome.params, registers=outcome.registers, spill_bytes=outcome.spill_bytes,
+                    stack_bytes=outcome.stack_bytes, smem_bytes=outcome.smem_bytes, compile_s=outcome.compile_s,
+                    cubin_bytes=len(outcome.cubin))
+    return dict(verdict, status=outcome.status.value, message=outcome.message, params=outcome.params,
+                registers=None, spill_bytes=None, stack_bytes=None, smem_bytes=None,
+                compile_s=outcome.compile_s, cubin_bytes=0)
+
+
+def _print_compile_only(verdict: dict[str, Any], as_json: bool) -> int:
+    if as_json:
+        print(json.dumps(verdict, indent=2))
+    else:
+        print(f"{verdict['kernel']} [{verdict['dtype']}] compile only: {verdict['status']}")
+        print(f"  {verdict['message']}")
+        for key in ("params", "registers", "spill_bytes", "stack_bytes", "smem_bytes", "compile_s", "variant_id"):
+            if verdict.get(key) not in (None, {}):
+                print(f"  {key}: {verdict[key]}")
+    return 0 if verdict["status"] == Status.OK.value else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    as_json = "--json" in argv
     try:
+        args = _parser().parse_args(argv)
         spec = load_kernel(args.kernel)
         source = args.variant.read_text()
         params = _params(args.param)
         if args.dtype not in spec.dtypes:
             raise ValueError(f"{spec.name} supports dtypes {list(spec.dtypes)}, not {args.dtype!r}")
-    except (OSError, ValueError, KernelSpecError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        limits = CompileLimits(timeout_s=args.compile_timeout)
+    except (_ArgumentError, OSError, ValueError, KernelSpecError) as exc:
+        return _fail(str(exc), as_json)
+    if args.compile_only:
+        verdict = compile_only_verdict(spec, source, args.dtype, params, args.arch, limits)
+        return _print_compile_only(verdict, args.json)
     import torch
 
     if not torch.cuda.is_available():
-        print("error: no CUDA GPU visible; evaluators.check needs one", file=sys.stderr)
-        return 2
+        return _fail("no CUDA GPU visible; evaluators.check needs one (or use --compile-only)", as_json)
+    return _evaluate_on_gpu(args, spec, source, params)
+
+
+def _evaluate_on_gpu(args: argparse.Namespace, spec: KernelSpec, source: str, params: dict[str, int]) -> int:
     from evaluators.gpu import GpuEvaluator
 
     evaluator = GpuEvaluator(step_timeout_s=args.timeout)

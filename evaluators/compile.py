@@ -12,46 +12,35 @@ import hashlib
 import json
 import os
 import re
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from evaluators.compile_checks import (
+    ALLOWED_INCLUDES,
+    CompileRefused,
+    binary_stack_bytes,
+    check_services,
+    check_source_routes,
+)
+from evaluators.compile_sandbox import CompileLimits, SandboxOutcome, sandbox_compile
 from kernels.records import atomic_write
 
+__all__ = [
+    "ALLOWED_INCLUDES", "CompileLimits", "CompileRefused", "CompileResult", "build_options", "cache_key",
+    "check_includes", "compile_variant", "target_arch",
+]
+
 DEFAULT_ARCH = "sm_90"
-# Headers a variant may include; anything else could read files of the harness at compile time.
-# Only headers NVRTC itself can find: it ships no C library headers (stdint.h, float.h, ...).
-ALLOWED_INCLUDES = frozenset({"cuda_fp16.h", "cuda_bf16.h", "cuda_fp8.h", "math_constants.h"})
 # Compiler flags a variant may ask for with '// flags: ...'.
 ALLOWED_FLAGS = re.compile(
     r"^(--use_fast_math|-use_fast_math|--extra-device-vectorization|-ftz=(true|false)|"
     r"-prec-div=(true|false)|-prec-sqrt=(true|false)|-fmad=(true|false)|-maxrregcount=\d{1,3})$"
 )
 _PRELUDE = "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n#include <cuda_fp8.h>\n"
-# Any include-like directive (also spelled with the digraph %: or the trigraph ??=); its operand
-# must be a literal <name> or "name": a macro operand could name any file on the machine.
-_INCLUDE_RE = re.compile(r"^[ \t]*(?:#|%:|\?\?=)[ \t]*(include\w*|import|embed)\b(.*)$", re.MULTILINE)
-_INCLUDE_OPERAND_RE = re.compile(r'^(?:<([^<>"]+)>|"([^<>"]+)")$')
-# The tokens that decide where a comment starts: raw strings (which span lines), identifiers,
-# numbers (with ' digit separators), string and character literals, then the two comments.
-# Tokenising in the compiler's order keeps a '/*' inside a literal from hiding a directive.
-_TOKEN_RE = re.compile(
-    r"""(?P<raw>(?:u8|[uUL])?R"(?P<delim>[^()\\\s"]{0,16})\(.*?\)(?P=delim)")"""
-    r"|[A-Za-z_]\w*"
-    r"|\.?\d(?:[eEpP][+-]|'\w|[\w.])*"
-    r'|"(?:\\.|[^"\\\n])*"'
-    r"|'(?:\\.|[^'\\\n])*'"
-    r"|(?P<comment>//[^\n]*|/\*.*?\*/)",
-    re.DOTALL,
-)
 _FLAGS_RE = re.compile(r"^\s*//\s*flags\s*:(.*)$", re.MULTILINE)
 _SCALAR_T = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float"}
-
-
-class CompileRefused(ValueError):
-    """The source asks for something the compiler is not allowed to do (include, flag)."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +54,10 @@ class CompileResult:
         key: cache key.
         seconds: compile time (0 when served from the cache).
         cached: served from the disk cache.
-        registers / spill_bytes / stack_bytes: from the ptxas report of the entry function.
+        registers / spill_bytes / stack_bytes: from the ptxas report of the entry function
+            (stack bytes: the larger of its frame and its cumulative stack size).
+        limit: the limit that refused it: "timeout" or "memory" (the compile was stopped),
+            "cubin_bytes" or "stack_bytes" (the binary is too large), "" for none.
     """
 
     ok: bool
@@ -79,6 +71,12 @@ class CompileResult:
     stack_bytes: int | None = None
     smem_bytes: int | None = None
     options: tuple[str, ...] = field(default=())
+    limit: str = ""
+
+    @property
+    def resource_error(self) -> bool:
+        """The binary exceeds a resource limit (a RESOURCE_ERROR verdict, not COMPILE_ERROR)."""
+        return self.limit in ("cubin_bytes", "stack_bytes")
 
 
 def default_cache_dir() -> Path:
@@ -138,32 +136,14 @@ def variant_flags(source: str) -> list[str]:
     return flags
 
 
-def _preprocessor_view(source: str) -> str:
-    """The source as the preprocessor reads its directives: line splices joined and comments
-    blanked (keeping their line breaks, so a directive after a comment still starts a line)."""
-    text = source.replace("\\\r\n", "").replace("\\\n", "")
-
-    def blank(m: re.Match[str]) -> str:
-        token = m.group(0)
-        return " " + "\n" * token.count("\n") if m.group("comment") else token
-
-    return _TOKEN_RE.sub(blank, text)
-
-
 def check_includes(source: str) -> None:
-    """Refuses include directives other than a literal ``<name>`` from :data:`ALLOWED_INCLUDES`.
+    """Refuses every preprocessor route to the file system (see
+    :func:`evaluators.compile_checks.check_source_routes`).
 
     Raises:
-        CompileRefused: a forbidden header, a macro operand, or another directive that reads files.
+        CompileRefused: a forbidden header, directive, pragma, identifier or character.
     """
-    for directive, operand in _INCLUDE_RE.findall(_preprocessor_view(source)):
-        m = _INCLUDE_OPERAND_RE.match(operand.strip())
-        name = (m.group(1) or m.group(2)).strip() if m else ""
-        if directive != "include" or name not in ALLOWED_INCLUDES:
-            raise CompileRefused(
-                f"#{directive} {operand.strip()} is not allowed; only #include of "
-                f"{', '.join(sorted(ALLOWED_INCLUDES))} (device code only, no other files)"
-            )
+    check_source_routes(source)
 
 
 def build_options(
@@ -196,10 +176,12 @@ def cache_key(source: str, options: Sequence[str], entry: str) -> str:
 
 _PTXAS_REGS = re.compile(r"Used (\d+) registers")
 _PTXAS_STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores")
+_PTXAS_CUMULATIVE = re.compile(r"(\d+) bytes cumulative stack size")
 _PTXAS_SMEM = re.compile(r"Used \d+ registers.*?(\d+) bytes smem")
-
-
 _PTXAS_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+# Limits whose refusal is a property of the source under a given limit value, recorded with
+# that value in the cache: a later compile under the same or a tighter limit reuses it.
+_CACHED_LIMITS = {"timeout": "timeout_s", "memory": "memory_bytes", "cubin_bytes": "cubin_bytes"}
 
 
 def _entry_report(log: str, entry: str) -> str:
@@ -214,15 +196,19 @@ def _entry_report(log: str, entry: str) -> str:
 
 
 def _resources(log: str, entry: str) -> tuple[int | None, int | None, int | None, int | None]:
-    """(registers, spill bytes, stack bytes, static shared memory) of ``entry`` from the ptxas report."""
+    """(registers, spill bytes, stack bytes, static shared memory) of ``entry`` from the ptxas
+    report; stack bytes are the larger of its own frame and the cumulative stack of its calls."""
     log = _entry_report(log, entry)
     regs = _PTXAS_REGS.findall(log)
     stack = _PTXAS_STACK.findall(log)
+    cumulative = _PTXAS_CUMULATIVE.findall(log)
     smem = _PTXAS_SMEM.findall(log)
+    frames = [int(stack[-1][0])] if stack else []
+    frames += [int(c) for c in cumulative[-1:]]
     return (
         int(regs[-1]) if regs else None,
         int(stack[-1][1]) if stack else None,
-        int(stack[-1][0]) if stack else None,
+        max(frames) if frames else None,
         int(smem[-1]) if smem else (0 if regs else None),
     )
 
@@ -233,27 +219,43 @@ def _text_section(entry: str) -> bytes:
     return b".text." + entry.encode() + b"\x00"
 
 
-def _nvrtc_compile(source: str, options: Sequence[str], entry: str) -> tuple[bool, bytes, str]:
-    from cuda.bindings import nvrtc
+def _judge(cubin: bytes, log: str, entry: str, limits: CompileLimits) -> tuple[str, str]:
+    """Checks a compiled binary; returns ("", "") or (the reason it is refused, the limit).
 
-    err, prog = nvrtc.nvrtcCreateProgram(_full_source(source).encode(), b"variant.cu", 0, [], [])
-    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        return False, b"", f"nvrtcCreateProgram failed: {err}"
+    Runs on every result, cached ones included, so a tighter limit applies to old entries.
+    """
+    # An entry counts only as an unmangled __global__ symbol of exactly that name: a C++
+    # (mangled) kernel or another kernel whose name merely contains ``entry`` cannot be loaded.
+    if entry not in _PTXAS_ENTRY.findall(log) and _text_section(entry) not in cubin:
+        return f'no kernel named {entry} in the binary (use extern "C" __global__ void {entry}(...))', ""
     try:
-        encoded = [o.encode() for o in options]
-        (result,) = nvrtc.nvrtcCompileProgram(prog, len(encoded), encoded)
-        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        buf = b" " * size
-        nvrtc.nvrtcGetProgramLog(prog, buf)
-        log = buf.decode(errors="replace").rstrip("\x00").strip()
-        if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            return False, b"", log or str(result)
-        _, size = nvrtc.nvrtcGetCUBINSize(prog)
-        cubin = b" " * size
-        nvrtc.nvrtcGetCUBIN(prog, cubin)
-        return True, bytes(cubin), log
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
+        check_services(cubin)
+    except CompileRefused as exc:
+        return str(exc), ""
+    if len(cubin) > limits.cubin_bytes:
+        return f"resource limit: the binary is {len(cubin)} bytes, more than the {limits.cubin_bytes} allowed", "cubin_bytes"
+    stack = _resources(log, entry)[2]
+    source = "ptxas report"
+    if stack is None:  # no report for the entry: the largest frame of any function in the binary
+        stack, source = binary_stack_bytes(cubin), "largest frame in the binary; no ptxas report for the entry"
+    if stack > limits.stack_bytes:
+        return (f"resource limit: {stack} bytes of stack per thread ({source}), more than the "
+                f"{limits.stack_bytes} allowed (large local arrays?)"), "stack_bytes"
+    return "", ""
+
+
+def _cached(meta_path: Path, bin_path: Path, limits: CompileLimits) -> SandboxOutcome | None:
+    """The cached outcome, if there is one that still holds under ``limits``."""
+    if not meta_path.is_file():
+        return None
+    meta = json.loads(meta_path.read_text())
+    limit = meta.get("limit", "")
+    if limit in _CACHED_LIMITS and getattr(limits, _CACHED_LIMITS[limit]) > meta.get("limit_value", 0):
+        return None  # refused under a tighter limit than today's: compile again
+    cubin = bin_path.read_bytes() if meta["ok"] and bin_path.is_file() else b""
+    if meta["ok"] and not cubin:
+        return None  # the binary was lost
+    return SandboxOutcome(meta["ok"], cubin, meta["log"], 0.0, limit)
 
 
 def compile_variant(
@@ -263,14 +265,18 @@ def compile_variant(
     defines: Mapping[str, int] | None = None,
     arch: str | None = None,
     cache_dir: Path | None = None,
+    *,
+    limits: CompileLimits | None = None,
 ) -> CompileResult:
-    """Compiles a variant file to a cubin for ``arch``, using the disk cache.
+    """Compiles a variant file to a cubin for ``arch`` in the sandbox, using the disk cache.
 
-    A source that includes other files or asks for forbidden flags is refused with
-    ``ok=False`` and the reason in ``log``; NVRTC errors come back the same way. Only a
-    broken NVRTC installation raises.
+    A source that could reach files or asks for forbidden flags is refused before NVRTC sees
+    it; NVRTC errors, limits that stopped the compile (``limit`` says which) and refused
+    binaries (device printf or heap, too large, too much stack) come back with ``ok=False``
+    and the reason in ``log``. Only a broken NVRTC installation raises.
     """
     arch = arch or DEFAULT_ARCH
+    limits = limits or CompileLimits()
     try:
         check_includes(source)
         options = build_options(source, dtype, defines or {}, arch)
@@ -279,19 +285,20 @@ def compile_variant(
     key = cache_key(source, options, entry)
     cache = (cache_dir or default_cache_dir()) / key[:2]
     meta_path, bin_path = cache / f"{key}.json", cache / f"{key}.cubin"
-    if meta_path.is_file():
-        meta = json.loads(meta_path.read_text())
-        cubin = bin_path.read_bytes() if meta["ok"] and bin_path.is_file() else b""
-        if cubin or not meta["ok"]:
-            return CompileResult(meta["ok"], cubin, meta["log"], key, 0.0, True, *_resources(meta["log"], entry), tuple(options))
-    start = time.perf_counter()
-    ok, cubin, log = _nvrtc_compile(source, options, entry)
-    seconds = time.perf_counter() - start
-    # An entry counts only as an unmangled __global__ symbol of exactly that name: a C++
-    # (mangled) kernel or another kernel whose name merely contains ``entry`` cannot be loaded.
-    if ok and entry not in _PTXAS_ENTRY.findall(log) and _text_section(entry) not in cubin:
-        ok, log = False, f'{log}\nno kernel named {entry} in the binary (use extern "C" __global__ void {entry}(...))'
+    outcome = _cached(meta_path, bin_path, limits)
+    cached = outcome is not None
+    if outcome is None:
+        outcome = sandbox_compile(_full_source(source), options, limits)
+        if outcome.ok:
+            atomic_write(bin_path, outcome.cubin)
+        if outcome.cacheable:
+            meta = {"ok": outcome.ok, "log": outcome.log, "options": options, "limit": outcome.limit}
+            if outcome.limit in _CACHED_LIMITS:
+                meta["limit_value"] = getattr(limits, _CACHED_LIMITS[outcome.limit])
+            atomic_write(meta_path, json.dumps(meta).encode())
+    ok, cubin, log, limit = outcome.ok, outcome.cubin, outcome.log, outcome.limit
     if ok:
-        atomic_write(bin_path, cubin)
-    atomic_write(meta_path, json.dumps({"ok": ok, "log": log, "options": options}).encode())
-    return CompileResult(ok, cubin, log, key, seconds, False, *_resources(log, entry), tuple(options))
+        reason, limit = _judge(cubin, log, entry, limits)
+        if reason:
+            ok, cubin, log = False, b"", f"{reason}\n{log}".strip()
+    return CompileResult(ok, cubin, log, key, outcome.seconds, cached, *_resources(log, entry), tuple(options), limit=limit)

@@ -2,7 +2,8 @@
 
 It exists so that the search loop (agents, Ray pool, selection, tuning, records, resume)
 can run end to end on a machine without a GPU. What is real: the launch header and
-signature checks and the NVRTC compilation, so compile errors are genuine. What is not:
+signature checks and the NVRTC compilation (admission, :func:`evaluators.admit.admit`, the
+same door the GPU evaluator uses), so compile and resource errors are genuine. What is not:
 nothing is validated and nothing runs; the "timings" are a deterministic synthetic cost
 model of the source (vector loads, fast intrinsics, ``__restrict__``, block size and grid
 coverage make a variant "faster"). Every evaluation it returns carries
@@ -21,11 +22,10 @@ import time
 import zlib
 from pathlib import Path
 
-from evaluators.admit import Artifact
+from evaluators.admit import Artifact, admit
 from evaluators.api import EvalRequest, Evaluator
-from evaluators.compile import compile_variant
-from kernels.launch import LaunchConfig, LaunchSpecError
-from kernels.spec import KernelSpec, KernelSpecError, check_signature, load_kernel
+from kernels.launch import DeviceLimits, LaunchConfig, LaunchSpecError
+from kernels.spec import KernelSpec, load_kernel
 from kernels.verdict import Evaluation, ShapeResult, Status
 
 DEVICE_NAME = "cpu-standin"
@@ -82,6 +82,7 @@ class StandinEvaluator(Evaluator):
         self.cache_dir = cache_dir
         self.latency_s = latency_s
         self._specs: dict[str, KernelSpec] = {}
+        self.limits = DeviceLimits()
 
     def _spec(self, kernel: str) -> KernelSpec:
         if kernel not in self._specs:
@@ -95,20 +96,31 @@ class StandinEvaluator(Evaluator):
             extra={"evaluator": self.kind}, **kw,  # type: ignore[arg-type]
         )
 
+    def _admitted(self, spec: KernelSpec, request: EvalRequest, artifact: Artifact | None) -> Artifact | Evaluation:
+        """The artifact to run: the one given when it is this request's, else admission's."""
+        if artifact is not None and (artifact.kernel, artifact.variant_id, artifact.dtype) == (
+                spec.name, request.variant.id, request.dtype):
+            try:
+                full = request.variant.launch().validate_params(request.params)
+                if full == artifact.params:
+                    artifact.launches(request.shapes(spec), self.limits)
+                    return artifact
+            except LaunchSpecError:
+                pass  # not this request's artifact after all: admit the source
+        outcome = admit(spec, request.variant.source, request.dtype, request.params,
+                        limits=self.limits, shapes=request.shapes(spec), cache_dir=self.cache_dir)
+        if isinstance(outcome, Artifact):
+            return outcome
+        return self._fail(request, outcome.status, outcome.message, compile_s=outcome.compile_s)
+
     def evaluate(self, request: EvalRequest, artifact: Artifact | None = None) -> Evaluation:
         start = time.perf_counter()
         spec = self._spec(request.kernel)
         source = request.variant.source
-        try:
-            launch = request.variant.launch()
-            spec.check_launch(launch)
-            check_signature(spec, source)
-            params = launch.validate_params(request.params)
-        except (LaunchSpecError, KernelSpecError) as exc:
-            return self._fail(request, Status.COMPILE_ERROR, str(exc))
-        compiled = compile_variant(source, spec.name, request.dtype, params, cache_dir=self.cache_dir)
-        if not compiled.ok:
-            return self._fail(request, Status.COMPILE_ERROR, compiled.log, compile_s=compiled.seconds)
+        admitted = self._admitted(spec, request, artifact)
+        if isinstance(admitted, Evaluation):
+            return admitted
+        params = admitted.params
         if self.latency_s:
             time.sleep(self.latency_s)
         for marker in _MARKER_RE.findall(source):
@@ -130,7 +142,7 @@ class StandinEvaluator(Evaluator):
             status=Status.OK, message="stand-in: synthetic timing, not a measurement",
             kernel=spec.name, dtype=request.dtype, variant_id=request.variant.id,
             params=params, shapes=tuple(results), shape_set=request.shape_set,
-            registers=compiled.registers, compile_s=compiled.seconds,
+            registers=admitted.registers, compile_s=admitted.compile_s,
             eval_s=time.perf_counter() - start, extra={"evaluator": self.kind},
         )
 
@@ -140,9 +152,6 @@ class StandinEvaluator(Evaluator):
         out = []
         for shape in request.shapes(spec):
             cand = request.variant.launch().resolve(shape, params)
-            threads = cand.block[0] * cand.block[1] * cand.block[2]
-            if threads > 1024:
-                raise LaunchSpecError(f"block of {threads} threads exceeds 1024 for {dict(shape)}")
             base = base_launch.resolve(shape, base_launch.default_params())
             nbytes = spec.bytes_moved(shape, request.dtype)
             label = f"{sorted(shape.items())}{request.dtype}"

@@ -2,7 +2,8 @@
 
 A result is kept only if it is a complete variant file that keeps the entry point and
 argument list, whose launch header resolves on every shape of the kernel (search and
-held-out) and every tunable value within the hardware's limits, and that compiles.
+held-out) and every tunable value within the device's limits, and that admission
+(:func:`evaluators.admit.admit`) accepts.
 """
 
 from __future__ import annotations
@@ -12,14 +13,12 @@ from dataclasses import dataclass
 
 from agents.embedded.recipes import Recipe, RecipeError
 from agents.embedded.transforms import GENERIC, Target
-from evaluators.compile import compile_variant
-from kernels.launch import LaunchSpecError, parse_launch_header
-from kernels.spec import KernelSpec, KernelSpecError, check_signature
+from evaluators.admit import Refusal, admit
+from kernels.launch import DeviceLimits, LaunchSpecError, check_limits, parse_launch_header
+from kernels.spec import KernelSpec, shape_label
 
-MAX_THREADS = 1024
-MAX_SMEM_BYTES = 227 * 1024  # opt-in shared memory per block on sm_90
-MAX_GRID_YZ = 65535
-MAX_GRID_X = 2**31 - 1
+# The device the search targets (the H200's limits); the evaluator checks again with its own.
+LIMITS = DeviceLimits()
 
 
 @dataclass(frozen=True)
@@ -54,36 +53,28 @@ def apply_plan(
     return Applied(source, tuple(plan), tuple(history))
 
 
-def launch_problem(spec: KernelSpec, source: str) -> str | None:
-    """Why the launch header is unusable on some shape and tunable assignment, or None."""
+def launch_problem(spec: KernelSpec, source: str, limits: DeviceLimits = LIMITS) -> str | None:
+    """Why the launch header is unusable on some shape and tunable assignment, or None.
+
+    Admission checks one assignment; the coder checks every one, since the search will try
+    them all."""
     try:
         launch = parse_launch_header(source)
         spec.check_launch(launch)
         for shape in (*spec.search_shapes, *spec.heldout_shapes):
             for params in launch.param_grid():
-                cfg = launch.resolve(shape, params)
-                threads = cfg.block[0] * cfg.block[1] * cfg.block[2]
-                if threads > MAX_THREADS:
-                    return f"{threads} threads per block at {shape} {params}"
-                if cfg.smem_bytes > MAX_SMEM_BYTES:
-                    return f"{cfg.smem_bytes} bytes of shared memory at {shape} {params}"
-                if cfg.grid[0] > MAX_GRID_X or max(cfg.grid[1:]) > MAX_GRID_YZ:
-                    return f"grid {cfg.grid} too large at {shape} {params}"
+                check_limits(launch.resolve(shape, params), limits, f"at shape {shape_label(shape)} with {params}")
     except LaunchSpecError as exc:
         return str(exc)
     return None
 
 
 def check_variant(spec: KernelSpec, source: str, dtype: str) -> str | None:
-    """Signature, launch header and an NVRTC compile at the default tunables; the reason
-    the variant is unusable, or None."""
-    try:
-        check_signature(spec, source)
-    except KernelSpecError as exc:
-        return str(exc)
+    """Launch header at every tunable assignment, then admission (signature, static checks,
+    the sandboxed compile) at the default tunables; the reason the variant is unusable, or
+    None."""
     problem = launch_problem(spec, source)
     if problem:
         return problem
-    defaults = parse_launch_header(source).default_params()
-    result = compile_variant(source, spec.name, dtype, defaults)
-    return None if result.ok else result.log[-2000:]
+    outcome = admit(spec, source, dtype, limits=LIMITS)
+    return outcome.message if isinstance(outcome, Refusal) else None

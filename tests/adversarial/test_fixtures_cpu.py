@@ -1,13 +1,20 @@
 """CPU checks of the adversarial fixtures: the index is consistent, every variant parses,
 those meant to compile do compile with NVRTC, and those meant to be refused are refused
-with a message that says why (through the GPU evaluator's front end, which needs no GPU)."""
+with a message that says why: by admission (:func:`evaluators.admit.admit`), by
+``python -m evaluators.check --compile-only --json`` and by the GPU evaluator's front end,
+none of which needs a GPU."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
+from evaluators.admit import Artifact, Refusal, admit
 from evaluators.api import EvalRequest
-from evaluators.compile import compile_variant
+from evaluators.compile import CompileLimits, compile_variant
 from kernels.launch import LaunchSpecError, parse_launch_header
 from kernels.spec import KernelSpecError, check_signature, list_kernels, load_kernel
 from kernels.variant import Variant
@@ -90,7 +97,11 @@ def test_launch_header_and_signature(fx):
         check_signature(spec, source)
 
 
-COMPILING = [f for f in FIXTURES if f.status != "COMPILE_ERROR"]
+# Fixtures whose verdict admission decides on the CPU; the others must pass admission.
+ADMISSION = [f for f in FIXTURES if f.status in ("COMPILE_ERROR", "RESOURCE_ERROR")]
+COMPILING = [f for f in FIXTURES if f not in ADMISSION]
+# A compile bomb must be stopped by a limit; a small one keeps CI fast (the default is 60 s).
+FAST_LIMITS = CompileLimits(timeout_s=10.0)
 
 
 @pytest.mark.parametrize("fx", COMPILING, ids=_ids(COMPILING))
@@ -131,3 +142,34 @@ def test_gpu_evaluator_front_end_gives_compile_error(fx, compile_cache):
     assert ev.guard in ("", fx.guard)
     for text in fx.message_contains:
         assert text.lower() in ev.message.lower(), f"{fx.file}: {text!r} not in {ev.message!r}"
+
+
+def _assert_message(fx, message):
+    for text in fx.message_contains:
+        assert text.lower() in message.lower(), f"{fx.file}: {text!r} not in {message!r}"
+
+
+@pytest.mark.parametrize("fx", FIXTURES, ids=_ids(FIXTURES))
+def test_admission_gives_the_verdict(fx, compile_cache):
+    outcome = admit(load_kernel(fx.kernel), fx.source(), "float16", arch="sm_90", compile_limits=FAST_LIMITS)
+    if fx in ADMISSION:
+        assert isinstance(outcome, Refusal), f"{fx.file} was admitted"
+        assert outcome.status is Status(fx.status), outcome.message
+        assert "\n" not in outcome.message.split("\n")[0]  # the reason leads the message
+        assert len(outcome.message) <= 4100
+        _assert_message(fx, outcome.message)
+    else:
+        assert isinstance(outcome, Artifact), getattr(outcome, "message", "")
+        assert outcome.cubin.startswith(b"\x7fELF")
+
+
+@pytest.mark.parametrize("fx", ADMISSION, ids=_ids(ADMISSION))
+def test_check_compile_only_json_gives_the_verdict(fx, compile_cache):
+    cmd = [sys.executable, "-m", "evaluators.check", "--kernel", fx.kernel, str(fx.path), "--compile-only",
+           "--json", "--compile-timeout", str(FAST_LIMITS.timeout_s)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    verdict = json.loads(done.stdout)  # one JSON object, nothing else on stdout
+    assert done.returncode == 1, done.stderr
+    assert verdict["status"] == fx.status
+    assert verdict["variant_id"] == Variant(fx.kernel, fx.source()).id
+    _assert_message(fx, verdict["message"])

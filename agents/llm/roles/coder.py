@@ -1,7 +1,8 @@
 """The coder role: a planned change in, a complete variant file out, repaired on refusal.
 
-Before a variant leaves the agent it is checked on the CPU the way the evaluator will check
-it (launch header, entry signature, NVRTC compile at the default tunables). A refusal goes
+Before a variant leaves the agent it is checked on the CPU by the evaluator's own admission
+(launch header, entry signature, static checks, sandboxed NVRTC compile at the default
+tunables). A refusal goes
 back to the model with the log for at most ``repair_turns`` more turns; a variant that still
 fails is returned anyway so that the evaluator records its verdict. A reply without code, or
 a call that failed for good, makes a failed proposal.
@@ -17,10 +18,8 @@ from agents.llm.client import ChatClient
 from agents.llm.config import RoleConfig
 from agents.llm.parse import extract_code
 from agents.llm.prompts import render
-from kernels.launch import LaunchSpecError, parse_launch_header
-from kernels.spec import KernelSpec, KernelSpecError, check_signature
-
-_LOG_CHARS = 4000
+from evaluators.admit import Refusal, admit, check_front
+from kernels.spec import KernelSpec
 
 
 @dataclass
@@ -41,27 +40,16 @@ class CodeResult:
 
 
 def check_source(spec: KernelSpec, source: str, dtype: str, compile_check: bool = True) -> str:
-    """The reason the evaluator would refuse ``source`` before running it, or ''."""
-    try:
-        launch = parse_launch_header(source)
-        spec.check_launch(launch)
-    except LaunchSpecError as exc:
-        return f"launch header: {exc}"
-    try:
-        check_signature(spec, source)
-    except KernelSpecError as exc:
-        return f"signature: {exc}"
+    """The reason the evaluator would refuse ``source`` before running it, or ''.
+
+    The check is admission itself (:func:`evaluators.admit.admit`) at the default tunables;
+    without ``compile_check`` only its front end (header, names, signature, launch limits).
+    """
     if not compile_check:
-        return ""
-    try:
-        from evaluators.compile import compile_variant
-    except ImportError:  # no NVRTC on this host: the evaluator's compile pool will judge
-        return ""
-    result = compile_variant(source, spec.name, dtype, defines=launch.default_params())
-    if result.ok:
-        return ""
-    log = result.log.strip() or "compilation failed without a log"
-    return log if len(log) <= _LOG_CHARS else log[:_LOG_CHARS] + "\n... (log truncated)"
+        front = check_front(spec, source)
+        return front.message if isinstance(front, Refusal) else ""
+    outcome = admit(spec, source, dtype)
+    return outcome.message if isinstance(outcome, Refusal) else ""
 
 
 def converse(

@@ -1,0 +1,13 @@
+// Attack (include): a vertical tab between "#" and "include" (the preprocessor takes it
+// as whitespace) to include a header outside the allowed list.
+// launch: grid=(num_tokens,) block=(256,) smem=0
+
+#include <cuda_runtime.h>
+
+extern "C" __global__ void silu_and_mul(scalar_t* out, const scalar_t* x, int num_tokens, int d) {
+    const long long token = blockIdx.x;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        const float g = static_cast<float>(x[token * 2 * d + i]);
+        out[token * d + i] = static_cast<scalar_t>(g / (1.0f + expf(-g)) * static_cast<float>(x[token * 2 * d + d + i]));
+    }
+}
