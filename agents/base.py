@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -9,6 +10,16 @@ from typing import Any
 
 from kernels.variant import Variant
 from kernels.verdict import Evaluation
+
+
+def derive_seed(*parts: object) -> int:
+    """A 64-bit seed from its parts, the same in every process and on every machine.
+
+    Python's ``hash()`` of a string is salted per process, so a seed made with it differs
+    between a run and its resume; a digest of the parts' text does not.
+    """
+    text = "\x1f".join(repr(p) for p in parts)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
 
 
 @dataclass(frozen=True)
@@ -35,7 +46,9 @@ class AgentContext:
         elites: the population's current top variants with their evaluations.
         round: the search round (0-based).
         n_variants: how many proposals are wanted.
-        seed: per-agent seed, so agents explore differently.
+        seed: the seed of this request, derived from the run's seed, the kernel, the round
+            and the agent's slot (:func:`derive_seed`): an agent draws its randomness from it
+            (and its own constructor seed), never from how often it was called.
     """
 
     kernel: str
@@ -79,7 +92,12 @@ class Agent(ABC):
 
     @abstractmethod
     def propose(self, ctx: AgentContext) -> Sequence[Proposal]:
-        """Returns up to ``ctx.n_variants`` proposals derived from ``ctx.parent``."""
+        """Returns up to ``ctx.n_variants`` proposals derived from ``ctx.parent``.
+
+        The same context (after the same observed attempts) must give the same proposals: a
+        resumed run asks only for the rounds it has no record of, and must get what the
+        uninterrupted run would have got.
+        """
 
     def observe(self, attempts: Sequence[Attempt]) -> None:  # noqa: B027 - optional hook
         """Receives the verdicts of this agent's latest proposals (for stateful agents)."""

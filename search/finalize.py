@@ -1,31 +1,36 @@
-"""End of a run: held-out re-validation of the winners, final timing, peers, best files.
+"""End of a run: held-out re-validation of the winners, sanitizer, final timing, peers, best files.
 
-A winner must also pass on the held-out shapes the search never saw; one that fails there
-is dropped and the next elite is tried (the baseline is the last resort). The survivors are
-re-timed with the full protocol in fresh evaluator actors (one per GPU), which also time
-the production peers on the same shapes.
+Every step is a stage of the controller over the same evaluator pool (retries, replacement of
+dead actors) and every evaluation is recorded by the same code as the search's:
+
+1. held-out: each kernel's elites, in rank order, on the held-out shapes (the spec's fixed
+   ones and those drawn for this run) until one passes; the baseline is the last resort;
+2. the pool is renewed (fresh evaluators, one per GPU, after the peers' background compiles);
+3. per kernel: compute-sanitizer on the winner (a winner with findings is replaced by the
+   baseline, whose held-out verdict is then evaluated and recorded too), the final timing
+   (stage final), and the production peers timed in one loop with the winner and baseline.
+
+A failure of one kernel's step (an evaluator error, an actor that keeps dying) is recorded for
+that kernel and the others finish.
 """
 
 from __future__ import annotations
 
+import json
 import sys
-import threading
-import time
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import ray
-
-from evaluators.api import EvalRequest, TimingConfig
 from evaluators.peer_warmup import PeerWarmup
-from kernels.records import EvalRecord, Stage, eval_key
+from kernels.records import ShapeSet, Stage
 from kernels.verdict import Evaluation
-from search.controller import Controller, Job
-from search.pool import spawn_evaluator
+from search.controller import Controller
+from search.jobs import Job
 from search.selection import Scored
 from search.state import KernelState
+
+LOOP_ERROR = "peers' loop"  # key of peer_errors when the whole loop could not run
 
 
 @dataclass
@@ -37,8 +42,14 @@ class KernelResult:
         winner: the variant reported (at its best parameters).
         heldout: its verdict on the held-out shapes.
         final: its full-protocol timing on the search shapes, in a fresh evaluator.
-        peers: ``{peer: {shape label: ms}}`` on the search shapes.
-        rejected: variants that were better on the search shapes but failed held-out.
+        peers: ``{implementation: {shape label: ms}}`` from the peers' loop on the search
+            shapes; empty when the winner failed verification in that loop.
+        rejected: variants that were better on the search shapes but failed held-out (or
+            the sanitizer).
+        sanitizer: the sanitizer's report (``status``, ``summary``, ...).
+        peer_errors: ``{peer: why it was not timed}``.
+        peer_failures: ``{our kernel: why}`` for our kernels (``best``, ``baseline``) that
+            failed verification in the peers' loop; a winner listed here has no peer ratios.
     """
 
     state: KernelState
@@ -49,144 +60,152 @@ class KernelResult:
     rejected: list[str] = field(default_factory=list)
     sanitizer: dict[str, Any] = field(default_factory=dict)
     peer_errors: dict[str, str] = field(default_factory=dict)
+    peer_failures: dict[str, str] = field(default_factory=dict)
 
 
-def _heldout_winners(ctl: Controller) -> dict[str, tuple[Scored, Evaluation, list[str]]]:
-    """Walks each kernel's elites in rank order until one passes on the held-out shapes."""
-    queues: dict[str, list[Scored]] = {}
-    for st in ctl.states:
-        assert st.baseline_scored is not None
-        queues[st.name] = [*st.archive.ranked(), st.baseline_scored]
-    winners: dict[str, tuple[Scored, Evaluation, list[str]]] = {}
-    rejected: dict[str, list[str]] = {st.name: [] for st in ctl.states}
+@dataclass
+class _Progress:
+    """One kernel's way through the end of the run."""
 
-    def on_done(st: KernelState, item: Scored, evaluation: Evaluation) -> None:
-        if evaluation.status.is_ok or item.variant.id == st.baseline.id:
-            winners[st.name] = (item, evaluation, rejected[st.name])
+    st: KernelState
+    queue: list[Scored]
+    winner: Scored | None = None
+    heldout: Evaluation | None = None
+    rejected: list[str] = field(default_factory=list)
+    sanitizer: dict[str, Any] = field(default_factory=dict)
+    result: KernelResult | None = None
+
+
+class EndOfRun:
+    """The stages of the end of a run, for every kernel at once, over the controller's pool.
+
+    Args:
+        ctl: the controller whose search has finished.
+    """
+
+    def __init__(self, ctl: Controller) -> None:
+        self.ctl = ctl
+        self.kernels: dict[str, _Progress] = {}
+        for st in ctl.states:
+            assert st.baseline_scored is not None
+            self.kernels[st.name] = _Progress(st, [*st.archive.ranked(), st.baseline_scored])
+
+    # -- held-out -------------------------------------------------------------------------
+
+    def heldout(self) -> None:
+        """Walks each kernel's elites in rank order until one passes on the held-out shapes."""
+        for k in self.kernels.values():
+            self._next_heldout(k)
+        self.ctl.drain(lambda: all(k.winner is not None for k in self.kernels.values()))
+
+    def _heldout_job(self, st: KernelState, item: Scored, then: Callable[[Evaluation], None]) -> Job:
+        return Job(st, item.variant, Stage.HELDOUT, item.params, then, shape_set=ShapeSet.HELDOUT)
+
+    def _next_heldout(self, k: _Progress) -> None:
+        item = k.queue[0]
+
+        def done(evaluation: Evaluation) -> None:
+            if evaluation.status.is_ok or item.variant.id == k.st.baseline.id:
+                k.winner, k.heldout = item, evaluation
+                return
+            k.st.drop(item.variant.id)
+            k.rejected.append(item.variant.id)
+            k.queue.pop(0)
+            self._next_heldout(k)
+
+        self.ctl.submit(self._heldout_job(k.st, item, done))
+
+    # -- sanitizer, final timing, peers -----------------------------------------------------
+
+    def finish(self) -> list[KernelResult]:
+        """Sanitizer, final timing and peers for every kernel; returns the results in order."""
+        for k in self.kernels.values():
+            self._sanitize(k)
+        self.ctl.drain(lambda: all(k.result is not None for k in self.kernels.values()))
+        return [self.kernels[st.name].result for st in self.ctl.states]  # type: ignore[misc]
+
+    def _sanitize(self, k: _Progress) -> None:
+        assert k.winner is not None
+        cfg = self.ctl.config.evaluator
+        if not cfg.sanitize or k.winner.variant.id == k.st.baseline.id:
+            k.sanitizer = {"status": "SKIPPED", "summary": "not asked for" if not cfg.sanitize else "baseline"}
+            self._final(k)
             return
-        st.archive.remove(item.variant.id)
-        rejected[st.name].append(item.variant.id)
-        queues[st.name].pop(0)
-        submit(st)
 
-    def submit(st: KernelState) -> None:
-        item = queues[st.name][0]
-        job = Job(st, item.variant, "heldout", item.params, lambda ev: on_done(st, item, ev),
-                  agent=None, shape_set="heldout")
-        ctl._submit(job, compiled=False)
+        def done(report: dict[str, Any] | None, error: str) -> None:
+            k.sanitizer = report if report is not None else {"status": "ERROR", "summary": error}
+            if k.sanitizer.get("status") == "FINDINGS":
+                self._to_baseline(k)  # a latent memory bug or race: not reported, whatever its speed
+            else:
+                self._final(k)
 
-    for st in ctl.states:
-        submit(st)
-    ctl.drain(lambda: len(winners) == len(ctl.states))
-    return winners
+        shapes = [*k.st.search_shapes(), *k.st.heldout_shapes()]
+        # Sanitizer runs are separate, mostly host-bound processes: they overlap on an actor.
+        self.ctl.call(done, "sanitize", k.st.ref, k.winner.variant.source, k.st.dtype, dict(k.winner.params),
+                      shapes, exclusive=False, what=f"{k.st.name} {k.winner.variant.id}")
 
+    def _to_baseline(self, k: _Progress) -> None:
+        assert k.winner is not None and k.st.baseline_scored is not None
+        k.rejected.append(k.winner.variant.id)
+        k.winner = k.st.baseline_scored
 
-def _final_timing(ctl: Controller, actor: Any, st: KernelState, item: Scored, lock: threading.Lock) -> Evaluation:
-    params = dict(item.params)
-    key = eval_key(item.variant.id, params, st.dtype, "final", "search")
-    with lock:
-        if key in ctl.cache:
-            return ctl.cache[key].evaluation
-    request = EvalRequest(kernel=st.ref, variant=item.variant, params=params, dtype=st.dtype,
-                          timing=TimingConfig.full(), seeds=ctl.config.evaluator.seeds, noise_floor=True,
-                          extra_shapes=st.extra_shapes)
-    evaluation, busy = ray.get(actor.evaluate.remote(request))
-    record = EvalRecord(
-        run_id=ctl.records.run_id, kernel=st.name, dtype=st.dtype, round=st.rounds_done, agent=item.variant.author,
-        stage=Stage.FINAL, trial=None, variant=item.variant, evaluation=evaluation, params=params,
-        time=time.time(), busy_s=busy,
-    )
-    with lock:
-        ctl.pool.busy_s += busy
-        ctl.records.evaluation(record)
-        ctl.cache[key] = record
-    return evaluation
+        def done(evaluation: Evaluation) -> None:
+            k.heldout = evaluation
+            self._final(k)
 
+        self.ctl.submit(self._heldout_job(k.st, k.winner, done))
 
-def _sanitize_all(ctl: Controller, actors: list[Any], won: dict[str, tuple[Scored, Evaluation, list[str]]]
-                  ) -> dict[str, dict[str, Any]]:
-    """compute-sanitizer on every winner at once, spread over the actors: each tool run is a
-    separate, mostly host-bound process, and nothing is timed while they run."""
-    reports: dict[str, dict[str, Any]] = {}
-    refs = {}
-    for i, st in enumerate(ctl.states):
-        item = won[st.name][0]
-        if not ctl.config.evaluator.sanitize or item.variant.id == st.baseline.id:
-            why = "not asked for" if not ctl.config.evaluator.sanitize else "baseline"
-            reports[st.name] = {"status": "SKIPPED", "summary": why}
-            continue
-        actor = actors[i % len(actors)]
-        refs[st.name] = actor.sanitize.remote(st.ref, item.variant.source, st.dtype, dict(item.params))
-    for name, ref in refs.items():
-        reports[name] = ray.get(ref)
-    return reports
+    def _final(self, k: _Progress) -> None:
+        assert k.winner is not None
+        item = k.winner
+        self.ctl.submit(Job(k.st, item.variant, Stage.FINAL, item.params, lambda ev: self._peers(k, ev)))
 
+    def _peers(self, k: _Progress, final: Evaluation) -> None:
+        assert k.winner is not None and k.heldout is not None
+        result = KernelResult(k.st, k.winner, k.heldout, final, rejected=k.rejected, sanitizer=k.sanitizer)
+        if not self.ctl.config.evaluator.peers:
+            self._done(k, result)
+            return
 
-def _finish_kernel(ctl: Controller, actor: Any, st: KernelState, won: tuple[Scored, Evaluation, list[str]],
-                   sanitizer: dict[str, Any], lock: threading.Lock) -> KernelResult:
-    """Final timing and peers of one kernel's winner, on one fresh actor."""
-    item, heldout, rejected = won
-    if sanitizer.get("status") == "FINDINGS":
-        # A latent memory bug or race: not reported as a winner, whatever its speed.
-        rejected = [*rejected, item.variant.id]
-        assert st.baseline_scored is not None
-        item = st.baseline_scored
-        heldout, _ = ray.get(actor.evaluate.remote(EvalRequest(
-            kernel=st.ref, variant=item.variant, dtype=st.dtype, shape_set="heldout",
-            timing=TimingConfig.full(), seeds=ctl.config.evaluator.seeds)))
-    final = _final_timing(ctl, actor, st, item, lock)
-    peers: dict[str, dict[str, float]] = {}
-    peer_errors: dict[str, str] = {}
-    if ctl.config.evaluator.peers:
+        def done(reply: dict[str, Any] | None, error: str) -> None:
+            if reply is None:
+                result.peer_errors = {LOOP_ERROR: error}
+            else:
+                result.peer_errors = dict(reply.get("errors", {}))
+                result.peer_failures = dict(reply.get("failed", {}))
+                # A winner that failed verification in the loop gets no ratios from it.
+                result.peers = {} if "best" in result.peer_failures else dict(reply.get("peers", {}))
+            self._done(k, result)
+
         # The winner and the baseline are timed again in the same interleaved loop as the
         # peers, so that speedups over peers compare times from one loop.
-        ours = {"best": (item.variant.source, dict(item.params)), "baseline": (st.baseline.source, {})}
-        peers, busy, peer_errors = ray.get(actor.time_peers.remote(st.ref, st.dtype, "search", ours))
-        with lock:
-            ctl.pool.busy_s += busy
-    print(f"final {st.name}: {final.status.value}, {len(peers)} implementations timed beside it",
-          file=sys.stderr, flush=True)
-    return KernelResult(st, item, heldout, final, peers, rejected, sanitizer, peer_errors)
+        ours = {"best": (k.winner.variant.source, dict(k.winner.params)), "baseline": (k.st.baseline.source, {})}
+        self.ctl.call(done, "time_peers", k.st.ref, k.st.dtype, ShapeSet.SEARCH.value, ours,
+                      what=f"{k.st.name} peers")
+
+    def _done(self, k: _Progress, result: KernelResult) -> None:
+        k.result = result
+        print(f"final {k.st.name}: {result.final.status.value}, {len(result.peers)} implementations timed "
+              f"beside it" + (f"; failed in the peers' loop: {result.peer_failures}" if result.peer_failures else ""),
+              file=sys.stderr, flush=True)
 
 
 def finalize(ctl: Controller, warmup: PeerWarmup | None = None) -> tuple[list[KernelResult], str]:
     """Re-validates, re-times and writes ``best/``; returns the results and the device name.
 
-    The kernels are shared out over as many fresh evaluator actors as the search had GPUs,
-    each working through its kernels one after another.
+    The end of the run works over as many fresh evaluator actors as the search had GPUs (no
+    more than there are kernels), several sanitizer runs at once on each.
     """
-    winners = _heldout_winners(ctl)
+    end = EndOfRun(ctl)
+    end.heldout()
     if warmup is not None:
         # The final timing starts once the peers' compiles are in the caches and no other
         # process launches anything on the GPUs.
         warmup.wait()
-    n_actors = max(1, min(len(ctl.pool.actors), len(ctl.states)))
-    ctl.pool.shutdown()  # free the GPUs for the fresh actors
-    # Several sanitizer runs at once per actor; evaluations still reach each actor one at a time.
-    actors = [spawn_evaluator(ctl.config.evaluator.kind, ctl.pool.latency_s, max_concurrency=len(ctl.states))
-              for _ in range(n_actors)]
-    lock = threading.Lock()
-    todo = deque(ctl.states)
-    done: dict[str, KernelResult] = {}
-
-    def work(actor: Any) -> None:
-        while True:
-            with lock:
-                if not todo:
-                    return
-                st = todo.popleft()
-            done[st.name] = _finish_kernel(ctl, actor, st, winners[st.name], sanitizers[st.name], lock)
-
-    try:
-        device = ray.get(actors[0].device_name.remote())
-        sanitizers = _sanitize_all(ctl, actors, winners)
-        with ThreadPoolExecutor(max_workers=n_actors) as workers:
-            list(workers.map(work, actors))  # re-raises the first failure
-        ray.get([actor.close.remote() for actor in actors])
-    finally:
-        for actor in actors:
-            ray.kill(actor)
-    results = [done[st.name] for st in ctl.states]
+    ctl.pool.renew(size=max(1, min(len(ctl.pool.actors), len(ctl.states))), max_concurrency=len(ctl.states))
+    device = ctl.pool.device_name()
+    results = end.finish()
+    ctl.pool.close()
     for result in results:
         write_best(ctl, result)
     return results, device
@@ -194,6 +213,8 @@ def finalize(ctl: Controller, warmup: PeerWarmup | None = None) -> tuple[list[Ke
 
 def write_best(ctl: Controller, result: KernelResult) -> None:
     st, variant = result.state, result.winner.variant
+    mine = sorted((r for r in ctl.cache.values() if r.variant.id == variant.id and r.kernel == st.name),
+                  key=lambda r: r.key)
     evidence = {
         "kernel": st.name,
         "dtype": st.dtype,
@@ -201,12 +222,14 @@ def write_best(ctl: Controller, result: KernelResult) -> None:
         "params": result.winner.params,
         "heldout_status": result.heldout.status.value,
         "heldout": result.heldout.to_dict(),
+        "heldout_shapes": [dict(s) for s in st.heldout_shapes()],
         "final": result.final.to_dict(),
         "peers_ms": result.peers,
         "peer_errors": result.peer_errors,
+        "peer_failures": result.peer_failures,
         "rejected_on_heldout": result.rejected,
         "sanitizer": result.sanitizer,
         "lineage": st.lineage(variant.id),
-        "evaluations": [r.to_dict() for r in ctl.cache.values() if r.variant.id == variant.id and r.kernel == st.name],
+        "evaluations": [r.to_dict() for r in mine],
     }
-    ctl.records.write_best(st.name, variant.source, evidence)
+    ctl.records.write_best(st.name, variant.source, json.loads(json.dumps(evidence, default=str)))

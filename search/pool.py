@@ -1,28 +1,36 @@
-"""Ray plumbing: agent actors, compile tasks, and the pool of evaluator actors.
+"""Ray plumbing: agent actors, admission tasks, and the pool of evaluator actors.
 
 The actors are thin: each wraps a plain object (an :class:`agents.base.Agent`, an
 :class:`evaluators.api.Evaluator`) that is tested without Ray. The evaluator pool follows
-Ray's ``ActorPool`` pattern (submit, then wait for whichever finishes first) and replaces an
-actor that dies, retrying its request.
+Ray's ``ActorPool`` pattern (submit, then wait for whichever finishes first), replaces an
+actor that dies and retries its call, and turns a failure of the evaluator itself into a
+recorded verdict, so that no single evaluation, sanitizer run or peer timing ends a run.
+
+Admission (:func:`evaluators.admit.admit`) runs in a CPU task with two return objects: the
+small summary (:class:`~evaluators.admit.Admitted` or the :class:`~evaluators.admit.Refusal`)
+that the driver fetches, and the :class:`~evaluators.admit.Artifact` (the cubin) that it does
+not: the artifact's reference goes to ``EvaluatorActor.evaluate`` as a top-level argument, so
+Ray moves the cubin to the evaluator's node and the evaluator compiles nothing again.
 """
 
 from __future__ import annotations
 
-import hashlib
+import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from agents.base import AgentContext, Attempt, Proposal
+from evaluators.admit import Admitted, Artifact, Refusal, admit
 from evaluators.api import EvalRequest
-from kernels.launch import LaunchSpecError
-from kernels.variant import Variant
+from kernels.spec import KernelSpec, load_kernel
 from kernels.verdict import Evaluation, Status
 
 
@@ -53,50 +61,29 @@ class AgentActor:
         self._agent(kernel).observe(attempts)
 
 
-@dataclass(frozen=True)
-class CompileOutcome:
-    """What the driver needs from a compilation (the cubin itself stays in the disk cache).
+@lru_cache(maxsize=64)
+def _spec(kernel: str) -> KernelSpec:
+    return load_kernel(kernel)
 
-    Attributes:
-        ok: compiled, and the launch header and signature fit the spec.
-        log: the reason when not ok (compiler log, header or signature error).
-        key: the compile cache key.
-        binary_key: identity of what would run: cubin, launch expressions, parameters, dtype.
-        params: the full parameter assignment (defaults filled in).
-        seconds: compile time.
+
+def admission(kernel: str, source: str, dtype: str, params: Mapping[str, int],
+              shapes: Sequence[Mapping[str, int]]) -> tuple[Admitted | Refusal, Artifact | None]:
+    """Admits one variant on the CPU: ``(summary, artifact)``; the artifact is None when refused.
+
+    Args:
+        kernel: library kernel name or kernel folder.
+        source: the variant file.
+        dtype: run dtype.
+        params: tunable values (missing ones take their defaults).
+        shapes: every shape the run may launch it on (search, held-out, drawn and extra).
     """
-
-    ok: bool
-    log: str
-    key: str = ""
-    binary_key: str = ""
-    params: dict[str, int] | None = None
-    seconds: float = 0.0
+    out = admit(_spec(kernel), source, dtype, params, shapes=[dict(s) for s in shapes])
+    if isinstance(out, Refusal):
+        return out, None
+    return out.summary(), out
 
 
-def compile_outcome(kernel: str, variant: Variant, dtype: str, params: dict[str, int]) -> CompileOutcome:
-    """Checks and compiles one variant on the CPU (no GPU involved)."""
-    from evaluators.compile import compile_variant
-    from kernels.spec import KernelSpecError, check_signature, load_kernel
-
-    spec = load_kernel(kernel)
-    try:
-        launch = variant.launch()
-        spec.check_launch(launch)
-        check_signature(spec, variant.source)
-        full = launch.validate_params(params)
-    except (LaunchSpecError, KernelSpecError) as exc:
-        return CompileOutcome(False, str(exc))
-    result = compile_variant(variant.source, spec.name, dtype, full)
-    if not result.ok:
-        return CompileOutcome(False, result.log, result.key, "", full, result.seconds)
-    h = hashlib.sha256(result.cubin)
-    exprs = [e.text for e in (*launch.grid, *launch.block, launch.smem)]
-    h.update(repr((exprs, sorted(full.items()), dtype)).encode())
-    return CompileOutcome(True, result.log, result.key, h.hexdigest()[:32], full, result.seconds)
-
-
-compile_task = ray.remote(num_cpus=1)(compile_outcome)
+admission_task = ray.remote(num_cpus=1, num_returns=2)(admission)
 
 
 class EvaluatorActor:
@@ -130,30 +117,33 @@ class EvaluatorActor:
             with self._lock:
                 info()
 
-    def evaluate(self, request: EvalRequest) -> tuple[Evaluation, float]:
+    def evaluate(self, request: EvalRequest, artifact: Artifact | None = None) -> tuple[Evaluation, float]:
+        """The verdict and the seconds spent; ``artifact`` arrives resolved (Ray fetched it)."""
         with self._lock:
             start = time.perf_counter()
-            evaluation = self.evaluator.evaluate(request)
+            evaluation = self.evaluator.evaluate(request, artifact)
             return evaluation, time.perf_counter() - start
 
     def time_peers(self, kernel: str, dtype: str, shape_set: str,
-                   ours: dict[str, tuple[str, dict[str, int]]] | None = None
-                   ) -> tuple[dict[str, dict[str, float]], float, dict[str, str]]:
-        """Peer times, the seconds this actor spent on them (GPU busy, as for evaluate), and
-        why a peer could not be timed (``{peer: reason}``)."""
+                   ours: dict[str, tuple[str, dict[str, int]]] | None = None) -> dict[str, Any]:
+        """The peers' loop: ``peers`` (times), ``errors`` (peers not timed), ``failed`` (our
+        kernels that failed verification in the loop) and ``busy_s`` (GPU busy, as for
+        evaluate)."""
         with self._lock:
             start = time.perf_counter()
             reply = self.evaluator.time_peers_full(kernel, dtype, shape_set, ours)
-            return reply["peers"], time.perf_counter() - start, dict(reply.get("errors", {}))
+            return {"peers": dict(reply["peers"]), "errors": dict(reply.get("errors", {})),
+                    "failed": dict(reply.get("failed", {})), "busy_s": time.perf_counter() - start}
 
-    def sanitize(self, kernel: str, source: str, dtype: str, params: dict[str, int]) -> dict[str, Any]:
-        """compute-sanitizer (memcheck, racecheck) on one launch of a winner; the stand-in
+    def sanitize(self, kernel: str, source: str, dtype: str, params: dict[str, int],
+                 shapes: Sequence[Mapping[str, int]] = ()) -> dict[str, Any]:
+        """compute-sanitizer (memcheck, racecheck) on a winner over ``shapes``; the stand-in
         has no GPU to check on and says so."""
         if self.kind != "gpu":
             return {"status": "SKIPPED", "summary": "stand-in evaluator: no GPU to sanitize on"}
         from evaluators.sanitize import sanitize
 
-        report = sanitize(kernel, source, dtype, params=params)
+        report = sanitize(kernel, source, dtype, params=params, shapes=[dict(s) for s in shapes])
         return dict(report.to_dict(), summary=report.summary())
 
     def device_name(self) -> str:
@@ -184,42 +174,93 @@ def spawn_evaluator(kind: str, latency_s: float = 0.0, max_concurrency: int = 1)
 
 
 @dataclass
-class _InFlight:
-    slot: int
-    job: Any
-    request: EvalRequest
-    tries: int
+class Call:
+    """One call on an evaluator actor and whom its answer is for.
+
+    Attributes:
+        owner: the caller's handle (a job, a callback), returned with the answer.
+        method: ``evaluate``, ``time_peers`` or ``sanitize``.
+        args: the method's arguments (object references among them are resolved by Ray).
+        exclusive: takes the actor's turn (the GPU); False for sanitizer runs, which are
+            separate processes and may overlap on one actor.
+        what: a label for messages (kernel and variant).
+        tries: retries used so far.
+    """
+
+    owner: Any
+    method: str
+    args: tuple[Any, ...]
+    exclusive: bool = True
+    what: str = ""
+    tries: int = 0
+    slot: int = field(default=-1, compare=False)
+    actor: Any = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A finished call: its value, or why there is none.
+
+    Attributes:
+        call: the call.
+        value: the method's return value (``evaluate``: the Evaluation), None on error.
+        busy_s: seconds the actor's GPU was busy with it.
+        error: empty, or the reason the evaluator could not answer (it raised, or its actor
+            died more often than the retries allow).
+    """
+
+    call: Call
+    value: Any
+    busy_s: float = 0.0
+    error: str = ""
 
 
 class EvalPool:
-    """Keeps every evaluator actor fed with one request at a time.
+    """Keeps every evaluator actor fed with one exclusive call at a time.
 
     Args:
         kind: evaluator kind.
         size: number of actors (GPUs).
-        retries: how often a request is retried after its actor died.
+        retries: how often a call is retried after its actor died.
         latency_s: stand-in only.
     """
 
     def __init__(self, kind: str, size: int, retries: int = 1, latency_s: float = 0.0) -> None:
         self.kind, self.retries, self.latency_s = kind, retries, latency_s
         self.actors = [spawn_evaluator(kind, latency_s) for _ in range(size)]
+        self._concurrency = 1
         self.idle = deque(range(size))
-        self.queue: deque[tuple[Any, EvalRequest, int]] = deque()
-        self.inflight: dict[Any, _InFlight] = {}
+        self.queue: deque[Call] = deque()
+        self.inflight: dict[Any, Call] = {}
+        self._next_slot = 0
         self.busy_s = 0.0
         self.replaced = 0
 
-    def submit(self, job: Any, request: EvalRequest) -> None:
-        self.queue.append((job, request, 0))
+    def submit(self, job: Any, request: EvalRequest, artifact: Any = None) -> None:
+        """Queues an evaluation; ``artifact`` is the admitted artifact's object reference."""
+        self.call(job, "evaluate", request, artifact, what=f"{request.kernel} {request.variant.id}")
+
+    def call(self, owner: Any, method: str, *args: Any, exclusive: bool = True, what: str = "") -> None:
+        """Queues any evaluator call (see :class:`Call`)."""
+        self.queue.append(Call(owner, method, args, exclusive, what))
         self._dispatch()
 
     def _dispatch(self) -> None:
-        while self.idle and self.queue:
-            slot = self.idle.popleft()
-            job, request, tries = self.queue.popleft()
-            ref = self.actors[slot].evaluate.remote(request)
-            self.inflight[ref] = _InFlight(slot, job, request, tries)
+        waiting: deque[Call] = deque()
+        while self.queue:
+            call = self.queue.popleft()
+            if call.exclusive:
+                if not self.idle:
+                    waiting.append(call)
+                    continue
+                call.slot = self.idle.popleft()
+            else:  # spread over the actors, regardless of their exclusive turn
+                call.slot = self._next_slot % len(self.actors)
+                self._next_slot += 1
+            call.actor = self.actors[call.slot]
+            ref = getattr(call.actor, call.method).remote(*call.args)
+            self.inflight[ref] = call
+        self.queue = waiting
 
     def refs(self) -> list[Any]:
         return list(self.inflight)
@@ -227,27 +268,79 @@ class EvalPool:
     def pending(self) -> int:
         return len(self.queue) + len(self.inflight)
 
-    def collect(self, ref: Any) -> tuple[Any, Evaluation, float] | None:
-        """Takes a finished request: ``(job, evaluation, busy_s)``, or None when it was
-        requeued because its actor died (the actor is replaced)."""
-        item = self.inflight.pop(ref)
+    def collect(self, ref: Any) -> Answer | None:
+        """Takes a finished call's answer, or None when it was requeued because its actor
+        died (the actor is replaced). An ``evaluate`` whose evaluator failed answers a CRASH
+        verdict that says so; other calls answer with ``error`` set."""
+        call = self.inflight.pop(ref)
         try:
-            evaluation, busy = ray.get(ref)
+            value = ray.get(ref)
         except RayActorError as exc:
-            self.actors[item.slot] = spawn_evaluator(self.kind, self.latency_s)
-            self.replaced += 1
-            self.idle.append(item.slot)
-            if item.tries < self.retries:
-                self.queue.appendleft((item.job, item.request, item.tries + 1))
+            self._replace(call)
+            if call.tries < self.retries:
+                call.tries += 1
+                self.queue.appendleft(call)
                 self._dispatch()
                 return None
             self._dispatch()
-            message = f"the evaluator process died twice on this variant: {str(exc).splitlines()[0]}"
-            return item.job, _died(item.request, message), 0.0
+            return self._failed(call, f"the evaluator process died {call.tries + 1} times on this call: "
+                                      f"{_first_line(exc)}")
+        except RayTaskError as exc:
+            self._release(call)
+            return self._failed(call, f"evaluator error (a failure of the evaluator, not a verdict on "
+                                      f"the kernel): {_cause(exc)}")
+        self._release(call)
+        busy = 0.0
+        if call.method == "evaluate":
+            value, busy = value
+        elif call.method == "time_peers":
+            busy = float(value.get("busy_s", 0.0))
         self.busy_s += busy
-        self.idle.append(item.slot)
+        return Answer(call, value, busy)
+
+    def _release(self, call: Call) -> None:
+        if call.exclusive:
+            self.idle.append(call.slot)
         self._dispatch()
-        return item.job, evaluation, busy
+
+    def _replace(self, call: Call) -> None:
+        slot = call.slot
+        if self.actors[slot] is call.actor:  # not yet replaced for another call it took down
+            ray.kill(call.actor)
+            self.actors[slot] = spawn_evaluator(self.kind, self.latency_s, self._concurrency)
+            self.replaced += 1
+        if call.exclusive:
+            self.idle.append(slot)
+
+    def _failed(self, call: Call, message: str) -> Answer:
+        print(f"!! {call.method} {call.what}: {message}", file=sys.stderr, flush=True)
+        if call.method == "evaluate":
+            return Answer(call, _crash(call.args[0], message), 0.0, message)
+        return Answer(call, None, 0.0, message)
+
+    def renew(self, size: int | None = None, max_concurrency: int = 1) -> None:
+        """Replaces every actor by a fresh one (``size`` of them), e.g. for the end of a run,
+        whose timing starts from clean evaluators. Nothing may be in flight."""
+        if self.inflight or self.queue:
+            raise RuntimeError("EvalPool.renew with calls in flight")
+        size = len(self.actors) if size is None else size
+        self.shutdown()
+        self._concurrency = max(1, max_concurrency)
+        self.actors = [spawn_evaluator(self.kind, self.latency_s, self._concurrency) for _ in range(size)]
+        self.idle = deque(range(size))
+
+    def device_name(self) -> str:
+        """The name of the device the first actor evaluates on."""
+        return str(ray.get(self.actors[0].device_name.remote()))
+
+    def close(self) -> None:
+        """Closes the evaluators (their sandbox workers) and ends the actors."""
+        try:
+            ray.get([actor.close.remote() for actor in self.actors])
+        except RayError as exc:  # the results are in; a failed close costs nothing but a warning
+            print(f"!! closing the evaluators failed: {_first_line(exc)}", file=sys.stderr, flush=True)
+        finally:
+            self.shutdown()
 
     def shutdown(self) -> None:
         for actor in self.actors:
@@ -255,7 +348,19 @@ class EvalPool:
         self.actors, self.idle = [], deque()
 
 
-def _died(request: EvalRequest, message: str) -> Evaluation:
+def _first_line(exc: BaseException) -> str:
+    return next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+
+
+def _cause(exc: RayTaskError) -> str:
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException):
+        return f"{type(cause).__name__}: {_first_line(cause)}"
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
+
+
+def _crash(request: EvalRequest, message: str) -> Evaluation:
     return Evaluation(
         status=Status.CRASH, message=message, kernel=request.variant.kernel, dtype=request.dtype,
         variant_id=request.variant.id, params=dict(request.params), shape_set=request.shape_set,

@@ -5,11 +5,15 @@ Layout of ``runs/<id>/``::
     config.yaml         the resolved configuration
     evaluations.jsonl   one line per evaluation (flushed and fsynced per line)
     proposals.jsonl     one line per proposal, failures included
+    replies.jsonl       one line per agent reply (how many proposals; empty replies too)
     llm_calls.jsonl     one line per LLM call of a proposal
     rounds.jsonl        one line per finished (kernel, round)
-    optuna.journal      the tuning studies
+    extra_shapes.json   the tester's extra search shapes (LLM runs)
+    heldout_shapes.json the held-out shapes drawn for this run
+    attempts.json       wall and busy seconds of each attempt at the run (first run, resumes)
     best/<kernel>.cu    the winner, and best/<kernel>.json its evidence
-    evaluations.parquet, best.parquet, summary.json   written at the end (and on demand)
+    evaluations.parquet, best.parquet   written at the end (and on demand)
+    summary.json        written last: its presence means the run finished
 
 A killed process can leave a half-written last line; readers skip it and the writer cuts it
 off before appending, so a resumed run never writes after garbage.
@@ -46,7 +50,7 @@ class RunRecords:
         run_id: the run's id, stamped on evaluation records.
     """
 
-    FILES = ("evaluations", "proposals", "llm_calls", "rounds")
+    FILES = ("evaluations", "proposals", "replies", "llm_calls", "rounds")
 
     def __init__(self, run_dir: Path, run_id: str) -> None:
         self.dir = Path(run_dir)
@@ -97,6 +101,12 @@ class RunRecords:
         for call in proposal.calls:
             self.append("llm_calls", {**call, "variant_id": variant.id, "kernel": kernel, "run_id": self.run_id})
 
+    def reply(self, kernel: str, round_: int, agent: str, n_proposals: int) -> None:
+        """An agent's whole reply is on record (after its proposals): a resumed run never asks
+        that agent again for that round, even when the reply was empty."""
+        self.append("replies", {"run_id": self.run_id, "kernel": kernel, "round": round_, "agent": agent,
+                                "proposals": n_proposals, "time": time.time()})
+
     def round_done(self, kernel: str, round_: int) -> None:
         self.append("rounds", {"kernel": kernel, "round": round_, "time": time.time()})
 
@@ -116,6 +126,7 @@ class RunHistory:
     evaluations: list[EvalRecord]
     proposals: list[dict[str, Any]]
     rounds_done: dict[str, int]  # kernel -> number of finished rounds
+    replies: list[dict[str, Any]]
 
     def by_key(self) -> dict[str, EvalRecord]:
         return {r.key: r for r in self.evaluations}
@@ -128,4 +139,53 @@ def load_history(run_dir: Path) -> RunHistory:
     done: dict[str, int] = {}
     for d in read_jsonl(run_dir / "rounds.jsonl"):
         done[d["kernel"]] = max(done.get(d["kernel"], 0), int(d["round"]) + 1)
-    return RunHistory(evals, proposals, done)
+    return RunHistory(evals, proposals, done, list(read_jsonl(run_dir / "replies.jsonl")))
+
+
+class AttemptClock:
+    """Wall and busy seconds of every attempt at one run, in ``attempts.json``.
+
+    A run that is killed and resumed took the time of all its attempts: the file keeps one
+    entry per attempt, rewritten (atomically, at most every ``interval_s``) while it runs, so
+    a killed attempt leaves its time up to its last tick.
+
+    Args:
+        run_dir: the run directory.
+        interval_s: least time between two writes that are not forced.
+    """
+
+    FILE = "attempts.json"
+
+    def __init__(self, run_dir: Path, interval_s: float = 5.0) -> None:
+        self.path = Path(run_dir) / self.FILE
+        self.interval_s = interval_s
+        self.earlier: list[dict[str, Any]] = json.loads(self.path.read_text()) if self.path.is_file() else []
+        self.started = time.time()
+        self.ended: float | None = None
+        self._last = 0.0
+        self.busy_s = 0.0
+
+    def wall_s(self) -> float:
+        """This attempt's seconds so far (up to :meth:`stop`)."""
+        return (self.ended or time.time()) - self.started
+
+    def stop(self, busy_s: float) -> None:
+        """Ends this attempt's clock and records it."""
+        self.ended = time.time()
+        self.tick(busy_s, force=True)
+
+    def total_wall_s(self) -> float:
+        return sum(float(a["wall_s"]) for a in self.earlier) + self.wall_s()
+
+    def total_busy_s(self) -> float:
+        return sum(float(a.get("busy_s", 0.0)) for a in self.earlier) + self.busy_s
+
+    def tick(self, busy_s: float, force: bool = False) -> None:
+        """Records this attempt's wall time and the evaluators' busy seconds so far."""
+        self.busy_s = busy_s
+        now = time.monotonic()
+        if not force and now - self._last < self.interval_s:
+            return
+        self._last = now
+        mine = {"started": self.started, "wall_s": self.wall_s(), "busy_s": busy_s}
+        atomic_write(self.path, json.dumps([*self.earlier, mine], indent=1))

@@ -9,7 +9,11 @@ Examples::
 
 With ``--agent llm`` the endpoint is checked before anything starts (a wrong URL, key or
 model exits 2 within seconds), and the tester proposes extra search shapes once per kernel;
-they are recorded in ``extra_shapes.json`` and reused when the run is resumed.
+they are recorded in ``extra_shapes.json`` and reused when the run is resumed. Held-out
+shapes are drawn once per kernel from the run's seed (``heldout_shapes.json``).
+
+Resuming a finished run (its ``summary.json`` is written last) evaluates and rewrites
+nothing: it prints the summary on record.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from agents.base import derive_seed
 from agents.factory import AgentConfigError, make_agent
 from kernels.records import atomic_write, read_jsonl
 from kernels.spec import KernelSpec, KernelSpecError, list_kernels, load_kernel
@@ -35,6 +40,8 @@ from search.records import RunRecords
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXTRA_SHAPES_FILE = "extra_shapes.json"
+HELDOUT_SHAPES_FILE = "heldout_shapes.json"
+SUMMARY_FILE = "summary.json"
 
 
 class UsageError(ValueError):
@@ -240,6 +247,26 @@ def tester_shapes(prep: Prepared, records: RunRecords) -> dict[str, list[dict[st
     return shapes
 
 
+def drawn_heldout_shapes(prep: Prepared) -> dict[str, list[dict[str, int]]]:
+    """Held-out shapes drawn for this run per kernel (:meth:`KernelSpec.draw_heldout`), from
+    the run's seed and the kernel's name; recorded in ``heldout_shapes.json`` and read back
+    on resume, so that every held-out check of the run uses the same shapes."""
+    path = prep.run_dir / HELDOUT_SHAPES_FILE
+    shapes: dict[str, list[dict[str, int]]] = json.loads(path.read_text()) if path.is_file() else {}
+    missing = [spec for spec, _ in prep.kernels if spec.name not in shapes]
+    for spec in missing:
+        shapes[spec.name] = [dict(s) for s in spec.draw_heldout(derive_seed(prep.config.seed, spec.name, "heldout"))]
+    if missing or not path.is_file():
+        atomic_write(path, json.dumps(shapes, indent=2))
+    return shapes
+
+
+def finished_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The summary of a run that finished (written last), or None."""
+    path = run_dir / SUMMARY_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def prepare(args: argparse.Namespace) -> Prepared:
     config = resolve_config(args)
     kernels = resolve_kernels(config)
@@ -258,25 +285,40 @@ def run_search(prep: Prepared, command: str, progress_cls: Any = None) -> dict[s
     """Runs (or resumes) the search, then finalizes and reports; returns the summary.
 
     ``progress_cls`` replaces :class:`search.progress.Progress` (same constructor), e.g. the
-    sweep's per-library progress line.
+    sweep's per-library progress line. A resumed run that had finished is only reported.
     """
+    from search.report import print_summary
+
+    done = finished_summary(prep.run_dir) if prep.resume else None
+    if done is not None:
+        print_summary(done)
+        print(f"\nrun directory: {prep.run_dir} (finished before; nothing evaluated again)")
+        return done
+    summary = _search(prep, command, progress_cls)
+    print_summary(summary)
+    print(f"\nrun directory: {prep.run_dir}")
+    return summary
+
+
+def _search(prep: Prepared, command: str, progress_cls: Any) -> dict[str, Any]:
     import ray
 
     from search.controller import Controller
     from search.finalize import finalize
     from search.pool import AgentActor, EvalPool
     from search.progress import Progress, busy_fraction
-    from search.records import load_history
-    from search.report import build_summary, print_summary, write_tables
+    from search.records import AttemptClock, load_history
+    from search.report import build_summary, write_tables
     from search.state import KernelState
     from search.tuning import TuningStore
 
-    cfg, start = prep.config, time.time()
+    cfg, clock = prep.config, AttemptClock(prep.run_dir)
     dump_config(cfg, prep.run_dir / "config.yaml")
     history = load_history(prep.run_dir) if prep.resume else None
     records = RunRecords(prep.run_dir, prep.run_dir.name)
     try:
         extra = tester_shapes(prep, records)
+        heldout = drawn_heldout_shapes(prep)
         start_ray(cfg)
         n_gpus = evaluator_count(cfg)
     except BaseException:
@@ -284,32 +326,36 @@ def run_search(prep: Prepared, command: str, progress_cls: Any = None) -> dict[s
         raise
     warmup = start_peer_warmup(cfg, prep)
     states = [KernelState(spec, ref, cfg.dtype, cfg.search.population, cfg.search.top_k, cfg.search.migrate_every,
-                          tuple(extra.get(spec.name, ()))) for spec, ref in prep.kernels]
+                          tuple(extra.get(spec.name, ())), tuple(heldout.get(spec.name, ())))
+              for spec, ref in prep.kernels]
     actor_cls = ray.remote(AgentActor).options(num_cpus=0)
-    agents: list[Any] = [actor_cls.remote(cfg.agent.kind, cfg.agent, cfg.seed * 1000 + i) for i in range(cfg.search.population)]
+    # Member i's own seed: fixed by the run's seed and its slot (seeds i = 0..4 give the embedded
+    # agents five different strategies).
+    agents: list[Any] = [actor_cls.remote(cfg.agent.kind, cfg.agent, cfg.seed * 1000 + i)
+                         for i in range(cfg.search.population)]
     pool = EvalPool(cfg.evaluator.kind, n_gpus, cfg.evaluator.retries, cfg.evaluator.standin_latency_s)
     progress = (progress_cls or Progress)(n_gpus=n_gpus)
-    ctl = Controller(cfg, states, records, pool, agents, TuningStore(prep.run_dir, cfg.seed), progress, history)
+    ctl = Controller(cfg, states, records, pool, agents, TuningStore(cfg.seed), progress, history,
+                     on_tick=lambda: clock.tick(pool.busy_s))
     try:
         ctl.run()
         progress.finish()
         results, device = finalize(ctl, warmup)
     finally:
+        clock.stop(pool.busy_s)
         if warmup is not None:
             warmup.stop()
         records.close()
         for actor in agents:
             ray.kill(actor)
-    wall = time.time() - start
+    wall = clock.total_wall_s()
     meta = {"run_id": prep.run_dir.name, "command": command, "gpu": device, "evaluator": cfg.evaluator.kind,
-            "n_gpus": n_gpus, "wall_s": wall, "gpu_busy_fraction": busy_fraction(pool.busy_s, wall, n_gpus),
-            "evaluator_actors_replaced": pool.replaced, "resumed": prep.resume,
-            "extra_shapes": {st.name: list(st.extra_shapes) for st in states}}
-    summary = build_summary(prep.run_dir, results, meta)
+            "n_gpus": n_gpus, "wall_s": wall, "gpu_busy_fraction": busy_fraction(clock.total_busy_s(), wall, n_gpus),
+            "evaluator_actors_replaced": pool.replaced, "resumed": prep.resume, "attempts": len(clock.earlier) + 1,
+            "extra_shapes": {st.name: list(st.extra_shapes) for st in states},
+            "heldout_drawn_shapes": {st.name: list(st.heldout_extra) for st in states}}
     write_tables(prep.run_dir)
-    print_summary(summary)
-    print(f"\nrun directory: {prep.run_dir}")
-    return summary
+    return build_summary(prep.run_dir, results, meta)  # summary.json last: the run is finished
 
 
 def main(argv: Sequence[str] | None = None) -> int:

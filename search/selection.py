@@ -3,17 +3,23 @@
 Scores are geometric-mean speedups over the baseline on the search shapes
 (:attr:`Evaluation.speedup`). An evaluation with the full timing protocol outranks a
 screening one of the same variant, because it is the better measurement.
+
+Every choice here is independent of the order in which verdicts arrive (Ray returns them in
+any order): ties between variants are broken by variant id, and the archive and the islands
+keep each variant's best evidence rather than trimming as they go, so that what they hold
+after a batch of offers does not depend on the order of the offers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from kernels.records import Stage
 from kernels.variant import Variant
 from kernels.verdict import Evaluation
 
-STAGE_RANK = {"screen": 0, "full": 1}
+STAGE_RANK = {Stage.SCREEN: 0, Stage.FULL: 1}
 
 
 @dataclass(frozen=True)
@@ -23,12 +29,15 @@ class Scored:
     Attributes:
         variant: the kernel variant.
         evaluation: an OK evaluation on the search shapes.
-        stage: ``screen`` or ``full`` (which timing protocol produced ``evaluation``).
+        stage: screen or full (which timing protocol produced ``evaluation``).
     """
 
     variant: Variant
     evaluation: Evaluation
-    stage: str = "screen"
+    stage: Stage = Stage.SCREEN
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stage", Stage(self.stage))
 
     @property
     def score(self) -> float:
@@ -41,16 +50,21 @@ class Scored:
     def params(self) -> dict[str, int]:
         return dict(self.evaluation.params)
 
+    def rank_key(self) -> tuple[float, str]:
+        """Sort key, best first: higher score, then the smaller variant id (a total order,
+        so ties never depend on arrival order)."""
+        return -self.score, self.variant.id
+
     def better_than(self, other: Scored | None) -> bool:
         """Full-protocol evidence replaces screening evidence of the same variant."""
         if other is None:
             return True
         if other.variant.id == self.variant.id and self.stage != other.stage:
             return STAGE_RANK[self.stage] > STAGE_RANK[other.stage]
-        return self.score > other.score
+        return self.rank_key() < other.rank_key()
 
 
-def scored(variant: Variant, evaluation: Evaluation, stage: str = "screen") -> Scored | None:
+def scored(variant: Variant, evaluation: Evaluation, stage: Stage = Stage.SCREEN) -> Scored | None:
     """A :class:`Scored` for a correct, timed evaluation; None otherwise."""
     if evaluation.speedup is None:
         return None
@@ -60,8 +74,11 @@ def scored(variant: Variant, evaluation: Evaluation, stage: str = "screen") -> S
 class EliteArchive:
     """The top-k correct variants of one kernel, one slot per variant (its best evidence).
 
+    Every offered variant is kept (with its best evidence) and the top k are taken when
+    asked: trimming on each offer would make the result depend on the offers' order.
+
     Args:
-        top_k: how many variants to keep.
+        top_k: how many variants rank as elites.
     """
 
     def __init__(self, top_k: int) -> None:
@@ -76,9 +93,7 @@ class EliteArchive:
         current = self._by_id.get(item.variant.id)
         if item.better_than(current):
             self._by_id[item.variant.id] = item
-        ranked = self.ranked(limit=False)
-        self._by_id = {s.variant.id: s for s in ranked[: self.top_k]}
-        return item.variant.id in self._by_id
+        return any(s.variant.id == item.variant.id for s in self.ranked())
 
     def remove(self, variant_id: str) -> None:
         """Drops a variant for good (e.g. it failed on the held-out shapes)."""
@@ -86,7 +101,7 @@ class EliteArchive:
         self._removed.add(variant_id)
 
     def ranked(self, limit: bool = True) -> list[Scored]:
-        items = sorted(self._by_id.values(), key=lambda s: (-s.score, s.variant.id))
+        items = sorted(self._by_id.values(), key=Scored.rank_key)
         return items[: self.top_k] if limit else items
 
     def best(self) -> Scored | None:
@@ -97,32 +112,45 @@ class EliteArchive:
         return self._by_id.get(variant_id)
 
     def __len__(self) -> int:
-        return len(self._by_id)
+        return len(self.ranked())
 
 
-@dataclass
 class Islands:
     """One lineage per agent: each continues from its own best, and on migration rounds
     (every ``migrate_every`` rounds) from a global elite when that elite beats its own best.
 
     Agent ``i`` takes elite ``i mod k``, so migrants spread over the elites instead of every
-    island collapsing onto the single best variant.
+    island collapsing onto the single best variant. Each agent's variants are kept with their
+    best evidence (full replaces screen), so its own best does not depend on arrival order.
+
+    Args:
+        migrate_every: rounds between migrations.
     """
 
-    population: int
-    migrate_every: int
-    own_best: dict[int, Scored] = field(default_factory=dict)
+    def __init__(self, migrate_every: int) -> None:
+        self.migrate_every = migrate_every
+        self._own: dict[int, dict[str, Scored]] = {}
 
     def update(self, agent: int, item: Scored) -> None:
-        if item.better_than(self.own_best.get(agent)):
-            self.own_best[agent] = item
+        mine = self._own.setdefault(agent, {})
+        if item.better_than(mine.get(item.variant.id)):
+            mine[item.variant.id] = item
+
+    def remove(self, variant_id: str) -> None:
+        """Drops a variant from every lineage (it failed the full protocol)."""
+        for mine in self._own.values():
+            mine.pop(variant_id, None)
+
+    def own_best(self, agent: int) -> Scored | None:
+        mine = self._own.get(agent, {})
+        return min(mine.values(), key=Scored.rank_key) if mine else None
 
     def is_migration_round(self, round_: int) -> bool:
         return round_ > 0 and round_ % self.migrate_every == 0
 
     def parent(self, agent: int, round_: int, archive: EliteArchive, baseline: Scored) -> tuple[Scored, bool]:
         """The variant agent ``agent`` improves in round ``round_``, and whether it migrated."""
-        own = self.own_best.get(agent, baseline)
+        own = self.own_best(agent) or baseline
         if not self.is_migration_round(round_):
             return own, False
         elites = archive.ranked()
@@ -138,18 +166,20 @@ class Dedupe:
     """Identical sources (``Variant.id``) and identical binaries are evaluated once.
 
     A binary key covers the cubin bytes plus what the cubin does not contain but the launch
-    depends on (grid/block/smem expressions, parameters, dtype), see :func:`binary_key`.
+    depends on (grid/block/smem expressions, parameters, dtype), see
+    :func:`evaluators.admit.binary_key`. "First" is the order of the calls: the controller
+    makes them in proposal order (round, agent, slot), never in the order compiles finish.
     """
 
     def __init__(self) -> None:
-        self.sources: dict[str, str] = {}  # variant id -> variant id it was first seen as
+        self.sources: set[str] = set()  # variant ids seen
         self.binaries: dict[str, str] = {}  # binary key -> first variant id with that binary
 
     def known_source(self, variant_id: str) -> bool:
         return variant_id in self.sources
 
     def add_source(self, variant_id: str) -> None:
-        self.sources.setdefault(variant_id, variant_id)
+        self.sources.add(variant_id)
 
     def same_binary(self, key: str, variant_id: str) -> str | None:
         """The earlier variant with this binary, or None (and remembers this one)."""
@@ -161,6 +191,6 @@ class Dedupe:
 
 def pick_contenders(items: Iterable[Scored], n: int, already_full: set[str]) -> list[Scored]:
     """The ``n`` best screened variants that have not had the full protocol yet."""
-    fresh = [s for s in items if s.stage == "screen" and s.variant.id not in already_full]
-    fresh.sort(key=lambda s: (-s.score, s.variant.id))
+    fresh = [s for s in items if s.stage is Stage.SCREEN and s.variant.id not in already_full]
+    fresh.sort(key=Scored.rank_key)
     return fresh[:n]

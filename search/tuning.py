@@ -1,31 +1,31 @@
-"""Optuna tuning of a variant's ``// tune:`` parameters, stored on disk so runs resume.
+"""Optuna tuning of a variant's ``// tune:`` parameters, rebuilt from the records on resume.
 
-One study per (kernel, variant, dtype), named so that ``--resume`` finds it again. Trials
-are asked and told (the evaluation runs elsewhere, on an evaluator actor). The objective is
-the geometric-mean speedup over the baseline; a failed evaluation is told as
-``TrialState.FAIL``, never as a huge time. Grids no larger than the trial budget are
-enumerated exhaustively (TPE would only re-ask points it has already seen).
+One study per (kernel, variant, dtype). Trials are asked and told (the evaluation runs
+elsewhere, on an evaluator actor). The objective is the geometric-mean speedup over the
+baseline; a failed evaluation is told as ``TrialState.FAIL``, never as a huge time. Grids no
+larger than the trial budget are enumerated exhaustively (TPE would only re-ask points it has
+already seen).
+
+Studies live in memory. Each ask draws from a sampler seeded by the run's seed, the study's
+name and the trial's number, so a study is a pure function of the verdicts told to it: a
+resumed run asks the same parameters in the same order and finds their verdicts in
+``evaluations.jsonl`` (each record holds its trial number and parameters), which is why no
+separate Optuna storage is needed to resume, and none can disagree with the records.
 """
 
 from __future__ import annotations
 
 import itertools
-import zlib
-from collections.abc import Callable, Mapping
-from pathlib import Path
+from collections.abc import Mapping
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
-from optuna.storages import JournalStorage
-from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
+from agents.base import derive_seed
 from kernels.verdict import Evaluation
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-STORAGE_FILE = "optuna.journal"
-INTERRUPTED = "interrupted"  # user attribute of trials closed by recover()
 
 
 def study_name(kernel: str, variant_id: str, dtype: str) -> str:
@@ -36,13 +36,15 @@ class VariantStudy:
     """The tuning study of one variant.
 
     Args:
-        study: the Optuna study (already created or loaded).
+        study: the Optuna study (fresh).
         tune: parameter name -> declared values (first = default).
         budget: total trials for this variant, defaults included.
+        seed: the run's seed; each ask's sampler is seeded from it, the name and the trial.
     """
 
-    def __init__(self, study: optuna.Study, tune: Mapping[str, tuple[int, ...]], budget: int) -> None:
+    def __init__(self, study: optuna.Study, tune: Mapping[str, tuple[int, ...]], budget: int, seed: int = 0) -> None:
         self.study = study
+        self.seed = seed
         self.tune = {k: tuple(v) for k, v in tune.items()}
         grid = 1
         for values in self.tune.values():
@@ -64,11 +66,7 @@ class VariantStudy:
                     self.study.enqueue_trial(params)
 
     def _finished(self) -> list[optuna.trial.FrozenTrial]:
-        # Trials cut short by a killed run do not count against the budget.
-        return [
-            t for t in self.study.get_trials(deepcopy=False)
-            if t.state.is_finished() and not t.user_attrs.get(INTERRUPTED)
-        ]
+        return [t for t in self.study.get_trials(deepcopy=False) if t.state.is_finished()]
 
     def defaults_failed(self) -> bool:
         """The default parameters were evaluated and failed: tuning the rest is pointless."""
@@ -78,28 +76,13 @@ class VariantStudy:
     def remaining(self) -> int:
         return max(0, self.budget - len(self._finished()))
 
-    def recover(self, lookup: Callable[[dict[str, int]], Evaluation | None]) -> None:
-        """Closes trials left RUNNING by a killed run: told from the record if the
-        evaluation was written, otherwise failed and their parameters queued again."""
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            params = {k: int(v) for k, v in t.params.items()}
-            found = lookup(params) if params else None
-            if found is not None:
-                self.tell(t.number, found)
-                continue
-            self._mark_interrupted(t.number)
-            self.study.tell(t.number, state=TrialState.FAIL)
-            if params:
-                self.study.enqueue_trial(params)
-
-    def _mark_interrupted(self, number: int) -> None:
-        storage = self.study._storage  # Study exposes no public handle on its storage
-        study_id = storage.get_study_id_from_name(self.study.study_name)
-        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
-        storage.set_trial_user_attr(trial_id, INTERRUPTED, True)
-
     def ask(self) -> tuple[int, dict[str, int]]:
         """A new trial: its number and the parameter values to evaluate."""
+        number = len(self.study.get_trials(deepcopy=False))
+        # A sampler per ask, seeded by the trial's place: what it draws depends on the trials
+        # told so far and nothing else (not on how many asks an earlier process made).
+        self.study.sampler = optuna.samplers.TPESampler(
+            seed=derive_seed(self.seed, self.study.study_name, number) % 2**31)
         trial = self.study.ask(fixed_distributions=self._dists)
         return trial.number, {k: int(v) for k, v in trial.params.items()}
 
@@ -119,29 +102,18 @@ class VariantStudy:
 
 
 class TuningStore:
-    """The run's Optuna storage: a journal file in the run directory.
+    """The run's tuning studies (in memory; see the module docstring for resume).
 
     Args:
-        run_dir: the run directory.
-        seed: base seed; each study's TPE sampler is seeded from it and the study name.
+        seed: the run's seed.
     """
 
-    def __init__(self, run_dir: Path, seed: int = 0) -> None:
-        self.path = Path(run_dir) / STORAGE_FILE
-        self.storage = JournalStorage(JournalFileBackend(str(self.path)))
+    def __init__(self, seed: int = 0) -> None:
         self.seed = seed
+        self.storage = optuna.storages.InMemoryStorage()
 
     def study(self, kernel: str, variant_id: str, dtype: str, tune: Mapping[str, tuple[int, ...]], budget: int) -> VariantStudy:
+        """The variant's study, created on first use (the same object's state on later calls)."""
         name = study_name(kernel, variant_id, dtype)
-        sampler = optuna.samplers.TPESampler(seed=(self.seed * 1_000_003 + zlib.crc32(name.encode())) % 2**31)
-        study = optuna.create_study(
-            study_name=name,
-            storage=self.storage,
-            sampler=sampler,
-            direction="maximize",
-            load_if_exists=True,
-        )
-        return VariantStudy(study, tune, budget)
-
-    def study_names(self) -> list[str]:
-        return [s.study_name for s in optuna.get_all_study_summaries(self.storage)]
+        study = optuna.create_study(study_name=name, storage=self.storage, direction="maximize", load_if_exists=True)
+        return VariantStudy(study, tune, budget, self.seed)

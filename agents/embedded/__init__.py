@@ -12,7 +12,7 @@ import random
 from collections.abc import Sequence
 from functools import lru_cache
 
-from agents.base import Agent, AgentContext, Attempt, Proposal
+from agents.base import Agent, AgentContext, Attempt, Proposal, derive_seed
 from agents.embedded.coder import Applied, apply_plan, check_variant
 from agents.embedded.planner import Signals, candidate_plans, learn, rank_plans
 from agents.embedded.recipes import recipes_for
@@ -27,6 +27,10 @@ __all__ = ["EmbeddedAgent", "STRATEGIES"]
 def _spec(kernel: str) -> KernelSpec:
     # Specs hold functions from dynamically imported modules: cached per process, never pickled.
     return load_kernel(kernel)
+
+
+def _attempt_key(attempt: Attempt) -> tuple[str, str]:
+    return attempt.variant.id, attempt.evaluation.status.value if attempt.evaluation else ""
 
 
 class EmbeddedAgent(Agent):
@@ -47,16 +51,21 @@ class EmbeddedAgent(Agent):
         self.strategy = pick_strategy(self.seed, strategy)
         self.name = f"embedded-{self.strategy.name}-{self.seed}"
         self._observed: list[Attempt] = []
-        self._calls = 0
 
     def observe(self, attempts: Sequence[Attempt]) -> None:
         """Keeps verdicts of this agent's proposals that the context's history may lack."""
         self._observed.extend(attempts)
 
+    def _history(self, ctx: AgentContext) -> tuple[Attempt, ...]:
+        # The context's history already holds what the search fed back; observed attempts
+        # add only what it lacks, so that no failure is counted twice.
+        known = {_attempt_key(a) for a in ctx.history}
+        return (*ctx.history, *(a for a in self._observed if _attempt_key(a) not in known))
+
     def propose(self, ctx: AgentContext) -> list[Proposal]:
         """Up to ``ctx.n_variants`` distinct, compiling variants derived from ``ctx.parent``."""
         spec = _spec(ctx.kernel)
-        history = (*ctx.history, *self._observed)
+        history = self._history(ctx)
         recipes = {r.name: r for r in recipes_for(spec)}
         applied = tuple(ctx.parent.meta.get("transformations", ()))
         speedups = {a.variant.id: a.evaluation.speedup for a in history
@@ -64,9 +73,10 @@ class EmbeddedAgent(Agent):
         if ctx.parent_eval is not None and ctx.parent_eval.speedup is not None:
             speedups[ctx.parent.id] = ctx.parent_eval.speedup
         knowledge = learn(history, speedups)
-        # Seeded per call as well, so one agent does not replay the same ties every round.
-        rng = random.Random(hash((self.seed, ctx.seed, ctx.round, self._calls)) & 0xFFFFFFFF)
-        self._calls += 1
+        # Seeded by the request (run seed, kernel, round, slot) and this agent's own seed, so
+        # one agent does not replay the same ties every round, and a resumed run gets the same
+        # draw as the uninterrupted one (no call counter, no salted hash()).
+        rng = random.Random(derive_seed(self.seed, ctx.seed, ctx.kernel, ctx.round))
         plans = rank_plans(
             candidate_plans(list(recipes), applied),
             self.strategy,
