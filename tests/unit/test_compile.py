@@ -106,6 +106,35 @@ def test_error_on_the_first_line_reports_line_one(compile_cache: Path) -> None:
         # A '/*' inside a literal starts no comment: it must not hide the directive that follows.
         'const char* s = R"(\n/*)";\n#include </etc/hostname>\n// */',
         "int a = 1'000, b = '/*';\n#include </etc/hostname>\nint c = '*/';",
+        # Every whitespace class the preprocessor accepts between '#' and the directive name.
+        "#\finclude </etc/hostname>",
+        "#\vinclude </etc/hostname>",
+        "\f\v #\t\f include </etc/hostname>",
+        "%:\vinclude </etc/hostname>",
+        "??=include </etc/hostname>",
+        "#include \\\n</etc/hostname>",
+        "#inc\\\r\nlude </etc/hostname>",
+        "# \\ \ninclude </etc/hostname>",  # backslash-space-newline: a splice for GCC only
+        "#\x00include </etc/hostname>",  # GCC skips NUL as whitespace
+        "int a;\r#include </etc/hostname>",  # a lone CR
+        # An unterminated literal in a skipped block must not open a comment that hides a directive.
+        "#if 0\ndon't /*\n#endif\n#include </etc/hostname>\n// */",
+        "#error don't /*\n#include </etc/hostname>\n// */",
+        # Probes and pragmas that read or name files, also assembled by macros.
+        '#if __has_include("/etc/passwd")\n#endif',
+        "#if __has_include_next(<x.h>)\n#endif",
+        "#ifdef __has_include\n#endif",
+        '_Pragma("GCC dependency \\"/etc/passwd\\"")',
+        '#define P(x) _Pragma(#x)\nP(once)',
+        "#define CAT(a, b) a##b\n#if CAT(__has_, include)(</etc/passwd>)\n#endif",
+        "#define CAT(a, b) a%:%:b",
+        '#pragma GCC dependency "/etc/passwd"',
+        "#pragma include_alias(<a.h>, </etc/passwd>)",
+        '#line 1 "/etc/passwd"',
+        '# 1 "/etc/passwd"',
+        "#ident \"x\"",
+        "int \\u0061 = 1;",
+        "/* a comment hides nothing\n#include_next <cuda_fp16.h>\n*/",
     ],
 )
 def test_forbidden_includes_are_refused_before_nvrtc_reads_them(include: str, compile_cache: Path) -> None:
@@ -231,3 +260,26 @@ def test_cache_key_ignores_machine_specific_include_paths() -> None:
     options = build_options(SIMPLE, "float16", {"BLOCK": 128})
     assert cache_key(SIMPLE, options, "k") == cache_key(SIMPLE, [*options, "-I/somewhere/else"], "k")
     assert cache_key(SIMPLE, options, "k") != cache_key(SIMPLE, options, "k2")
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "#pragma unroll 4\n#pragma nv_diag_suppress 177\n",
+        "#define N 4\n#ifndef M\n#define M (N * 2)\n#elif M > 3\n#else\n#endif\n#undef N\n",
+        "#\n#define S(x) #x\nconst char* s = S(a) \"__FILE__ stays text\";\n",
+        "/* notes:\n# not a directive, prose\n*/\n",
+        "#define LONG_MACRO(a) \\\n    ((a) + 1)\n",
+        "const char* raw = R\"(#include </etc/hostname> is text here)\";\n".replace("#include", "include"),
+    ],
+)
+def test_honest_preprocessor_use_still_compiles(source: str, compile_cache: Path) -> None:
+    result = _compile(source + SIMPLE)
+    assert result.ok, result.log
+
+
+def test_a_refusal_quotes_no_environment(monkeypatch: pytest.MonkeyPatch, compile_cache: Path) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-never-in-a-log")
+    for include in ('#include "/proc/self/environ"', "#\finclude </proc/self/environ>"):
+        result = _compile(include + "\n" + SIMPLE)
+        assert not result.ok and "sk-never-in-a-log" not in result.log
