@@ -4,8 +4,11 @@ Used to show that a search survives hostile proposals with every one accounted f
 probability ``fault_fraction`` each proposal of the wrapped agent is replaced by an
 adversarial fixture (crash, hang, cheat, compile error, ...) for the same kernel. Choose it
 with ``agent.kind: agents.faulty:FaultInjectingAgent`` and ``agent.options``:
-``fault_fraction`` (default 0.2), ``fixtures`` (default ``tests/adversarial/fixtures.yaml``)
-and ``inner`` (the wrapped agent kind, default ``embedded``).
+``fixtures`` (required: the path of a fixtures index, a YAML file whose ``fixtures`` list
+names each kernel file with its ``kernel`` and expected ``status``; relative paths are taken
+from the working directory), ``fault_fraction`` (default 0.2) and ``inner`` (the wrapped
+agent kind, default ``embedded``). The hostile corpus is the caller's to choose, so the
+agent carries no default that would tie product code to a test suite's files.
 """
 
 from __future__ import annotations
@@ -19,18 +22,33 @@ from typing import Any
 import yaml
 
 from agents.base import Agent, AgentContext, Proposal
+from agents.factory import AgentConfigError, make_agent
 from kernels.variant import Variant
-
-DEFAULT_FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "adversarial" / "fixtures.yaml"
+from kernels.verdict import Status
 
 
 def load_hostile_fixtures(index: Path) -> dict[str, list[dict[str, Any]]]:
-    """Fixtures whose expected verdict is not OK, grouped by kernel (source text included)."""
-    data = yaml.safe_load(index.read_text())
+    """Fixtures whose expected verdict is not OK, grouped by kernel (source text included).
+
+    Raises:
+        AgentConfigError: the index is missing, not YAML, or lists no fixtures.
+    """
+    if not index.is_file():
+        raise AgentConfigError(f"agent.options.fixtures: {index} is not a file (give the path of a fixtures index)")
+    try:
+        data = yaml.safe_load(index.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise AgentConfigError(f"agent.options.fixtures: {index} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict) or not data.get("fixtures"):
+        raise AgentConfigError(f"agent.options.fixtures: {index} has no 'fixtures' list")
     by_kernel: dict[str, list[dict[str, Any]]] = {}
-    for fx in data.get("fixtures", []):
-        if fx.get("status") == "OK":
-            continue
+    for fx in data["fixtures"]:
+        try:
+            if Status(fx["status"]).is_ok:
+                continue  # an honest kernel is not hostile
+        except (KeyError, ValueError):
+            raise AgentConfigError(f"agent.options.fixtures: {index}: fixture {fx.get('file')} has no valid "
+                                   f"status (one of {', '.join(Status)})") from None
         entry = dict(fx, source=(index.parent / fx["file"]).read_text())
         by_kernel.setdefault(fx["kernel"], []).append(entry)
     return by_kernel
@@ -42,13 +60,14 @@ class FaultInjectingAgent(Agent):
     name = "faulty"
 
     def __init__(self, config: Any, seed: int) -> None:
-        from agents.factory import make_agent
-
         options = dict(getattr(config, "options", {}) or {})
         self.fraction = float(options.get("fault_fraction", 0.2))
         if not 0.0 <= self.fraction <= 1.0:
-            raise ValueError(f"fault_fraction must be within [0, 1], got {self.fraction}")
-        self.fixtures = load_hostile_fixtures(Path(options.get("fixtures", DEFAULT_FIXTURES)))
+            raise AgentConfigError(f"fault_fraction must be within [0, 1], got {self.fraction}")
+        if not options.get("fixtures"):
+            raise AgentConfigError("agent.options.fixtures is required: the path of the fixtures index whose "
+                             "hostile kernels the agent injects (e.g. tests/adversarial/fixtures.yaml)")
+        self.fixtures = load_hostile_fixtures(Path(options["fixtures"]))
         self.inner = make_agent(options.get("inner", "embedded"), config, seed)
         self.rng = random.Random(seed)
         self.seed = seed

@@ -4,7 +4,7 @@
 
 A map of where each layout wins, for whoever writes recipes: all recipe variants (each at
 every point of its ``// tune:`` grid), the hand-written files under
-``experiments/variants/<kernel>/`` (at their default parameters), our baseline and the peers
+``experiments/results/variants/<kernel>/`` (at their default parameters), our baseline and the peers
 are timed per search shape in one interleaved loop
 (:meth:`evaluators.gpu.GpuEvaluator.time_peers_full`). Kernel times: CUDA events around one
 launch (ours), one CUDA-graph replay (peers); L2 flushed before every repetition.
@@ -43,7 +43,7 @@ def candidates(kernel: str, max_per_recipe: int) -> dict[str, tuple[str, dict[st
                 break
             label = ",".join(f"{k}={v}" for k, v in params.items())
             out[f"{recipe.name.removeprefix('recipe:')} {label}"] = (source, params)
-    for path in sorted((REPO_ROOT / "experiments" / "variants" / spec.name).glob("*.cu")):
+    for path in sorted((REPO_ROOT / "experiments" / "results" / "variants" / spec.name).glob("*.cu")):
         out[f"file:{path.name}"] = (path.read_text(), {})
     return out
 

@@ -1,10 +1,11 @@
 """Evaluation integrity on the GPU machine: every adversarial fixture's verdict, and the
 accounting of a search run in which a fraction of the proposals were hostile.
 
-    python -m experiments.integrity fixtures --out OUT            # table of fixtures and verdicts
+    python -m experiments.integrity fixtures --index tests/adversarial/fixtures.yaml --out OUT
     python -m experiments.integrity run RUN_DIR --fixtures-json OUT.json --out OUT
 
-``fixtures`` evaluates every file of tests/adversarial/fixtures.yaml with the GPU evaluator
+``fixtures`` evaluates every file of a fixtures index (``--index``, the adversarial corpus
+of the test suite) with the GPU evaluator
 (5 warm-ups, 20 timed repetitions) and, after every fault, the baseline again (it must still
 be OK). ``run`` reads a search run's proposals.jsonl and evaluations.jsonl and checks that
 every proposal has a verdict on record, then writes OUT.json and OUT.md with both parts.
@@ -24,29 +25,30 @@ from typing import Any
 import yaml
 
 from evaluators.api import EvalRequest, TimingConfig
-from kernels.records import read_jsonl
+from kernels.records import read_evaluations
 from kernels.spec import load_kernel
 from kernels.variant import Variant
+from kernels.verdict import Status
+from search.proposal_records import read_proposals
 
-INDEX = Path(__file__).resolve().parents[1] / "tests" / "adversarial" / "fixtures.yaml"
 
-
-def run_fixtures() -> dict[str, Any]:
+def run_fixtures(index: Path) -> dict[str, Any]:
+    """Every fixture of ``index`` evaluated on the GPU, with the baseline after each fault."""
     from evaluators.gpu import GpuEvaluator
 
-    data = yaml.safe_load(INDEX.read_text())
+    data = yaml.safe_load(index.read_text())
     evaluator = GpuEvaluator(step_timeout_s=15.0)
     rows = []
     try:
         gpu = evaluator.info()["gpu"]
         for fx in data["fixtures"]:
-            source = (INDEX.parent / fx["file"]).read_text()
+            source = (index.parent / fx["file"]).read_text()
             ev = evaluator.evaluate(EvalRequest(fx["kernel"], Variant(fx["kernel"], source), dtype="float16",
                                                 timing=TimingConfig(5, 20, 0.0)))
             row = {"file": fx["file"], "kernel": fx["kernel"], "expected": fx["status"],
                    "expected_guard": fx.get("guard", ""), "got": ev.status.value, "guard": ev.guard,
                    "message": ev.message[:300], "restarts_so_far": evaluator.restarts}
-            if ev.status.value not in ("OK", "COMPILE_ERROR"):
+            if ev.status not in (Status.OK, Status.COMPILE_ERROR):
                 spec = load_kernel(fx["kernel"])
                 after = evaluator.evaluate(EvalRequest(fx["kernel"], Variant(spec.name, spec.baseline_source()),
                                                        time=False))
@@ -62,28 +64,28 @@ def run_fixtures() -> dict[str, Any]:
 
 def account_run(run_dir: Path) -> dict[str, Any]:
     """Every proposal must have at least one evaluation on record (by variant id)."""
-    proposals = list(read_jsonl(run_dir / "proposals.jsonl"))
-    evals = list(read_jsonl(run_dir / "evaluations.jsonl"))
-    judged = {(e["kernel"], e["variant"]["id"]) for e in evals}
-    missing = [p["variant_id"] for p in proposals if not p.get("failure") and (p["kernel"], p["variant_id"]) not in judged]
-    injected = [p for p in proposals if p["variant"].get("meta", {}).get("injected")]
+    proposals = read_proposals(run_dir / "proposals.jsonl")
+    evals = read_evaluations(run_dir / "evaluations.jsonl")
+    statuses: dict[tuple[str, str], set[str]] = {}
+    for e in evals:
+        statuses.setdefault((e.kernel, e.variant.id), set()).add(e.evaluation.status.value)
+    missing = [p.variant_id for p in proposals if not p.failed and (p.kernel, p.variant_id) not in statuses]
+    injected = [p for p in proposals if p.variant.meta.get("injected")]
     verdicts: Counter[str] = Counter()
     as_expected = 0
     for p in injected:
-        statuses = {e["evaluation"]["status"] for e in evals
-                    if e["kernel"] == p["kernel"] and e["variant"]["id"] == p["variant_id"]}
-        status = sorted(statuses)[0] if statuses else "MISSING"
-        verdicts[status] += 1
-        as_expected += p["variant"]["meta"]["expected_status"] in statuses
+        mine = statuses.get((p.kernel, p.variant_id), set())
+        verdicts[sorted(mine)[0] if mine else "MISSING"] += 1
+        as_expected += p.variant.meta["expected_status"] in mine
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
     return {
         "run_dir": run_dir.name, "command": summary.get("command", ""), "proposals": len(proposals),
         "injected": len(injected), "injected_fraction": len(injected) / max(1, len(proposals)),
         "evaluations": len(evals), "proposals_without_verdict": missing,
-        "evaluations_by_status": dict(Counter(e["evaluation"]["status"] for e in evals)),
+        "evaluations_by_status": dict(Counter(e.evaluation.status.value for e in evals)),
         "injected_verdicts": dict(verdicts), "injected_as_expected": as_expected,
         "winners_injected": [k["winner"] for k in summary.get("kernels", [])
-                             if any(p["variant_id"] == k["winner"] for p in injected)],
+                             if any(p.variant_id == k["winner"] for p in injected)],
         "completed": bool(summary), "wall_s": summary.get("wall_s"),
     }
 
@@ -119,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("fixtures")
+    f.add_argument("--index", type=Path, required=True, help="fixtures index (tests/adversarial/fixtures.yaml)")
     f.add_argument("--out", required=True)
     r = sub.add_parser("run")
     r.add_argument("run_dir", type=Path)
@@ -128,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.cmd == "fixtures":
-        out.with_suffix(".json").write_text(json.dumps(run_fixtures(), indent=1))
+        out.with_suffix(".json").write_text(json.dumps(run_fixtures(args.index), indent=1))
         return 0
     doc = {"git_commit": os.environ.get("KERNEL_SEARCH_COMMIT", "unknown"),
            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

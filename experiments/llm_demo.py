@@ -3,9 +3,9 @@
     python -m experiments.llm_demo --evaluator gpu --out experiments/results/llm-demo-h200
     python -m experiments.llm_demo --evaluator standin --out /tmp/llm-demo   # the CPU twin
 
-A local server (``tests/llm_server.py``) answers each role with a fixed reply: the tester
+A local server (``agents/llm/scripted_server.py``) answers each role with a fixed reply: the tester
 proposes one extra search shape for silu_and_mul, the planner suggests 16-byte vector loads
-with fast intrinsics, and the coder returns ``experiments/variants/silu_and_mul/vec_flat.cu``
+with fast intrinsics, and the coder returns ``experiments/results/variants/silu_and_mul/vec_flat.cu``
 (read at run time). The script runs ``python -m search.run --agent llm`` against it and checks
 that the scripted variant travelled tester -> planner -> coder -> evaluator -> selection:
 the tester's shape is in the winner's search evaluations (and in none on held-out shapes),
@@ -27,18 +27,19 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from kernels.records import atomic_write, read_jsonl
+from agents.llm.scripted_server import ScriptedLLMServer
+from kernels.records import EvalRecord, ShapeSet, Stage, atomic_write, read_evaluations
 from kernels.spec import load_kernel, shape_label
 from kernels.variant import Variant
+from search.proposal_records import CallRecord, read_calls
 from search.report import git_commit
-from tests.llm_server import ScriptedLLMServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KERNEL = "silu_and_mul"
 MODEL = "scripted"
 API_KEY = "demo-key"
 EXTRA_SHAPE = {"num_tokens": 64, "d": 11008}
-VARIANT_FILE = REPO_ROOT / "experiments" / "variants" / "silu_and_mul" / "vec_flat.cu"
+VARIANT_FILE = REPO_ROOT / "experiments" / "results" / "variants" / "silu_and_mul" / "vec_flat.cu"
 SUGGESTION = {
     "title": "16-byte vector loads with fast intrinsics",
     "change": "Give each thread 8 outputs: load gate and up as one 16-byte uint4 each and store 16 bytes; "
@@ -93,23 +94,21 @@ def server_env(server: ScriptedLLMServer) -> dict[str, str]:
     return {**os.environ, "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": server.api_key, "PYTHONPATH": path}
 
 
-def call_chain(calls: list[dict[str, Any]], winner: str) -> list[dict[str, Any]]:
+def call_chain(calls: list[CallRecord], winner: str) -> list[dict[str, Any]]:
     """The tester call of the kernel, then the planner and coder calls that led to ``winner``."""
-    chosen = [c for c in calls if c.get("role") == "tester" and c.get("kernel") == KERNEL]
-    chosen += [c for c in calls if c.get("role") in ("planner", "coder") and c.get("variant_id") == winner]
+    chosen = [c for c in calls if c.is_tester and c.kernel == KERNEL]
+    chosen += [c for c in calls if c.role in ("planner", "coder") and c.variant_id == winner]
     return [
-        {"role": c["role"], "call_id": c.get("call_id", ""), "plan_call_id": c.get("plan_call_id", ""),
-         "model": c.get("model", ""), "variant_id": c.get("variant_id", ""),
-         "prompt_tokens": c.get("usage", {}).get("prompt_tokens", 0),
-         "completion_tokens": c.get("usage", {}).get("completion_tokens", 0),
-         "latency_s": c.get("latency_s", 0.0), "attempts": c.get("attempts", 0), "error": c.get("error", ""),
-         **({"accepted_shapes": c.get("accepted_shapes", [])} if c["role"] == "tester" else {})}
+        {"role": c.role, "call_id": c.call_id, "plan_call_id": c.plan_call_id, "model": c.model,
+         "variant_id": c.variant_id, "prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
+         "latency_s": c.latency_s, "attempts": c.attempts, "error": c.error,
+         **({"accepted_shapes": list(c.accepted_shapes)} if c.is_tester else {})}
         for c in chosen
     ]
 
 
-def _shape_labels(record: Mapping[str, Any]) -> list[str]:
-    return [shape_label(s["shape"]) for s in record["evaluation"].get("shapes", [])]
+def _shape_labels(record: EvalRecord) -> list[str]:
+    return [shape_label(s.shape) for s in record.evaluation.shapes]
 
 
 def check_run(run_dir: Path, expected_id: str) -> tuple[dict[str, bool], list[dict[str, Any]], list[dict[str, Any]]]:
@@ -120,14 +119,14 @@ def check_run(run_dir: Path, expected_id: str) -> tuple[dict[str, bool], list[di
     """
     summary = json.loads((run_dir / "summary.json").read_text())
     kernel = next(k for k in summary["kernels"] if k["kernel"] == KERNEL)
-    calls = list(read_jsonl(run_dir / "llm_calls.jsonl"))
-    chain = call_chain(calls, expected_id)
+    chain = call_chain(read_calls(run_dir / "llm_calls.jsonl"), expected_id)
     roles = [c["role"] for c in chain]
     planner = next((c for c in chain if c["role"] == "planner"), None)
-    evals = [r for r in read_jsonl(run_dir / "evaluations.jsonl") if r["variant"]["id"] == expected_id]
+    records = read_evaluations(run_dir / "evaluations.jsonl")
+    evals = [r for r in records if r.variant.id == expected_id]
     extra, spec = shape_label(EXTRA_SHAPE), load_kernel(KERNEL)
-    search_ok = [r for r in evals if r["shape_set"] == "search" and r["evaluation"]["status"] == "OK"]
-    heldout = [r for r in read_jsonl(run_dir / "evaluations.jsonl") if r["shape_set"] == "heldout"]
+    search_ok = [r for r in evals if r.shape_set is ShapeSet.SEARCH and r.evaluation.status.is_ok]
+    heldout = [r for r in records if r.shape_set is ShapeSet.HELDOUT]
     best_source = (run_dir / "best" / f"{KERNEL}.cu").read_text()
     checks = {
         "tester_proposed_the_extra_shape": roles[:1] == ["tester"] and chain[0]["accepted_shapes"] == [EXTRA_SHAPE]
@@ -138,14 +137,14 @@ def check_run(run_dir: Path, expected_id: str) -> tuple[dict[str, bool], list[di
         "winner_evaluated_ok_on_search_and_extra_shapes": bool(search_ok)
         and all(_shape_labels(r) == [shape_label(s) for s in spec.search_shapes] + [extra] for r in search_ok),
         "heldout_evaluations_never_use_the_extra_shape": bool(heldout)
-        and all(_shape_labels(r) == [shape_label(s) for s in spec.heldout_shapes] for r in heldout),
+        and all(extra not in _shape_labels(r) for r in heldout),
         "winner_passed_heldout": kernel["heldout_status"] == "OK"
-        and any(r["stage"] == "heldout" and r["evaluation"]["status"] == "OK" for r in evals),
+        and any(r.stage is Stage.HELDOUT and r.evaluation.status.is_ok for r in evals),
         "selected_as_winner": kernel["winner"] == expected_id and Variant(KERNEL, best_source).id == expected_id,
         "faster_than_baseline": (kernel.get("speedup_search") or 0.0) > 1.0,
     }
-    brief = [{"stage": r["stage"], "shape_set": r["shape_set"], "trial": r.get("trial"), "params": r.get("params"),
-              "status": r["evaluation"]["status"], "speedup": r["evaluation"].get("speedup"),
+    brief = [{"stage": r.stage.value, "shape_set": r.shape_set.value, "trial": r.trial, "params": r.params,
+              "status": r.evaluation.status.value, "speedup": r.evaluation.speedup,
               "shapes": _shape_labels(r)} for r in evals]
     return checks, chain, brief
 

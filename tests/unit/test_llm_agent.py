@@ -17,10 +17,10 @@ import pytest
 from agents.base import AgentContext, Attempt
 from agents.llm import LLMAgent, LLMConfig, PreflightError, UsageLedger
 from agents.llm.cost import PriceTable
+from agents.llm.scripted_server import ScriptedLLMServer
 from kernels.spec import load_kernel
 from kernels.variant import Variant
 from kernels.verdict import Evaluation, ShapeResult, Status
-from tests.llm_server import ScriptedLLMServer
 
 KEY = "sk-test-secret-0123456789"
 

@@ -2,7 +2,7 @@
 shapes (search only, recorded, reused on resume), and the scripted demonstration end to end.
 
 The search runs as a real ``python -m search.run`` subprocess (local Ray, stand-in evaluator)
-against the scripted OpenAI-compatible server of ``tests/llm_server.py``.
+against the scripted OpenAI-compatible server of ``agents/llm/scripted_server.py``.
 """
 
 from __future__ import annotations
@@ -17,14 +17,16 @@ from pathlib import Path
 
 import pytest
 
+from agents.llm.scripted_server import ScriptedLLMServer
 from evaluators.api import EvalRequest
 from evaluators.standin import StandinEvaluator
 from experiments import llm_demo
-from kernels.records import read_jsonl
+from kernels.records import ShapeSet, Stage, read_evaluations
 from kernels.spec import load_kernel, shape_label
 from kernels.variant import Variant
+from search.export import export_run
+from search.proposal_records import read_calls
 from search.run import EXTRA_SHAPES_FILE, REPO_ROOT
-from tests.llm_server import ScriptedLLMServer
 
 SPEC = load_kernel("silu_and_mul")
 SEARCH = [shape_label(s) for s in SPEC.search_shapes]
@@ -40,8 +42,8 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path, dict]:
     return code, out, json.loads((out / "llm-demo.json").read_text())
 
 
-def _labels(record: dict) -> list[str]:
-    return [shape_label(s["shape"]) for s in record["evaluation"]["shapes"]]
+def _labels(record) -> list[str]:
+    return [shape_label(s.shape) for s in record.evaluation.shapes]
 
 
 def test_demo_runs_end_to_end_with_the_standin(demo):
@@ -61,28 +63,46 @@ def test_demo_runs_end_to_end_with_the_standin(demo):
 def test_extra_shapes_join_search_evaluations_and_never_heldout(demo):
     _, _, report = demo
     run_dir = Path(report["run_dir"])
-    records = list(read_jsonl(run_dir / "evaluations.jsonl"))
-    search = [r for r in records if r["shape_set"] == "search" and r["evaluation"]["shapes"]]
-    heldout = [r for r in records if r["shape_set"] == "heldout"]
-    assert {r["stage"] for r in search} == {"screen", "full", "final"} and heldout
+    records = read_evaluations(run_dir / "evaluations.jsonl")
+    search = [r for r in records if r.shape_set is ShapeSet.SEARCH and r.evaluation.shapes]
+    heldout = [r for r in records if r.shape_set is ShapeSet.HELDOUT and r.evaluation.shapes]
+    assert {r.stage for r in search} == {Stage.SCREEN, Stage.FULL, Stage.FINAL} and heldout
     # Every search evaluation, the baseline's included, has the tester's shape after the spec's.
-    assert any(r["variant"]["author"] == "baseline" for r in search)
+    assert any(r.variant.author == "baseline" for r in search)
     assert all(_labels(r) == [*SEARCH, EXTRA] for r in search)
-    assert all(_labels(r) == HELDOUT for r in heldout)
+    # Held-out evaluations: the spec's held-out shapes first (the run may draw more), never the tester's.
+    assert all(_labels(r)[: len(HELDOUT)] == HELDOUT and EXTRA not in _labels(r) for r in heldout)
     assert json.loads((run_dir / EXTRA_SHAPES_FILE).read_text()) == {"silu_and_mul": [llm_demo.EXTRA_SHAPE]}
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["extra_shapes"] == {"silu_and_mul": [llm_demo.EXTRA_SHAPE]}
     assert [s["label"] for s in summary["kernels"][0]["shapes"]] == [*SEARCH, EXTRA]  # the final timing
     # The agents are told about it too: the planner's prompt lists it among the search shapes.
-    planner = next(c for c in read_jsonl(run_dir / "llm_calls.jsonl") if c["role"] == "planner")
-    assert EXTRA in planner["messages"][1]["content"]
+    planner = next(c for c in read_calls(run_dir / "llm_calls.jsonl") if c.role == "planner")
+    assert EXTRA in planner.messages[1]["content"]
 
 
-def test_request_shapes_add_extras_to_search_only(tmp_path):
+def test_export_of_the_demo_run_flags_synthetic_rewards_and_keeps_the_tester(demo, tmp_path):
+    _, _, report = demo
+    paths = export_run(Path(report["run_dir"]), "jsonl", tmp_path / "export")
+    samples = [json.loads(x) for x in paths["samples"].read_text().splitlines()]
+    trajectories = [json.loads(x) for x in paths["trajectories"].read_text().splitlines()]
+    assert sorted(r["role"] for r in samples) == ["coder", "planner", "tester"]
+    assert all(r["synthetic"] for r in samples + trajectories)  # the stand-in judged every variant
+    tester = next(r for r in samples if r["role"] == "tester")
+    assert tester["shapes_accepted"] == 1 and tester["reward"] == 1.0 and tester["kernel"] == "silu_and_mul"
+    assert {r["role"] for r in trajectories} == {"planner", "coder"}
+    for r in samples + trajectories:
+        roles = [m["role"] for m in r["messages"]]
+        assert roles[0] == "system" and "system" not in roles[1:], roles
+
+
+def test_request_shapes_are_the_spec_set_then_the_extras(tmp_path):
+    # The run decides which extras go where: the tester's to search requests, drawn held-out
+    # shapes to held-out requests; the request itself appends what it is given.
     extra = ({"num_tokens": 3, "d": 4104},)
     base = Variant("silu_and_mul", SPEC.baseline_source())
     search = EvalRequest("silu_and_mul", base, extra_shapes=extra)
-    held = EvalRequest("silu_and_mul", base, shape_set="heldout", extra_shapes=extra)
+    held = EvalRequest("silu_and_mul", base, shape_set="heldout")
     assert search.shapes(SPEC) == (*SPEC.search_shapes, *extra)
     assert held.shapes(SPEC) == SPEC.heldout_shapes
     evaluator = StandinEvaluator(cache_dir=tmp_path)
@@ -94,6 +114,8 @@ def test_resume_reuses_recorded_extra_shapes_without_asking_the_tester(demo, tmp
     _, _, report = demo
     run_dir = tmp_path / "runs" / Path(report["run_dir"]).name
     shutil.copytree(report["run_dir"], run_dir)
+    # As if killed before its end (a finished run, summary.json written last, is left untouched).
+    (run_dir / "summary.json").unlink()
     faster = SPEC.baseline_source().replace("expf(", "__expf(")
     replies = llm_demo.scripted_replies(faster)
     del replies["tester"]  # asking the tester again would get a 500 and leave a record
@@ -105,10 +127,10 @@ def test_resume_reuses_recorded_extra_shapes_without_asking_the_tester(demo, tmp
         served = [llm_demo.role_of(r["body"]) for r in server.chat_requests()]
     assert out.returncode == 0, out.stderr[-2000:]
     assert served == ["planner", "coder"]  # the second round only; no tester call
-    calls = list(read_jsonl(run_dir / "llm_calls.jsonl"))
-    assert [c["role"] for c in calls if c["role"] == "tester"] == ["tester"]
-    new = [r for r in read_jsonl(run_dir / "evaluations.jsonl") if r["variant"]["id"] == Variant("silu_and_mul", faster).id]
-    assert new and all(_labels(r) == [*SEARCH, EXTRA] for r in new if r["shape_set"] == "search")
+    calls = read_calls(run_dir / "llm_calls.jsonl")
+    assert [c.role for c in calls if c.is_tester] == ["tester"]
+    new = [r for r in read_evaluations(run_dir / "evaluations.jsonl") if r.variant.id == Variant("silu_and_mul", faster).id]
+    assert new and all(_labels(r) == [*SEARCH, EXTRA] for r in new if r.shape_set is ShapeSet.SEARCH)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["resumed"] is True and summary["extra_shapes"] == {"silu_and_mul": [llm_demo.EXTRA_SHAPE]}
 

@@ -1,4 +1,4 @@
-"""A local OpenAI-compatible HTTP server with scripted replies, for tests of the LLM agents.
+"""A local OpenAI-compatible HTTP server with scripted replies, for demonstrations and tests.
 
 It speaks enough of the API for the real ``openai`` client: ``GET /v1/models`` and
 ``POST /v1/chat/completions``, bearer-key checks, error statuses with headers, and stalls.
@@ -74,7 +74,7 @@ class ScriptedLLMServer:
             return self.responder(body)
         with self._lock:
             if not self.steps:
-                return {"status": 500, "error": "the test script has no more replies"}
+                return {"status": 500, "error": "the script has no more replies"}
             return self.steps.pop(0)
 
 
@@ -96,7 +96,7 @@ def _make_handler(server: ScriptedLLMServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
+        def log_message(self, format: str, *args: Any) -> None:  # no access log on stderr
             pass
 
         def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
@@ -130,7 +130,7 @@ def _make_handler(server: ScriptedLLMServer) -> type[BaseHTTPRequestHandler]:
             if not self._authorised():
                 return
             if self.path.rstrip("/").endswith("/models"):
-                data = [{"id": m, "object": "model", "created": 0, "owned_by": "test"} for m in server.models]
+                data = [{"id": m, "object": "model", "created": 0, "owned_by": "scripted"} for m in server.models]
                 self._send(200, {"object": "list", "data": data})
             else:
                 self._send(404, {"error": {"message": f"no route {self.path}"}})
