@@ -14,13 +14,13 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from evaluators.admit import Artifact
+from evaluators.admit import Artifact, Refusal, admit
 from evaluators.api import EvalRequest, Evaluator
-from evaluators.compile import CompileResult, compile_variant
-from kernels.launch import LaunchSpecError
-from kernels.spec import KernelSpec, KernelSpecError, check_signature, load_kernel
-from kernels.variant import Variant
+from kernels.launch import DeviceLimits, LaunchLimitError, LaunchSpecError
+from kernels.spec import KernelSpec, Shape, load_kernel, shape_label
 from kernels.verdict import Evaluation, ShapeResult, Status
+
+Launches = list[tuple[tuple[int, int, int], tuple[int, int, int], int]]
 
 
 class EvaluatorError(RuntimeError):
@@ -91,6 +91,7 @@ class GpuEvaluator(Evaluator):
         self._arch = arch
         self._worker: _Worker | None = None
         self._specs: dict[str, KernelSpec] = {}
+        self._baselines: dict[tuple[str, str], Artifact] = {}
         self.restarts = 0
         self.busy_s = 0.0
 
@@ -107,7 +108,24 @@ class GpuEvaluator(Evaluator):
 
     @property
     def arch(self) -> str:
-        return self._arch or self._ensure_worker().info["arch"]
+        arch = self._arch or self._ensure_worker().info["arch"]
+        assert isinstance(arch, str)
+        return arch
+
+    @property
+    def limits(self) -> DeviceLimits:
+        """The launch limits the worker's device reported (starts the worker)."""
+        limits = self._ensure_worker().info.get("limits")
+        return limits if isinstance(limits, DeviceLimits) else DeviceLimits()
+
+    def _known_limits(self) -> DeviceLimits:
+        """The device's limits if a worker is already there, else the defaults: admission must
+        not start a sandbox just to refuse a source (the device's own limits are applied
+        again before anything is sent to it, see :meth:`_launches`)."""
+        if self._worker is not None and isinstance(self._worker.info.get("limits"), DeviceLimits):
+            limits: DeviceLimits = self._worker.info["limits"]
+            return limits
+        return DeviceLimits()
 
     def close(self) -> None:
         if self._worker is not None:
@@ -137,52 +155,85 @@ class GpuEvaluator(Evaluator):
             self._drop_worker()  # a hung or faulted context is never reused
         return kind, payload
 
-    # -- evaluation -----------------------------------------------------------------------
+    # -- admission ------------------------------------------------------------------------
     def spec(self, kernel: str) -> KernelSpec:
         if kernel not in self._specs:
             self._specs[kernel] = load_kernel(kernel)
         return self._specs[kernel]
 
-    def _compile(self, spec: KernelSpec, source: str, params: dict[str, int], dtype: str,
-                 shapes: tuple[dict[str, int], ...]) -> tuple[CompileResult | None, list, dict[str, int], str]:
-        """Compiles and resolves launches; returns (result, launches, params, error message)."""
-        try:
-            launch = Variant(spec.name, source).launch()
-            spec.check_launch(launch)
-            params = launch.validate_params(params)
-            check_signature(spec, source)
-            configs = [launch.resolve(s, params) for s in shapes]
-        except (LaunchSpecError, KernelSpecError) as exc:
-            return None, [], params, str(exc)
-        result = compile_variant(source, spec.name, dtype, params, self.arch)
-        if not result.ok:
-            return result, [], params, result.log
-        return result, [(c.grid, c.block, c.smem_bytes) for c in configs], params, ""
+    def _admit(self, spec: KernelSpec, source: str, dtype: str, params: dict[str, int],
+               shapes: tuple[Shape, ...] | None = None) -> Artifact | Refusal:
+        return admit(spec, source, dtype, params, arch=self.arch, limits=self._known_limits(), shapes=shapes)
 
+    def _baseline(self, spec: KernelSpec, dtype: str) -> Artifact:
+        """The baseline's artifact, admitted once per kernel and dtype."""
+        key = (str(spec.directory), dtype)
+        if key not in self._baselines:
+            artifact = self._admit(spec, spec.baseline_source(), dtype, {})
+            if isinstance(artifact, Refusal):
+                raise EvaluatorError(f"the baseline of {spec.name} is refused: {artifact.message}")
+            self._baselines[key] = artifact
+        return self._baselines[key]
+
+    def _launches(self, artifact: Artifact, shapes: tuple[Shape, ...]) -> Launches | Refusal:
+        """The artifact's launch per shape within the device's own limits, or the refusal."""
+        try:
+            configs = artifact.launches(shapes, self.limits)
+        except LaunchLimitError as exc:
+            return Refusal(Status.RESOURCE_ERROR, str(exc), artifact.params, artifact.compile_s, artifact.compile_key)
+        except LaunchSpecError as exc:
+            return Refusal(Status.COMPILE_ERROR, str(exc), artifact.params, artifact.compile_s, artifact.compile_key)
+        resolved = [configs[shape_label(s)] for s in shapes]  # one per shape, repeated shapes included
+        return [(c.grid, c.block, c.smem_bytes) for c in resolved]
+
+    def _candidate(self, spec: KernelSpec, request: EvalRequest, shapes: tuple[Shape, ...],
+                   artifact: Artifact | None) -> Artifact | Refusal:
+        """The request's artifact: the one given (which must be for this request) or admitted here."""
+        if artifact is not None:
+            wanted = (spec.name, request.dtype, request.variant.id)
+            if (artifact.kernel, artifact.dtype, artifact.variant_id) != wanted:
+                raise EvaluatorError(f"artifact {(artifact.kernel, artifact.dtype, artifact.variant_id)} was given "
+                                     f"for request {wanted}")
+            try:
+                params = artifact.launch.validate_params(request.params)
+            except LaunchSpecError as exc:
+                raise EvaluatorError(f"artifact given for parameters it cannot take: {exc}") from None
+            if params != artifact.params:
+                raise EvaluatorError(f"artifact compiled with {artifact.params} given for {params}")
+            if artifact.arch == self.arch:
+                return artifact
+        return self._admit(spec, request.variant.source, request.dtype, request.params, shapes)
+
+    # -- evaluation -----------------------------------------------------------------------
     def evaluate(self, request: EvalRequest, artifact: Artifact | None = None) -> Evaluation:
         start = time.perf_counter()
         spec = self.spec(request.kernel)
         shapes = request.shapes(spec)
-        cand, cand_launch, params, error = self._compile(spec, request.variant.source, request.params,
-                                                         request.dtype, shapes)
-        # The compile-error verdict; every later outcome is this record with status, message and
-        # measurements replaced (dataclasses.replace keeps the keyword arguments type-checked).
-        head = Evaluation(Status.COMPILE_ERROR, error, kernel=spec.name, dtype=request.dtype,
-                          variant_id=request.variant.id, shape_set=request.shape_set, params=params)
-        if error:
-            return head
-        assert cand is not None
-        base, base_launch, _, base_error = self._compile(spec, spec.baseline_source(), {}, request.dtype, shapes)
-        if base_error or base is None:
-            raise EvaluatorError(f"the baseline of {spec.name} does not compile: {base_error}")
+        head = Evaluation(Status.COMPILE_ERROR, "", kernel=spec.name, dtype=request.dtype,
+                          variant_id=request.variant.id, shape_set=request.shape_set, params=dict(request.params))
+        cand = self._candidate(spec, request, shapes, artifact)
+        if isinstance(cand, Refusal):
+            return replace(head, status=cand.status, message=cand.message, params=cand.params or head.params,
+                           compile_s=cand.compile_s, eval_s=time.perf_counter() - start)
+        # Every later outcome is this record with status, message and measurements replaced
+        # (dataclasses.replace keeps the keyword arguments type-checked).
+        head = replace(head, params=cand.params, registers=cand.registers, compile_s=cand.compile_s)
+        cand_launches = self._launches(cand, shapes)
+        if isinstance(cand_launches, Refusal):
+            return replace(head, status=cand_launches.status, message=cand_launches.message,
+                           eval_s=time.perf_counter() - start)
+        base = self._baseline(spec, request.dtype)
+        base_launches = self._launches(base, shapes)
+        if isinstance(base_launches, Refusal):
+            raise EvaluatorError(f"the baseline of {spec.name} cannot run here: {base_launches.message}")
         job = {
             "type": "evaluate",
             "kernel_dir": str(spec.directory),
             "dtype": request.dtype,
             "shapes": [dict(s) for s in shapes],
-            "candidate": {"cubin": cand.cubin, "launches": cand_launch},
-            "baseline": {"cubin": base.cubin, "launches": base_launch},
-            "same_as_baseline": cand.key == base.key,
+            "candidate": {"cubin": cand.cubin, "launches": cand_launches},
+            "baseline": {"cubin": base.cubin, "launches": base_launches},
+            "same_as_baseline": cand.binary_key == base.binary_key,
             "seeds": list(request.seeds),
             "timing": {"warmup": request.timing.warmup, "repetitions": request.timing.repetitions,
                        "cutoff": request.timing.cutoff},
@@ -191,7 +242,6 @@ class GpuEvaluator(Evaluator):
             "noise_floor": request.noise_floor,
         }
         kind, reply = self._job(job)
-        head = replace(head, registers=cand.registers, compile_s=cand.seconds)
         if kind == "timeout":
             return replace(head, status=Status.TIMEOUT, message=f"no progress for {self.step_timeout_s:.0f} s "
                            f"after '{reply['last_step']}': the kernel hangs or runs far too long; the sandbox "
@@ -224,20 +274,77 @@ class GpuEvaluator(Evaluator):
     def time_peers_full(self, kernel: str, dtype: str, shape_set: str = "search",
                         ours: dict[str, tuple[str, dict[str, int]]] | None = None,
                         repetitions: int = 100, graph_ours: bool = False) -> dict[str, Any]:
-        """Like :meth:`time_peers`, with spreads, peer errors and the copy bandwidth."""
+        """Like :meth:`time_peers`, with spreads, peer errors, the copy bandwidth and ``failed``:
+        ``{our kernel: why}`` for each of ours refused at admission, failing a guard in the loop
+        (see :mod:`evaluators.peers`) or crashing it; a failed kernel has no times.
+
+        A kernel of ours that crashes or hangs the loop costs its own result only: the loop is
+        run again without every kernel of ours that fails when timed alone.
+        """
         spec = self.spec(kernel)
         shapes = spec.shapes(shape_set)
-        kernels = {}
+        failed: dict[str, str] = {}
+        kernels: dict[str, dict[str, Any]] = {}
         for name, (source, params) in (ours or {}).items():
-            result, launches, _, error = self._compile(spec, source, params, dtype, shapes)
-            if error or result is None:
-                raise EvaluatorError(f"{name} does not compile: {error}")
-            kernels[name] = {"cubin": result.cubin, "launches": launches}
-        job = {"type": "peers", "kernel_dir": str(spec.directory), "dtype": dtype, "kernels": kernels,
+            artifact = self._admit(spec, source, dtype, params, shapes)
+            launches = artifact if isinstance(artifact, Refusal) else self._launches(artifact, shapes)
+            if isinstance(launches, Refusal):
+                failed[name] = f"{launches.status.value}: {launches.message}"
+            elif isinstance(artifact, Artifact):
+                kernels[name] = {"cubin": artifact.cubin, "launches": launches}
+        base = self._baseline(spec, dtype)
+        base_launches = self._launches(base, shapes)
+        if isinstance(base_launches, Refusal):
+            raise EvaluatorError(f"the baseline of {spec.name} cannot run here: {base_launches.message}")
+        job = {"type": "peers", "kernel_dir": str(spec.directory), "dtype": dtype,
+               "baseline": {"cubin": base.cubin, "launches": base_launches},
                "shapes": [dict(s) for s in shapes], "warmup": 20, "repetitions": repetitions,
                "graph_ours": graph_ours}
-        kind, reply = self._job(job, timeout_s=max(self.step_timeout_s, 300.0))
-        if kind != "result" or reply.get("status") != "OK":
-            raise EvaluatorError(f"timing peers of {kernel} failed: {kind} {reply}")
+        reply, why = self._peers_job({**job, "kernels": dict(kernels)})
+        if reply is None:
+            # Find the culprits by timing each kernel of ours alone (no peers: cheap), then the rest together.
+            for name in list(kernels):
+                alone, why = self._peers_job({**job, "kernels": {name: kernels[name]}, "peers": False})
+                if alone is None:
+                    failed[name] = why
+                    del kernels[name]
+            reply, why = self._peers_job({**job, "kernels": dict(kernels)})
+        if reply is None:
+            reply = self._peers_one_by_one(job, kernels, failed, why)
+        reply["failed"] = {**failed, **reply.get("failed", {})}
         return reply
 
+    def _peers_job(self, job: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+        """Runs a peers' job: (reply, "") or, when it crashed, hung or failed as a whole, (None, why)."""
+        kind, reply = self._job(job, timeout_s=max(self.step_timeout_s, 300.0))
+        if kind == "result" and reply.get("status") == "INTERNAL":
+            raise EvaluatorError(f"evaluator bug in the peers' loop: {reply['message']}\n{reply.get('traceback', '')}")
+        if kind == "result" and reply.get("status") == Status.OK.value:
+            return reply, ""
+        if kind == "timeout":
+            return None, f"{Status.TIMEOUT.value}: no progress in the peers' loop after '{reply['last_step']}'"
+        if kind == "died":
+            return None, f"{Status.CRASH.value}: the sandbox died (exit code {reply['exitcode']}) after '{reply['last_step']}'"
+        return None, f"{reply.get('status')}: {reply.get('message', '')}"
+
+    def _peers_one_by_one(self, job: dict[str, Any], kernels: dict[str, dict[str, Any]], failed: dict[str, str],
+                          why: str) -> dict[str, Any]:
+        """Last resort when the loop crashes although no kernel of ours crashes alone: each kernel
+        of ours in a loop of its own with the peers (the peers' figures from the first such loop)."""
+        merged: dict[str, Any] = {"peers": {}, "iqr": {}, "errors": {}, "failed": {}, "separate_loops": True}
+        for name, part in kernels.items():
+            reply, why_alone = self._peers_job({**job, "kernels": {name: part}})
+            if reply is None:
+                failed[name] = why_alone
+                continue
+            for key in ("peers", "iqr", "errors", "failed"):
+                for impl, value in reply.get(key, {}).items():
+                    merged[key].setdefault(impl, value)
+            merged.setdefault("copy_bw_bytes_per_s", reply.get("copy_bw_bytes_per_s"))
+        if not merged["peers"]:
+            reply, why_peers = self._peers_job({**job, "kernels": {}})
+            if reply is None:
+                raise EvaluatorError(f"the peers' loop fails with none of our kernels in it: {why_peers} "
+                                     f"(with them: {why})")
+            merged.update({k: v for k, v in reply.items() if k != "failed"})
+        return merged

@@ -24,17 +24,29 @@ _ATTR = {"max_threads_per_block": 0, "smem_static_bytes": 1, "local_bytes": 3, "
          "max_dynamic_smem": 8}
 
 
+MAX_LOCAL_BYTES = 64 * 1024  # per-thread stack frame; the driver reserves it for every resident thread
+
+
 class LaunchResourceError(RuntimeError):
-    """The launch was refused for its resources (threads, shared memory, registers)."""
+    """The binary or the launch was refused for its resources (threads, shared memory,
+    registers, local memory, sizes the driver cannot take): a RESOURCE_ERROR verdict."""
 
 
 class Kernel:
     """One loaded entry point with the launch configuration of each shape.
 
+    Launch sizes are checked against the device's limits before a Kernel is made
+    (:func:`kernels.launch.check_limits`); what the driver still refuses here becomes a
+    :class:`LaunchResourceError`.
+
     Args:
         cubin: the binary from :func:`evaluators.compile.compile_variant`.
         spec: the kernel spec (argument order, constants).
         launches: resolved launch per shape label.
+
+    Raises:
+        LaunchResourceError: the binary does not load, its stack frame is above
+            :data:`MAX_LOCAL_BYTES`, or its shared memory cannot be raised as asked.
     """
 
     def __init__(self, cubin: bytes, spec: KernelSpec, launches: Mapping[str, LaunchConfig]) -> None:
@@ -42,19 +54,24 @@ class Kernel:
 
         self._cupy = cupy
         self.spec = spec
-        self.module = cupy.cuda.function.Module()
-        self.module.load(cubin)
-        self.function = self.module.get_function(spec.name)
         self.launches = dict(launches)
-        # Checked once here, not in launch(), which runs inside the timing loop.
-        for cfg in self.launches.values():
-            if cfg.block[0] * cfg.block[1] * cfg.block[2] > 1024:
-                raise LaunchResourceError(f"block {cfg.block} has more than 1024 threads")
+        self.module = cupy.cuda.function.Module()
+        try:
+            self.module.load(cubin)
+            self.function = self.module.get_function(spec.name)
+        except cupy.cuda.driver.CUDADriverError as exc:
+            raise LaunchResourceError(f"the binary cannot be loaded: {exc}") from None
+        local_bytes = self.attributes()["local_bytes"]
+        if local_bytes > MAX_LOCAL_BYTES:
+            raise LaunchResourceError(
+                f"{local_bytes} bytes of local memory (stack) per thread, more than {MAX_LOCAL_BYTES}: "
+                "keep large per-thread arrays in shared or global memory"
+            )
         self.max_smem = max((c.smem_bytes for c in self.launches.values()), default=0)
         if self.max_smem > 48 * 1024:
             try:
                 cupy.cuda.driver.funcSetAttribute(self.function.ptr, _ATTR["max_dynamic_smem"], self.max_smem)
-            except cupy.cuda.driver.CUDADriverError as exc:
+            except (cupy.cuda.driver.CUDADriverError, OverflowError, ValueError) as exc:
                 raise LaunchResourceError(f"cannot raise dynamic shared memory to {self.max_smem} bytes: {exc}") from None
         self.stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
 
@@ -86,6 +103,10 @@ class Kernel:
         stream = self._cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream) if on_current_stream else self.stream
         try:
             self.function(cfg.grid, cfg.block, args, shared_mem=cfg.smem_bytes, stream=stream)
+        except (OverflowError, ValueError) as exc:  # sizes CuPy cannot pass to the driver
+            raise LaunchResourceError(
+                f"launch grid={cfg.grid} block={cfg.block} smem={cfg.smem_bytes} refused: {exc}"
+            ) from None
         except self._cupy.cuda.driver.CUDADriverError as exc:
             if any(code in str(exc) for code in RESOURCE_ERRORS):
                 raise LaunchResourceError(

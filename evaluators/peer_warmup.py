@@ -34,7 +34,7 @@ def warm_kernel(kernel: str, dtype: str, shape_set: str = "search") -> dict[str,
     """Calls every peer once per shape, compiling what needs compiling; returns what happened."""
     import torch
 
-    from evaluators.peers import _peer_fns
+    from evaluators.peers import peer_fns
     from kernels.spec import load_kernel, shape_label
 
     spec = load_kernel(kernel)
@@ -46,7 +46,7 @@ def warm_kernel(kernel: str, dtype: str, shape_set: str = "search") -> dict[str,
     for shape in spec.shapes(shape_set):
         gen = torch.Generator(device=device).manual_seed(7)
         inputs = spec.make_inputs(shape, getattr(torch, dtype), gen, "random", device)
-        for name, fn in _peer_fns(spec).items():  # a fresh dynamo per shape, as run_peers does
+        for name, fn in peer_fns(spec).items():  # a fresh dynamo per shape, as run_peers does
             if name in errors:
                 continue
             try:

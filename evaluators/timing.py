@@ -52,12 +52,15 @@ class Flusher:
 
 @dataclass
 class Timed:
-    """One implementation to time: ``prepare(i)`` restores inputs for repetition i (not
-    timed), ``launch()`` is the timed work."""
+    """One implementation to time: ``prepare(i)`` restores inputs for launch i (not timed),
+    ``launch()`` is the timed work, and ``check(i)``, if given, verifies what timed launch i
+    wrote; it runs after the launch's end event is recorded and before anything else is
+    queued, so its work stays outside every measured window."""
 
     name: str
     prepare: Callable[[int], None]
     launch: Callable[[], None]
+    check: Callable[[int], None] | None = None
 
 
 def time_interleaved(
@@ -73,8 +76,9 @@ def time_interleaved(
     Args:
         impls: the implementations (baseline and candidate, or A and A for the noise floor).
         flush: L2 flush queued before each timed launch.
-        warmup: untimed launches of each implementation first.
-        repetitions: timed launches of each implementation.
+        warmup: untimed launches of each implementation first (launch indices 0 .. warmup-1).
+        repetitions: timed launches of each implementation (launch indices from warmup on);
+            every one of them is passed to the implementation's ``check``.
         cutoff_ms: per implementation name, stop timing once its running median exceeds this
             (checked every ``check_every`` repetitions; the others continue alone).
 
@@ -101,6 +105,8 @@ def time_interleaved(
             impl.launch()
             end.record(stream)
             events[impl.name].append((start, end))
+            if impl.check is not None:
+                impl.check(warmup + rep)
         if cutoff_ms and (rep + 1) % check_every == 0:
             stream.synchronize()
             for impl in list(active):

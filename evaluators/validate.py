@@ -49,12 +49,41 @@ def poison_(t: torch.Tensor, which: int) -> None:
         t.fill_(info.min if which == 0 else info.max)
 
 
-def _fmt_index(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+def index_of(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The multi-dimensional index of flat position ``flat`` in a row-major tensor of ``shape``."""
     idx = []
     for dim in reversed(shape):
         idx.append(flat % dim if dim else 0)
         flat //= dim if dim else 1
     return tuple(reversed(idx))
+
+
+def mismatch_mask(got: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float) -> torch.Tensor:
+    """Elements outside ``|got - expected| <= atol + rtol * |expected|``, as a bool tensor,
+    without a host synchronisation (the timing loop calls it between repetitions).
+
+    NaN and infinities must match the reference exactly (same place, same sign); integer
+    tensors must be equal.
+    """
+    if not got.dtype.is_floating_point and not expected.dtype.is_floating_point:
+        return got.to(torch.int64) != expected.to(torch.int64)
+    g = got.to(torch.float32)
+    e = expected.to(torch.float32)
+    limit = e.abs().mul_(rtol).add_(atol)
+    # An infinite reference would allow any finite value (inf <= inf): only exact equality
+    # (same infinity) or NaN against NaN passes there.
+    ok = torch.le((g - e).abs_(), limit).logical_and_(torch.isfinite(e))
+    ok.logical_or_(g == e).logical_or_(torch.isnan(g).logical_and_(torch.isnan(e)))
+    return ok.logical_not_()
+
+
+def mismatch_stats(got: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float) -> torch.Tensor:
+    """``[bad elements, flat index of the first, got there, expected there]`` as a float64
+    tensor on the device of ``got``, computed without a host synchronisation."""
+    bad = mismatch_mask(got, expected, rtol, atol).reshape(-1)
+    first = bad.view(torch.uint8).argmax().reshape(1)  # the first True (argmax returns the first maximum)
+    at = [t.reshape(-1).index_select(0, first).to(torch.float32).to(torch.float64) for t in (got, expected)]
+    return torch.cat([bad.sum().to(torch.float64).reshape(1), first.to(torch.float64), *at])
 
 
 def compare(
@@ -65,33 +94,30 @@ def compare(
     atol: float,
     context: str = "",
 ) -> Finding | None:
-    """Elementwise check ``|got - expected| <= atol + rtol * |expected|``.
-
-    NaN and infinities must match the reference exactly (same place, same sign); integer
-    tensors must be equal. The message names the first bad element.
-    """
+    """Elementwise check ``|got - expected| <= atol + rtol * |expected|`` (see
+    :func:`mismatch_mask`). The message names the first bad element."""
     if tuple(got.shape) != tuple(expected.shape):
         return Finding("mismatch", f"{name}: shape {tuple(got.shape)} != expected {tuple(expected.shape)} {context}")
-    if not got.dtype.is_floating_point and not expected.dtype.is_floating_point:
-        bad = got.to(torch.int64) != expected.to(torch.int64)
-    else:
-        g = got.to(torch.float32)
-        e = expected.to(torch.float32)
-        # infinities must match exactly: |inf - (-inf)| <= inf would otherwise pass
-        close = ((g - e).abs() <= atol + rtol * e.abs()) & torch.isfinite(g) & torch.isfinite(e)
-        same_special = (torch.isnan(g) & torch.isnan(e)) | (torch.isinf(g) & torch.isinf(e) & (g == e))
-        bad = ~(close | same_special)
+    bad = mismatch_mask(got, expected, rtol, atol)
     n_bad = int(bad.sum())
     if n_bad == 0:
         return None
     flat = int(torch.nonzero(bad.reshape(-1))[0])
-    idx = _fmt_index(flat, tuple(got.shape))
     gv = got.reshape(-1)[flat].item()
     ev = expected.reshape(-1)[flat].item()
+    return mismatch_finding(name, tuple(got.shape), flat, gv, ev, n_bad, rtol, atol, context)
+
+
+def mismatch_finding(name: str, shape: tuple[int, ...], flat: int, got: float, expected: float, n_bad: int,
+                     rtol: float, atol: float, context: str = "") -> Finding:
+    """The ``mismatch`` finding naming the first bad element and how many are bad."""
+    numel = 1
+    for dim in shape:
+        numel *= dim
     return Finding(
         "mismatch",
-        f"{name}{list(idx)}: expected {ev:.6g}, got {gv:.6g} "
-        f"({n_bad} of {bad.numel()} elements outside rtol={rtol:g} atol={atol:g}) {context}".rstrip(),
+        f"{name}{list(index_of(flat, shape))}: expected {expected:.6g}, got {got:.6g} "
+        f"({n_bad} of {numel} elements outside rtol={rtol:g} atol={atol:g}) {context}".rstrip(),
     )
 
 
@@ -113,7 +139,7 @@ def unwritten(name: str, after_nan: torch.Tensor, after_sentinel: torch.Tensor, 
     return Finding(
         "partial_output",
         f"{name}: {n} of {left.numel()} output elements were never written, first at "
-        f"{list(_fmt_index(flat, tuple(after_nan.shape)))} {context}".rstrip(),
+        f"{list(index_of(flat, tuple(after_nan.shape)))} {context}".rstrip(),
     )
 
 

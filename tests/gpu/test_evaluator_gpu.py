@@ -81,7 +81,7 @@ def test_baseline_against_itself_is_within_noise(evaluator, kernel):
 
 
 def test_hand_written_fast_variant_is_measured_faster(evaluator):
-    variants = sorted((ROOT / "experiments" / "variants" / "silu_and_mul").glob("*.cu"))
+    variants = sorted((ROOT / "experiments" / "results" / "variants" / "silu_and_mul").glob("*.cu"))
     if not variants:
         pytest.skip("no hand-written silu_and_mul variant")
     ev = evaluator.evaluate(EvalRequest("silu_and_mul", Variant("silu_and_mul", variants[0].read_text()),

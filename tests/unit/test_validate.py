@@ -96,3 +96,30 @@ def test_check_outputs_uses_the_spec_hook_when_given():
     assert V.check_outputs(got, {"ids": torch.tensor([1, 2, 3])}, {}, as_sets) is None
     finding = V.check_outputs(got, {"ids": torch.tensor([1, 2, 4])}, {}, as_sets)
     assert finding is not None and "sets differ" in finding.message
+
+
+def test_device_side_statistics_agree_with_compare():
+    # mismatch_stats (no host synchronisation, used after every timed launch) must give the
+    # verdict and the first element compare gives.
+    gen = torch.Generator().manual_seed(3)
+    expected = torch.randn(64, 33, generator=gen)
+    expected[0, 1], expected[5, 7], expected[9, 9] = math.inf, math.nan, -math.inf
+    for bad_at in [None, (0, 0), (0, 1), (5, 7), (9, 9), (63, 32)]:
+        got = expected.clone().half()
+        if bad_at is not None:
+            got[bad_at] = 7.0 if math.isfinite(float(expected[bad_at])) else 0.0
+        finding = V.compare("o", got, expected, 1e-3, 1e-5)
+        n_bad, first, got_v, exp_v = V.mismatch_stats(got, expected, 1e-3, 1e-5).tolist()
+        assert (finding is None) == (n_bad == 0)
+        if finding is not None:
+            idx = list(V.index_of(int(first), (64, 33)))
+            assert idx == list(bad_at) and f"o{idx}" in finding.message
+            assert got_v == float(got[bad_at]) and (exp_v == float(expected[bad_at]) or math.isnan(exp_v))
+
+
+def test_integer_outputs_must_be_equal_in_the_device_statistics():
+    e = torch.tensor([[1, 2], [3, 4]], dtype=torch.int32)
+    got = e.clone()
+    assert V.mismatch_stats(got, e, 0.5, 10.0)[0] == 0
+    got[1, 1] = 5
+    assert V.mismatch_stats(got, e, 0.5, 10.0).tolist() == [1.0, 3.0, 5.0, 4.0]
