@@ -61,6 +61,7 @@ def kernel_entry(k: dict[str, Any]) -> dict[str, Any]:
         "variants_evaluated": k["variants_evaluated"], "evaluations": k["evaluations"],
         "sanitizer": k.get("sanitizer_status"), "lineage": [x["note"] for x in k["lineage"]][:1],
         "peer_errors": dict(k.get("peer_errors") or {}),
+        "peer_failures": dict(k.get("peer_failures") or {}),
         "bench": bench,
     }
 
@@ -132,6 +133,9 @@ def to_markdown(summary: dict[str, Any], meta: dict[str, Any], entries: list[dic
                   f"found by: {', '.join(e['lineage'])}", "", *shape_table(e["bench"])]
         if e["peer_errors"]:
             lines += ["", "Not timed: " + "; ".join(f"{p}: {why}" for p, why in sorted(e["peer_errors"].items()))]
+        if e["peer_failures"]:
+            lines += ["", "Failed verification in the loop (no ratio taken): "
+                      + "; ".join(f"{p}: {why}" for p, why in sorted(e["peer_failures"].items()))]
     return "\n".join(lines) + "\n"
 
 
