@@ -65,8 +65,8 @@ def _peer_speedups(shapes: list[dict[str, Any]], peers: dict[str, dict[str, floa
 def kernel_summary(result: Any, records: list[EvalRecord]) -> dict[str, Any]:
     """One kernel's entry of summary.json (``result`` is a :class:`search.finalize.KernelResult`)."""
     st, final, heldout = result.state, result.final, result.heldout
-    # Implementations whose output failed verification in the peers' loop (name -> reason).
-    failures = dict(getattr(result, "peer_failures", None) or {})
+    # Our implementations whose output failed verification in the peers' loop (name -> reason).
+    failures = dict(result.peer_failures)
     shapes = [
         {"shape": s.shape, "label": shape_label(s.shape), "baseline_ms": s.baseline_ms, "best_ms": s.candidate_ms,
          "speedup": s.speedup, "copy_bw_fraction": s.copy_bw_fraction,

@@ -3,6 +3,7 @@ for an implementation that failed verification in the peers' loop."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from pathlib import Path
 from types import SimpleNamespace
@@ -32,9 +33,10 @@ def _result(winner: Variant, **extra: Any) -> SimpleNamespace:
         {"id": vid, "author": "a", "note": "n", "transformation": ""}])
     peers = {"best": dict.fromkeys(LABELS, 0.5), "torch_compile": dict.fromkeys(LABELS, 0.6),
              "flashinfer": dict.fromkeys(LABELS, 0.4)}
+    fields = {"peer_failures": {}, **extra}
     return SimpleNamespace(state=state, winner=SimpleNamespace(variant=winner, params={}, score=2.0),
                            heldout=_evaluation(), final=_evaluation(), peers=peers, peer_errors={},
-                           rejected=[], sanitizer={}, **extra)
+                           rejected=[], sanitizer={}, **fields)
 
 
 @pytest.fixture
@@ -63,6 +65,12 @@ def test_a_peer_that_failed_verification_gets_no_ratio(run_dir):
     assert k["speedup_over_peers"] == {"torch_compile": pytest.approx(1.2)}
     assert all("flashinfer" not in s["loop_ms"] for s in k["shapes"])
     assert k["peer_failures"] == {"flashinfer": "out[3] differs"}
+
+
+def test_the_summary_takes_peer_failures_from_the_real_kernel_result():
+    from search.finalize import KernelResult
+
+    assert "peer_failures" in {f.name for f in dataclasses.fields(KernelResult)}
 
 
 def test_when_our_winner_failed_verification_in_the_loop_no_ratio_is_taken(run_dir):
