@@ -105,7 +105,10 @@ class _Ours:
         args = kernel.args(self.work, self.shape)
         launch: Callable[[], None] = lambda: kernel.launch(label, args)  # noqa: E731
         if graph:
-            # No warm-up launches: they would run on outputs the loop has not poisoned.
+            # One launch on restored inputs and poisoned outputs instead of the capture's own
+            # warm-up, which would run on whatever the working set holds.
+            self.inputs.restore(self.work, 0)
+            kernel.launch(label, args)
             launch = capture_graph(lambda: kernel.launch(label, args, on_current_stream=True), warmup=0).replay
         impl = f"{name}{GRAPH_SUFFIX}" if graph else name
         assert self.oracle is not None, "our kernels are verified against the baseline: the job must carry it"
