@@ -65,7 +65,8 @@ class ToyAgent(Agent):
             if source == ctx.parent.source:
                 out.append(Proposal(ctx.parent, name, failure=f"{name}: nothing to change"))
                 continue
-            variant = replace(ctx.parent, source=source, parent=ctx.parent.id, author="", note=name, round=ctx.round)
+            variant = replace(ctx.parent, source=source, parent=ctx.parent.id, author=f"toy-{self.seed}", note=name,
+                              round=ctx.round)
             out.append(Proposal(variant, transformation=name))
         return out
 
@@ -83,5 +84,5 @@ class HeldoutCheater(ToyAgent):
             return out
         src = _fast_exp(_restrict(ctx.parent.source))
         src = "// standin: incorrect-heldout\n// float4 loads (the stand-in rewards the word)\n" + src
-        variant = replace(ctx.parent, source=src, parent=ctx.parent.id, author="", note="cheat")
+        variant = replace(ctx.parent, source=src, parent=ctx.parent.id, author=f"toy-{self.seed}", note="cheat")
         return [*out[: ctx.n_variants - 1], Proposal(variant, "cheat")]
