@@ -26,11 +26,11 @@ def largest_row_scale(dtype: Any, row_length: int) -> float:
 
 def row_scales(rows: int, row_length: int, dtype: Any, generator: Any, device: Any) -> Any:
     """Per-row scales [rows, 1], log-uniform from 1e-2 to :func:`largest_row_scale`; the last
-    row always gets the largest, the first the smallest."""
+    row always gets the largest (a single row too), the first of several the smallest."""
     import torch
 
     low, high = math.log10(_LOWEST_SCALE), math.log10(largest_row_scale(dtype, row_length))
     exponent = torch.rand(rows, 1, generator=generator, device=device) * (high - low) + low
-    exponent[-1] = high
     exponent[0] = low
+    exponent[-1] = high
     return torch.pow(10.0, exponent)

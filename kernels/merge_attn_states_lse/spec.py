@@ -17,7 +17,7 @@ def _lse_pair(t, h, generator, device, case):
         # -inf marks an empty partial state (no keys on that side). Every pattern occurs:
         # a alone, b alone, both (merged output defined as 0 with lse -inf), neither.
         pick = torch.randint(0, 4, (t, h), generator=generator, device=device)
-        pick.view(-1)[:4] = torch.arange(4, device=device)  # each pattern at least once
+        pick.view(-1)[:4] = torch.arange(4, device=device)[: pick.numel()]  # each pattern at least once
         sa = torch.where((pick == 1) | (pick == 3), float("-inf"), sa)
         sb = torch.where((pick == 2) | (pick == 3), float("-inf"), sb)
     elif case == "extreme":
