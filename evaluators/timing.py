@@ -70,6 +70,7 @@ def time_interleaved(
     repetitions: int,
     cutoff_ms: dict[str, float] | None = None,
     check_every: int = 10,
+    after_rep: Callable[[int, list[str]], None] | None = None,
 ) -> dict[str, Samples]:
     """Times implementations interleaved, alternating their order every repetition.
 
@@ -81,6 +82,9 @@ def time_interleaved(
             every one of them is passed to the implementation's ``check``.
         cutoff_ms: per implementation name, stop timing once its running median exceeds this
             (checked every ``check_every`` repetitions; the others continue alone).
+        after_rep: called after every repetition with its launch index and the names of the
+            implementations launched in it, after their last end event and before the next
+            repetition's first flush (verification that needs every implementation's output).
 
     Returns:
         Samples per implementation name.
@@ -107,6 +111,8 @@ def time_interleaved(
             events[impl.name].append((start, end))
             if impl.check is not None:
                 impl.check(warmup + rep)
+        if after_rep is not None:
+            after_rep(warmup + rep, [impl.name for impl in order])
         if cutoff_ms and (rep + 1) % check_every == 0:
             stream.synchronize()
             for impl in list(active):

@@ -11,18 +11,21 @@ another:
   perturbations is drawn once per shape, so every implementation of one repetition, and the
   oracle below, get bit-identical inputs, and no cache keyed on pointers or sampled content
   ever sees a repeated input.
-- **Oracle** (:class:`TimedOutputCheck`): after the end event of a timed launch (outside the
-  measured window, before the next flush) the same repetition's inputs are restored into a
-  buffer of the checker's own and our baseline kernel, which is trusted and validated against
-  the fp32 reference, computes the expected outputs there; the candidate's outputs must lie
-  within twice the dtype tolerance of them, as in validation's comparison with the baseline.
-  Why the baseline and not the fp32 torch reference: it is one launch of a kernel that
-  reads and writes the same bytes as the candidate, where the reference costs several fp32
-  passes over the data per repetition; the comparison itself is done on the device into a
-  row of statistics per repetition, so nothing synchronises inside the loop. Specs with a
-  host-side ``compare`` hook (sets, permutations) synchronise once per repetition instead,
-  still outside the window. Why not a handful of pre-computed input variants compared bit for
-  bit: a kernel could hold that many results and replay them by content.
+- **Expected outputs** (:class:`TimedOutputCheck`): every timed launch's outputs must lie
+  within twice the dtype tolerance of our baseline's outputs on the same inputs, as in
+  validation's comparison with the baseline. The baseline is trusted (validated against the
+  fp32 reference) and reads and writes the same bytes as the candidate: in the evaluator it
+  is timed in the same loop on the same inputs, so its output of the repetition is compared
+  at the end of the repetition (:meth:`TimedOutputCheck.compare`) at no extra launch; in the
+  peers' loop, where every implementation shares one working set, the checker restores the
+  launch's inputs into a buffer of its own and runs the baseline there right after the
+  candidate's end event (:meth:`TimedOutputCheck.check`). The fp32 torch reference would
+  cost several fp32 passes over the data per launch. The comparison runs on the device into
+  a row of statistics per repetition, outside the measured windows, so nothing synchronises
+  inside the loop; specs with a host-side ``compare`` hook (sets, permutations) synchronise
+  once per repetition instead, still outside the windows. Why not a handful of pre-computed
+  input variants compared bit for bit: a kernel could hold that many results and replay
+  them by content.
 - **Time** (:class:`DriftProbe`): candidates must be deterministic. Two launches back to back
   agree even for a kernel whose summation order follows the clock; so the candidate is
   re-run on its first validation inputs at moments spread over the whole evaluation (inside
@@ -108,12 +111,15 @@ class _HostFinding:
 
 
 class TimedOutputCheck:
-    """Checks the outputs of every timed launch of one implementation against an oracle run
-    on the same launch's inputs.
+    """Checks the outputs of every timed launch of one implementation against expected
+    outputs computed on the same launch's inputs: by an oracle run in a buffer of the
+    checker's own (:meth:`check`), or by a trusted implementation timed in the same loop
+    (:meth:`compare`).
 
     Args:
         inputs: the loop's input plan.
-        oracle: computes the expected outputs in place in the buffer it is given.
+        oracle: computes the expected outputs in place in the buffer it is given (for
+            :meth:`check`; None when only :meth:`compare` is used).
         tolerance: (rtol, atol) per written argument.
         compare_hook: the spec's host-side ``compare``, if any.
         warmup: launches before the first timed one (launch index = warmup + repetition).
@@ -121,34 +127,40 @@ class TimedOutputCheck:
         context: appended to the message (shape, dtype).
     """
 
-    def __init__(self, inputs: RepInputs, oracle: Callable[[Buffers], None],
+    def __init__(self, inputs: RepInputs, oracle: Callable[[Buffers], None] | None,
                  tolerance: Mapping[str, tuple[float, float]], compare_hook: Callable[..., str | None] | None,
                  warmup: int, repetitions: int, context: str = "") -> None:
         self.inputs, self.oracle, self.tolerance = inputs, oracle, dict(tolerance)
         self.compare_hook, self.warmup, self.repetitions, self.context = compare_hook, warmup, repetitions, context
-        self.expected = inputs.buffer()
-        device = self.expected[inputs.written[0]].device
-        self.stats = torch.zeros((repetitions, len(inputs.written), 4), dtype=torch.float64, device=device)
+        first = inputs.sets[0][inputs.written[0]]
+        self.expected = inputs.buffer() if oracle is not None else {}
+        self.stats = torch.zeros((repetitions, len(inputs.written), 4), dtype=torch.float64, device=first.device)
         self.checked = 0
         self.host: _HostFinding | None = None
 
     def check(self, i: int, got: Buffers) -> None:
-        """Verifies launch i (a timed one) whose outputs are in ``got``; call right after its
-        end event is recorded."""
-        rep = i - self.warmup
+        """Verifies timed launch i, whose outputs are in ``got``, against the oracle run on the
+        same inputs; call right after its end event is recorded."""
+        assert self.oracle is not None, "check() needs an oracle; compare() takes expected outputs"
         self.inputs.restore(self.expected, i)
         self.oracle(self.expected)
+        self.compare(i, got, self.expected)
+
+    def compare(self, i: int, got: Buffers, expected: Buffers) -> None:
+        """Verifies timed launch i against ``expected``, outputs of the same launch index's
+        inputs (queued on the device; with a host ``compare`` hook, checked at once)."""
+        rep = i - self.warmup
         self.checked += 1
         if self.compare_hook is not None:
             if self.host is None:
                 written = {n: got[n] for n in self.inputs.written}
-                finding = V.check_outputs(written, self.expected, self.tolerance, self.compare_hook, self._where(rep))
+                finding = V.check_outputs(written, expected, self.tolerance, self.compare_hook, self._where(rep))
                 if finding:
                     self.host = _HostFinding(rep, finding)
             return
         for j, name in enumerate(self.inputs.written):
             rtol, atol = self.tolerance[name]
-            self.stats[rep, j].copy_(V.mismatch_stats(got[name], self.expected[name], rtol, atol))
+            self.stats[rep, j].copy_(V.mismatch_stats(got[name], expected[name], rtol, atol))
 
     def _where(self, rep: int) -> str:
         return f"on timed launch {rep + 1} of {self.repetitions} {self.context}".rstrip()
@@ -167,7 +179,7 @@ class TimedOutputCheck:
         n_bad, flat, got, expected = (float(v) for v in stats[rep, j])
         name = self.inputs.written[j]
         rtol, atol = self.tolerance[name]
-        shape = tuple(self.expected[name].shape)
+        shape = tuple(self.inputs.sets[0][name].shape)
         return V.mismatch_finding(name, shape, int(flat), got, expected, int(n_bad), rtol, atol, self._where(rep))
 
 

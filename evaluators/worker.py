@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import random
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -23,7 +23,6 @@ from evaluators.context import (
     Verdict,
     is_cuda_fault,
     is_out_of_memory,
-    oracle_of,
     roofline_finding,
     tolerances,
     torch_dtype,
@@ -131,17 +130,20 @@ def _timed(name: str, kernel: Kernel, shape: Shape, inputs: RepInputs) -> tuple[
     return Timed(name, lambda i: inputs.restore(buf, i), lambda: kernel.launch(label, args)), buf
 
 
-def _checked(timed: Timed, buf: Buffers, check: TimedOutputCheck, probe: DriftProbe, label: str,
-             warmup: int, probe_at: set[int]) -> Timed:
-    """``timed`` with every timed launch verified, and the validated inputs re-run after a few."""
+def _verifier(check: TimedOutputCheck, probe: DriftProbe, bufs: tuple[Buffers, Buffers], label: str,
+              warmup: int, probe_at: set[int]) -> Callable[[int, list[str]], None]:
+    """After every repetition: the candidate's outputs against the baseline's, both made from
+    the repetition's inputs, and, after a few, the validated inputs re-run."""
+    cand_buf, base_buf = bufs
 
-    def after(i: int) -> None:
-        check.check(i, buf)
+    def after(i: int, launched: list[str]) -> None:
+        if "candidate" not in launched:  # cut: timing stopped early, its buffer is stale
+            return
+        check.compare(i, cand_buf, base_buf)
         if i - warmup in probe_at:
             probe.probe(label, f"inside its timing loop, after timed launch {i - warmup + 1}")
 
-    timed.check = after
-    return timed
+    return after
 
 
 def _time_shape(
@@ -149,23 +151,24 @@ def _time_shape(
     probe: DriftProbe | None,
 ) -> tuple[ShapeResult, float | None, bool]:
     """Interleaved timing on inputs that change every launch; every timed launch of the
-    candidate is verified against the baseline run on the same inputs (:mod:`evaluators.verify`)."""
+    candidate is verified against the baseline's launch of the same repetition, which had the
+    same inputs (:mod:`evaluators.verify`)."""
     dtype, label, timing = job["dtype"], shape_label(shape), job["timing"]
     warmup, reps = timing["warmup"], timing["repetitions"]
     inputs = _rep_inputs(ctx, spec, shape, dtype, warmup + reps)
-    baseline, _ = _timed("baseline", base, shape, inputs)
+    baseline, base_buf = _timed("baseline", base, shape, inputs)
     candidate, cand_buf = _timed("candidate", cand, shape, inputs)
-    check = None
+    check, after = None, None
     if probe is not None:  # the candidate is not the baseline's binary: verify it
-        check = TimedOutputCheck(inputs, oracle_of(base, shape), tolerances(spec, dtype, 2.0), spec.compare, warmup, reps,
+        check = TimedOutputCheck(inputs, None, tolerances(spec, dtype, 2.0), spec.compare, warmup, reps,
                                  f"(shape {label}, {dtype})")
         probe_at = set(random.sample(range(reps), min(DRIFT_PROBES_PER_LOOP, reps)))
-        candidate = _checked(candidate, cand_buf, check, probe, label, warmup, probe_at)
+        after = _verifier(check, probe, (cand_buf, base_buf), label, warmup, probe_at)
     cutoff = None
     best = job.get("best_ms", {}).get(label)
     if timing.get("cutoff") and best:
         cutoff = {"candidate": timing["cutoff"] * best}
-    samples = time_interleaved([baseline, candidate], ctx.flush, warmup, reps, cutoff)
+    samples = time_interleaved([baseline, candidate], ctx.flush, warmup, reps, cutoff, after_rep=after)
     finding = check.finding() if check is not None else None
     if finding:
         raise Verdict(

@@ -37,15 +37,21 @@ def evaluator():
     ev.close()
 
 
-def _evaluate(evaluator, kernel: str, source: str, **kw):
-    return evaluator.evaluate(EvalRequest(kernel, Variant(kernel, source), dtype="float16", timing=TIMING, **kw))
+def _evaluate(evaluator, kernel: str, source: str, dtype: str = "float16", **kw):
+    return evaluator.evaluate(EvalRequest(kernel, Variant(kernel, source), dtype=dtype, timing=TIMING, **kw))
+
+
+def _run_on(fx: Fixture) -> tuple[str, str]:
+    """The dtype and shape set a fixture's verdict is judged on (index fields, where it has them)."""
+    return getattr(fx, "dtype", "") or "float16", getattr(fx, "shape_set", "") or "search"
 
 
 @pytest.mark.parametrize("fx", [_param(f) for f in FIXTURES])
 def test_fixture_gets_its_verdict(evaluator, fx: Fixture):
     expected = Status(fx.status)
+    dtype, shape_set = _run_on(fx)
     pid_before = evaluator.info()["pid"]
-    ev = _evaluate(evaluator, fx.kernel, fx.source())
+    ev = _evaluate(evaluator, fx.kernel, fx.source(), dtype, shape_set=shape_set)
     assert ev.status is expected, f"{fx.file}: {ev.status.value} guard={ev.guard!r}: {ev.message}"
     if expected is Status.REJECTED:
         assert ev.guard == fx.guard, f"{fx.file}: guard {ev.guard!r}: {ev.message}"
@@ -55,11 +61,11 @@ def test_fixture_gets_its_verdict(evaluator, fx: Fixture):
         assert text.lower() in ev.message.lower(), f"{fx.file}: {text!r} not in {ev.message!r}"
     if expected is Status.OK:
         assert ev.speedup is not None and ev.speedup > 0
-        assert len(ev.shapes) == len(load_kernel(fx.kernel).search_shapes)
+        assert len(ev.shapes) == len(load_kernel(fx.kernel).shapes(shape_set))
     if expected in FAULTS:
         # The fault must cost one verdict only: the baseline evaluates correctly right after.
         spec = load_kernel(fx.kernel)
-        base = _evaluate(evaluator, fx.kernel, spec.baseline_source(), time=False)
+        base = _evaluate(evaluator, fx.kernel, spec.baseline_source(), dtype, time=False)
         assert base.status is Status.OK, f"after {fx.file}: baseline got {base.status.value}: {base.message}"
         if expected in (Status.CRASH, Status.TIMEOUT):
             assert evaluator.info()["pid"] != pid_before, "a faulted sandbox must be replaced"

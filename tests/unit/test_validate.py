@@ -123,3 +123,24 @@ def test_integer_outputs_must_be_equal_in_the_device_statistics():
     assert V.mismatch_stats(got, e, 0.5, 10.0)[0] == 0
     got[1, 1] = 5
     assert V.mismatch_stats(got, e, 0.5, 10.0).tolist() == [1.0, 3.0, 5.0, 4.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_sixteen_bit_pairs_are_judged_as_in_fp32_away_from_the_limit(dtype):
+    # Candidate against baseline, both in the run dtype, is computed in that dtype; decisions
+    # must match fp32 arithmetic for differences clearly inside or outside the tolerance.
+    gen = torch.Generator().manual_seed(5)
+    e = (torch.randn(4096, generator=gen) * 10).to(dtype)
+    rtol, atol = 2e-2, 2e-5
+    scale = torch.where(torch.rand(4096, generator=gen) < 0.5, 0.5, 1.5)  # half inside, half outside
+    g = (e.float() + scale * rtol * e.float().abs()).to(dtype)
+    native = V.mismatch_mask(g, e, rtol, atol)
+    wide = V.mismatch_mask(g.float(), e.float(), rtol, atol)
+    assert torch.equal(native, wide)
+    assert 1000 < int(native.sum()) < 3000
+    for special in (math.inf, -math.inf, math.nan):
+        e2, g2 = e.clone(), e.clone()
+        e2[0] = special
+        assert bool(V.mismatch_mask(g2, e2, rtol, atol)[0])  # finite where the reference is not
+        g2[0] = special
+        assert not bool(V.mismatch_mask(g2, e2, rtol, atol)[0])  # the same special value passes

@@ -201,3 +201,23 @@ def test_drift_probe_reruns_on_poisoned_outputs_not_on_the_last_result(silu):
     probe.probe("s", "b")
     assert seen == [True, True]
     assert probe.finding() is None
+
+
+def test_compared_with_a_baseline_timed_on_the_same_inputs(silu):
+    # The evaluator's way: baseline and candidate each restore launch i into their own buffer,
+    # and the candidate's outputs are compared with the baseline's after the repetition.
+    inputs = _inputs(silu)
+    check = TimedOutputCheck(inputs, None, {"out": (2e-3, 2e-5)}, None, WARMUP, REPS, "(shape 8x64)")
+    cand, base = inputs.buffer(), inputs.buffer()
+    wrong = _skips_rows_on(WARMUP + 6)
+    for i in range(WARMUP + REPS):
+        inputs.restore(base, i)
+        _silu_into(base)
+        inputs.restore(cand, i)
+        wrong(cand, i)
+        if i >= WARMUP:
+            check.compare(i, cand, base)
+    finding = check.finding()
+    assert finding is not None and "on timed launch 7 of 10 (shape 8x64)" in finding.message
+    with pytest.raises(AssertionError, match="oracle"):
+        check.check(WARMUP, cand)
