@@ -1,6 +1,6 @@
 // Latent bug (out-of-bounds read from the second launch on): the first launch sets a device
-// flag, after which every thread also prefetches the weight vector one stride ahead, which
-// past the last stride lies beyond the end of weight. The prefetched value is never used, so
+// flag, after which every thread also prefetches the next weight element, which for the last
+// element lies just past the end of weight. The prefetched value is never used, so
 // outputs are right; a sanitizer that watches only the first launch sees nothing.
 // launch: grid=(num_tokens,) block=(256,) smem=0
 
@@ -32,7 +32,7 @@ extern "C" __global__ void fused_add_rmsnorm(scalar_t* input, scalar_t* residual
 
     float ahead = 0.0f;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
-        if (prefetch) ahead += static_cast<float>(weight[i + blockDim.x]);  // past the end on the last stride
+        if (prefetch) ahead += static_cast<float>(weight[i + 1]);  // past the end for i = hidden - 1
         const float x = static_cast<float>(res_row[i]);
         in_row[i] = static_cast<scalar_t>(x * r * static_cast<float>(weight[i]));
     }
