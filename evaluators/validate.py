@@ -73,10 +73,11 @@ def mismatch_mask(got: torch.Tensor, expected: torch.Tensor, rtol: float, atol: 
     same_16 = got.dtype == expected.dtype and got.dtype in (torch.float16, torch.bfloat16)
     g = got if same_16 else got.to(torch.float32)
     e = expected if same_16 else expected.to(torch.float32)
-    # An infinite or NaN reference gets a limit of 0: only exact equality (same infinity) or
-    # NaN against NaN passes there (inf <= inf would otherwise let any finite value through).
-    limit = e.abs().mul_(rtol).add_(atol).nan_to_num_(nan=0.0, posinf=0.0)
-    ok = torch.le((g - e).abs_(), limit)
+    # |g - e| - rtol * |e| is NaN wherever either side is NaN or the reference is infinite (the
+    # comparison then fails): only exact equality (the same infinity) or NaN against NaN pass
+    # there. Elementwise ops on 16-bit tensors compute in fp32 before rounding.
+    excess = (g - e).abs_().sub_(e.abs(), alpha=rtol)
+    ok = torch.le(excess, atol)
     ok.logical_or_(g == e).logical_or_(torch.isnan(g).logical_and_(torch.isnan(e)))
     return ok.logical_not_()
 
