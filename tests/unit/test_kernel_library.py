@@ -1,7 +1,7 @@
 """The kernel library on the CPU: specs load, references are right, every source compiles.
 
 Covers every kernel folder (``kernels.list_kernels()``) and every hand-written variant under
-``experiments/variants/<kernel>/``, so kernels and variants added later are checked too.
+``experiments/results/variants/<kernel>/``, so kernels and variants added later are checked too.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from kernels.spec import LIBRARY_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = list_kernels()
-VARIANT_FILES = sorted((ROOT / "experiments" / "variants").glob("*/*.cu"))
+VARIANT_FILES = sorted((ROOT / "experiments" / "results" / "variants").glob("*/*.cu"))
 
 
 def _sources() -> list[tuple[str, str, str]]:
