@@ -87,8 +87,18 @@ def mismatch_stats(got: torch.Tensor, expected: torch.Tensor, rtol: float, atol:
     tensor on the device of ``got``, computed without a host synchronisation."""
     bad = mismatch_mask(got, expected, rtol, atol).reshape(-1)
     first = bad.view(torch.uint8).argmax().reshape(1)  # the first True (argmax returns the first maximum)
-    at = [t.reshape(-1).index_select(0, first).to(torch.float32).to(torch.float64) for t in (got, expected)]
+    at = [_element(t, first).to(torch.float64) for t in (got, expected)]
     return torch.cat([bad.sum().to(torch.float64).reshape(1), first.to(torch.float64), *at])
+
+
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _element(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Element ``index`` (a one-element device tensor) of flat ``t`` as fp32, gathered as raw
+    bits so that dtypes without an indexing kernel (fp8) work too."""
+    bits = t.reshape(-1).view(_SAME_SIZE_INT[t.element_size()]).index_select(0, index)
+    return bits.view(t.dtype).to(torch.float32)
 
 
 def compare(

@@ -144,3 +144,11 @@ def test_sixteen_bit_pairs_are_judged_as_in_fp32_away_from_the_limit(dtype):
         assert bool(V.mismatch_mask(g2, e2, rtol, atol)[0])  # finite where the reference is not
         g2[0] = special
         assert not bool(V.mismatch_mask(g2, e2, rtol, atol)[0])  # the same special value passes
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.bool, torch.int32, torch.bfloat16])
+def test_device_side_statistics_gather_the_first_bad_element_of_any_dtype(dtype):
+    expected = torch.zeros(4, 3).to(dtype)
+    got = expected.clone()
+    got[2, 1] = 1
+    assert V.mismatch_stats(got, expected, 0.1, 0.01).tolist() == [1.0, 7.0, 1.0, 0.0]
