@@ -316,7 +316,9 @@ class GpuEvaluator(Evaluator):
 
     def _peers_job(self, job: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
         """Runs a peers' job: (reply, "") or, when it crashed, hung or failed as a whole, (None, why)."""
-        kind, reply = self._job(job, timeout_s=max(self.step_timeout_s, 300.0))
+        # Compiling a peer (torch.compile per shape) can take minutes between two beats.
+        timeout_s = max(self.step_timeout_s, 300.0) if job.get("peers", True) else self.step_timeout_s
+        kind, reply = self._job(job, timeout_s=timeout_s)
         if kind == "result" and reply.get("status") == "INTERNAL":
             raise EvaluatorError(f"evaluator bug in the peers' loop: {reply['message']}\n{reply.get('traceback', '')}")
         if kind == "result" and reply.get("status") == Status.OK.value:
