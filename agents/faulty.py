@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from agents.base import Agent, AgentContext, Proposal
+from agents.base import Agent, AgentContext, Proposal, derive_seed
 from agents.factory import AgentConfigError, make_agent
 from kernels.variant import Variant
 from kernels.verdict import Status
@@ -69,16 +69,18 @@ class FaultInjectingAgent(Agent):
                              "hostile kernels the agent injects (e.g. tests/adversarial/fixtures.yaml)")
         self.fixtures = load_hostile_fixtures(Path(options["fixtures"]))
         self.inner = make_agent(options.get("inner", "embedded"), config, seed)
-        self.rng = random.Random(seed)
         self.seed = seed
 
     def propose(self, ctx: AgentContext) -> Sequence[Proposal]:
         proposals = list(self.inner.propose(ctx))
         hostile = self.fixtures.get(ctx.kernel, [])
         out = []
+        # Drawn from the request alone (its seed already names run, kernel, round and slot), so
+        # the same request gets the same injections in a run and in its resume.
+        rng = random.Random(derive_seed(self.seed, ctx.seed, ctx.kernel, ctx.round))
         for i, proposal in enumerate(proposals):
-            if hostile and self.rng.random() < self.fraction:
-                fx = self.rng.choice(hostile)
+            if hostile and rng.random() < self.fraction:
+                fx = rng.choice(hostile)
                 # A unique trailing comment: each injected proposal is its own variant, so
                 # deduplication cannot hide how many hostile proposals the run received.
                 source = fx["source"] + f"\n// injected by agent {self.seed}, round {ctx.round}, slot {i}\n"

@@ -49,7 +49,10 @@ class KernelResult:
         sanitizer: the sanitizer's report (``status``, ``summary``, ...).
         peer_errors: ``{peer: why it was not timed}``.
         peer_failures: ``{our kernel: why}`` for our kernels (``best``, ``baseline``) that
-            failed verification in the peers' loop; a winner listed here has no peer ratios.
+            failed verification in the reported peers' loop (no ratios are taken from it).
+        rejected_why: ``{variant id: why}`` for winners dropped after the held-out stage: a
+            winner that fails verification in the peers' loop is replaced by the baseline (and
+            listed in ``rejected``), so no cheat is reported as a winner or with ratios.
     """
 
     state: KernelState
@@ -61,6 +64,7 @@ class KernelResult:
     sanitizer: dict[str, Any] = field(default_factory=dict)
     peer_errors: dict[str, str] = field(default_factory=dict)
     peer_failures: dict[str, str] = field(default_factory=dict)
+    rejected_why: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -73,6 +77,7 @@ class _Progress:
     heldout: Evaluation | None = None
     rejected: list[str] = field(default_factory=list)
     sanitizer: dict[str, Any] = field(default_factory=dict)
+    rejected_why: dict[str, str] = field(default_factory=dict)
     result: KernelResult | None = None
 
 
@@ -110,6 +115,7 @@ class EndOfRun:
                 return
             k.st.drop(item.variant.id)
             k.rejected.append(item.variant.id)
+            k.rejected_why[item.variant.id] = f"held-out: {evaluation.status.value} {evaluation.message}"[:500]
             k.queue.pop(0)
             self._next_heldout(k)
 
@@ -135,6 +141,8 @@ class EndOfRun:
         def done(report: dict[str, Any] | None, error: str) -> None:
             k.sanitizer = report if report is not None else {"status": "ERROR", "summary": error}
             if k.sanitizer.get("status") == "FINDINGS":
+                assert k.winner is not None
+                k.rejected_why[k.winner.variant.id] = f"sanitizer: {k.sanitizer.get('summary', '')}"[:500]
                 self._to_baseline(k)  # a latent memory bug or race: not reported, whatever its speed
             else:
                 self._final(k)
@@ -168,13 +176,22 @@ class EndOfRun:
             return
 
         def done(reply: dict[str, Any] | None, error: str) -> None:
+            assert k.winner is not None
             if reply is None:
                 result.peer_errors = {LOOP_ERROR: error}
             else:
                 result.peer_errors = dict(reply.get("errors", {}))
-                result.peer_failures = dict(reply.get("failed", {}))
-                # A winner that failed verification in the loop gets no ratios from it.
-                result.peers = {} if "best" in result.peer_failures else dict(reply.get("peers", {}))
+                failed = dict(reply.get("failed", {}))
+                if "best" in failed and k.winner.variant.id != k.st.baseline.id:
+                    # A winner that misbehaves in the peers' loop is a cheat or a latent bug:
+                    # it is not reported, as for a sanitizer finding; the baseline is.
+                    k.rejected_why[k.winner.variant.id] = f"failed in the peers' loop: {failed['best']}"
+                    self._to_baseline(k)
+                    return
+                result.peer_failures = failed
+                # A kernel that failed verification in the loop gets no ratios from it.
+                result.peers = {} if failed else dict(reply.get("peers", {}))
+            result.rejected_why = dict(k.rejected_why)
             self._done(k, result)
 
         # The winner and the baseline are timed again in the same interleaved loop as the
@@ -228,6 +245,7 @@ def write_best(ctl: Controller, result: KernelResult) -> None:
         "peer_errors": result.peer_errors,
         "peer_failures": result.peer_failures,
         "rejected_on_heldout": result.rejected,
+        "rejected_why": result.rejected_why,
         "sanitizer": result.sanitizer,
         "lineage": st.lineage(variant.id),
         "evaluations": [r.to_dict() for r in mine],

@@ -97,6 +97,7 @@ def kernel_summary(result: Any, records: list[EvalRecord]) -> dict[str, Any]:
         "trials_evaluated": sum(1 for r in mine if r.stage is Stage.SCREEN),
         "evaluations": len(mine),
         "rejected_on_heldout": result.rejected,
+        "rejected_why": dict(result.rejected_why),
         "sanitizer": getattr(result, "sanitizer", {}).get("summary", ""),
         "sanitizer_status": getattr(result, "sanitizer", {}).get("status", "SKIPPED"),
         "lineage": st.lineage(result.winner.variant.id),

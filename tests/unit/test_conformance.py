@@ -125,13 +125,7 @@ def test_agent_proposals_are_well_formed(name, request, compile_cache):
     agent.observe([])
 
 
-@pytest.mark.parametrize("name", [
-    *(n for n in AGENTS if n != "faulty"),
-    pytest.param("faulty", marks=pytest.mark.xfail(strict=True, reason=(
-        "agents/faulty.py draws from one random.Random(seed) across calls, so its answer depends on "
-        "how many requests came before (a resumed run gets other injections); seeding from ctx.seed "
-        "per request fixes it"))),
-])
+@pytest.mark.parametrize("name", AGENTS)
 def test_agent_is_deterministic_for_the_same_context(name, request, compile_cache):
     make = _maker(name, request)
     for seed in (1, 2, 5):
