@@ -28,7 +28,9 @@ from kernels.verdict import Status
 
 
 def load_hostile_fixtures(index: Path) -> dict[str, list[dict[str, Any]]]:
-    """Fixtures whose expected verdict is not OK, grouped by kernel (source text included).
+    """Every fixture but the honest ones (whose ``trick`` reads 'none; ...'), grouped by
+    kernel, source text included. Cheats the evaluator alone judges OK are kept: the end of a
+    run (peers' loop, sanitizer) must still keep them from being reported.
 
     Raises:
         AgentConfigError: the index is missing, not YAML, or lists no fixtures.
@@ -44,11 +46,12 @@ def load_hostile_fixtures(index: Path) -> dict[str, list[dict[str, Any]]]:
     by_kernel: dict[str, list[dict[str, Any]]] = {}
     for fx in data["fixtures"]:
         try:
-            if Status(fx["status"]).is_ok:
-                continue  # an honest kernel is not hostile
+            Status(fx["status"])
         except (KeyError, ValueError):
             raise AgentConfigError(f"agent.options.fixtures: {index}: fixture {fx.get('file')} has no valid "
                                    f"status (one of {', '.join(Status)})") from None
+        if str(fx.get("trick", "")).strip().lower().startswith("none"):
+            continue  # an honest kernel; OK-verdict cheats (peers' loop, sanitizer) stay hostile
         entry = dict(fx, source=(index.parent / fx["file"]).read_text())
         by_kernel.setdefault(fx["kernel"], []).append(entry)
     return by_kernel

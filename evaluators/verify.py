@@ -7,8 +7,11 @@ another:
 
 - **Inputs** (:class:`RepInputs`): before every launch the inputs are restored from one of
   two input sets and a few elements, different ones every launch, are overwritten with
-  values taken from elsewhere in the same tensor; outputs are poisoned (NaN). The plan of
-  perturbations is drawn once per shape, so every implementation of one repetition, and the
+  values taken from elsewhere in the same tensor; outputs are filled, launch by launch at
+  random, with NaN, a finite sentinel or stale values of the output's own kind (what a real
+  buffer holds between two calls), so a kernel that writes only where it sees a poison, or
+  behaves differently when it sees none, is wrong or faults on some timed launch. The plan of
+  perturbations and fills is drawn once per shape, so every implementation of one repetition, and the
   oracle below, get bit-identical inputs, and no cache keyed on pointers or sampled content
   ever sees a repeated input.
 - **Expected outputs** (:class:`TimedOutputCheck`): every timed launch's outputs must lie
@@ -49,6 +52,19 @@ Buffers = dict[str, torch.Tensor]
 # timed launch was checked (for replayed results); every timed launch is checked now.
 TIMED_OUTPUT_GUARD = "replay"
 PERTURBED_ELEMENTS = 8  # per perturbed tensor and launch
+STALE = 2  # the output fill that holds stale values (0 and 1 are validate.poison_'s poisons)
+
+
+def _stale_like(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor | None:
+    """Values such as a buffer holds from an earlier call: finite, of the output's kind, and
+    (with overwhelming probability) nowhere equal to what a launch must write. None for
+    booleans, whose two poisons already cover every value."""
+    if t.dtype == torch.bool:
+        return None
+    if t.dtype.is_floating_point:
+        return torch.randn(t.shape, generator=gen, device=t.device).mul_(4.0).to(t.dtype)
+    low, high = max(torch.iinfo(t.dtype).min, -(2**31)), min(torch.iinfo(t.dtype).max, 2**31 - 1)
+    return torch.randint(low, high, t.shape, generator=gen, device=t.device, dtype=torch.int64).to(t.dtype)
 
 
 def _perturbation_plan(numel: int, launches: int, count: int, gen: torch.Generator,
@@ -65,7 +81,7 @@ def _perturbation_plan(numel: int, launches: int, count: int, gen: torch.Generat
 
 class RepInputs:
     """What every launch i of a timing loop reads: input set ``i % 2`` with launch i's own
-    perturbation, and poisoned outputs.
+    perturbation, and outputs filled with launch i's fill (NaN, sentinel or stale values).
 
     Args:
         spec: the kernel.
@@ -87,21 +103,29 @@ class RepInputs:
                      and first[n].dtype.itemsize > 1 and first[n].numel() >= 2]
         self.plan = {n: _perturbation_plan(first[n].numel(), launches, PERTURBED_ELEMENTS, gen, first[n].device)
                      for n in perturbed}
+        self.stale = {n: _stale_like(first[n], gen) for n in self.outputs}
+        device = first[self.written[0]].device
+        self.fills = torch.randint(0, STALE + 1, (launches,), generator=gen, device=device).tolist()
 
     def buffer(self) -> Buffers:
         """A fresh working set (a copy of input set 0, at addresses of its own)."""
         return {n: t.clone() for n, t in self.sets[0].items()}
 
     def restore(self, buf: Buffers, i: int) -> None:
-        """Makes ``buf`` hold launch i's inputs and poisoned outputs (queued, no synchronisation)."""
+        """Makes ``buf`` hold launch i's inputs and filled outputs (queued, no synchronisation)."""
         source = self.sets[i % 2]
         for n in self.readable:
             buf[n].copy_(source[n])
         for n, (dst, src) in self.plan.items():
             flat = buf[n].view(-1)
             flat.index_copy_(0, dst[i], flat.index_select(0, src[i]))
+        fill = self.fills[i]
         for n in self.outputs:
-            V.poison_(buf[n], 0)
+            stale = self.stale[n]
+            if fill == STALE and stale is not None:
+                buf[n].copy_(stale)
+            else:
+                V.poison_(buf[n], fill % STALE)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,8 @@ class Fixture:
         message_contains: substrings the verdict's message must contain (case-insensitive).
         sanitizer: compute-sanitizer tool that must report it, if any.
         known_gap: set when the evaluator is not expected to catch it yet (and why).
+        dtype: the run dtype its verdict is judged at.
+        shape_set: the shapes its verdict is judged on (``search`` or ``heldout``).
     """
 
     file: str
@@ -41,6 +43,15 @@ class Fixture:
     message_contains: tuple[str, ...] = ()
     sanitizer: str = ""
     known_gap: str = ""
+    dtype: str = "float16"
+    shape_set: str = "search"
+
+    @property
+    def honest(self) -> bool:
+        """An honest kernel (its trick reads 'none; ...'); every other fixture is hostile,
+        even one that the evaluator alone judges OK (it must fail later: in the peers' loop or
+        under the sanitizer)."""
+        return self.trick.strip().lower().startswith("none")
 
     @property
     def path(self) -> Path:
@@ -65,6 +76,8 @@ def _fixture(entry: dict[str, Any]) -> Fixture:
         message_contains=tuple(str(s) for s in entry.get("message_contains", ())),
         sanitizer=entry.get("sanitizer", ""),
         known_gap=entry.get("known_gap", ""),
+        dtype=entry.get("dtype", "float16"),
+        shape_set=entry.get("shape_set", "search"),
     )
 
 

@@ -1,8 +1,8 @@
 // Attack (on the loop that times winners beside the production peers): traps when its output
 // buffer does not hold a poison (NaN, or the evaluator's second poison -448) at the start of
-// its row. Everywhere outputs are poisoned before every launch it computes correctly, so its
-// verdict is OK; in a loop that leaves outputs in place its fault would kill the sandbox, and
-// a harness that treats that as its own failure ends the run for every other kernel.
+// its row. Validation poisons outputs, so it passes there; the timing loops fill outputs with
+// stale values on random launches, where it faults: a CRASH verdict for it alone (a harness
+// that treated the fault as its own failure would end the run for every other kernel).
 // launch: grid=(num_tokens,) block=(256,) smem=0
 
 #define SECOND_POISON (-448.0f)

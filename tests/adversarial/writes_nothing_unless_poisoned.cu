@@ -2,8 +2,8 @@
 // first and computes it only where it holds a poison (NaN, or the evaluator's second poison
 // -448); where the buffer already holds a value, as when another implementation timed in the
 // same loop has just written the right result there, it writes nothing and reads no input.
-// Wherever outputs are poisoned before every launch it does all the work (and is correct),
-// so its verdict is OK; unpoisoned, it would be timed reading one third of the bytes.
+// Validation poisons outputs, so it passes there; the timing loops fill outputs with stale
+// values on random launches, where it leaves them in place: REJECTED on a timed launch.
 // launch: grid=(num_tokens,) block=(256,) smem=0
 
 #define SECOND_POISON (-448.0f)

@@ -49,12 +49,15 @@ def test_a_bad_index_is_a_config_error(tmp_path: Path, content: str | None, matc
 def test_hostile_fixtures_come_from_the_given_index_only(tmp_path: Path):
     (tmp_path / "hang.cu").write_text("// hang\n")
     (tmp_path / "honest.cu").write_text("// honest\n")
+    (tmp_path / "loop_cheat.cu").write_text("// cheats only where the evaluator does not look\n")
     index = tmp_path / "index.yaml"
     index.write_text("fixtures:\n"
-                     "  - {file: hang.cu, kernel: silu_and_mul, status: TIMEOUT}\n"
-                     "  - {file: honest.cu, kernel: silu_and_mul, status: OK}\n")
+                     "  - {file: hang.cu, kernel: silu_and_mul, status: TIMEOUT, trick: spins}\n"
+                     "  - {file: honest.cu, kernel: silu_and_mul, status: OK, trick: 'none; plain'}\n"
+                     "  - {file: loop_cheat.cu, kernel: silu_and_mul, status: OK, trick: skips rows later}\n")
     fixtures = load_hostile_fixtures(index)
-    assert [fx["file"] for fx in fixtures["silu_and_mul"]] == ["hang.cu"]
+    # Honest kernels stay out; a cheat that the evaluator alone judges OK is still hostile.
+    assert [fx["file"] for fx in fixtures["silu_and_mul"]] == ["hang.cu", "loop_cheat.cu"]
     assert fixtures["silu_and_mul"][0]["source"] == "// hang\n"
     agent = make_agent(KIND, _config(fixtures=str(index), fault_fraction=1.0), 3)
     assert isinstance(agent, FaultInjectingAgent) and agent.fixtures == fixtures
