@@ -229,7 +229,8 @@ def run_evaluate(ctx: Context, job: dict[str, Any], beat: Beat) -> dict[str, Any
             # Huge shapes (2^31 elements) are left out: a kept copy would cost gigabytes.
             if k == 0 and probe is not None and not spec.is_huge(shape):
                 probe.add(shape_label(shape), shape, inputs, outputs)
-        beat(f"validated {shape_label(shape)}")
+            # One beat per case: a 2^31-element shape's cases take seconds each.
+            beat(f"validated {shape_label(shape)} case {case}")
     if probe is not None:
         probe.probe_all("after every shape was validated")
     if not job.get("time", True):
