@@ -45,6 +45,17 @@ def test_baseline_is_correct_on_heldout_and_drawn_shapes(evaluator, name, dtype)
     assert ev.status is Status.OK, ev.message
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name", list_kernels())
+def test_baseline_is_correct_on_search_shapes_with_every_edge_case(evaluator, name, dtype):
+    # A search starts by evaluating its baseline on the search shapes: a baseline that fails an
+    # edge case there would stop every search of the kernel.
+    spec = load_kernel(name)
+    ev = evaluator.evaluate(EvalRequest(name, Variant(name, spec.baseline_source()), dtype=dtype, timing=TIMING,
+                                        time=False))
+    assert ev.status is Status.OK, ev.message
+
+
 @pytest.mark.parametrize("entry", EDGE_FIXTURES, ids=[e["file"] for e in EDGE_FIXTURES])
 def test_edge_fixture_gets_its_verdict(evaluator, entry):
     source = (FIXTURE_DIR / entry["file"]).read_text()
