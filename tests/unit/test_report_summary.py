@@ -33,7 +33,7 @@ def _result(winner: Variant, **extra: Any) -> SimpleNamespace:
         {"id": vid, "author": "a", "note": "n", "transformation": ""}])
     peers = {"best": dict.fromkeys(LABELS, 0.5), "torch_compile": dict.fromkeys(LABELS, 0.6),
              "flashinfer": dict.fromkeys(LABELS, 0.4)}
-    fields = {"peer_failures": {}, **extra}
+    fields = {"peer_failures": {}, "rejected_why": {}, **extra}
     return SimpleNamespace(state=state, winner=SimpleNamespace(variant=winner, params={}, score=2.0),
                            heldout=_evaluation(), final=_evaluation(), peers=peers, peer_errors={},
                            rejected=[], sanitizer={}, **fields)
