@@ -6,6 +6,8 @@ The two kernels differ only in which elements form a rotated pair; the functions
 
 from __future__ import annotations
 
+import math
+
 import random
 from collections.abc import Mapping
 from typing import Any
@@ -56,11 +58,20 @@ def make_inputs(shape: Mapping[str, int], dtype: Any, generator: Any, case: str,
         row = hs * max(shape["num_heads"], shape["num_kv_heads"])
         scale = edges.row_scales(t, row, dtype, generator, device)[:, :, None]
         q, k = q * scale, k * scale
+        # Rotations by multiples of pi (cos = +-1, sin = 0): x c - y s of two huge, nearly
+        # equal products would cancel, and then where a correct kernel rounds (an fma or a
+        # product rounded first) would decide the result; a single product is exact enough,
+        # and any arithmetic in the element type still overflows.
+        half_turns = torch.arange(max_pos, device=device, dtype=torch.float32)[:, None].expand_as(angles)
+        angles = half_turns * math.pi
+        cache = torch.cat([torch.cos(angles).round(), torch.zeros_like(angles)], dim=-1)
+    else:
+        cache = torch.cat([angles.cos(), angles.sin()], dim=-1)
     return {
         "positions": pos,
         "query": q.to(dtype),
         "key": k.to(dtype),
-        "cos_sin_cache": torch.cat([angles.cos(), angles.sin()], dim=-1).contiguous(),
+        "cos_sin_cache": cache.contiguous(),
     }
 
 

@@ -135,7 +135,8 @@ def test_the_worker_reports_its_devices_launch_limits(evaluator):
 def test_a_kernel_wrong_on_single_timed_launches_is_rejected_naming_one(evaluator):
     ev = _evaluate(evaluator, WRONG_ON_TWO_LAUNCHES)
     assert ev.status is Status.REJECTED and ev.guard == "replay", ev.message
-    assert "on timed launch" in ev.message and "of 20" in ev.message and "got nan" in ev.message, ev.message
+    # The unwritten outputs hold that launch's fill (NaN, the sentinel or stale values).
+    assert "on timed launch" in ev.message and "of 20" in ev.message and "got " in ev.message, ev.message
 
 
 def test_the_peers_loop_cheat_passes_screening_but_not_the_full_protocol(evaluator):

@@ -108,5 +108,8 @@ def test_huge_shape_inputs_and_reference_fit_the_budget(name):
     peak_gb = torch.cuda.max_memory_allocated() / 1e9
     del inputs, pristine, expected
     torch.cuda.empty_cache()
+    total_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
     print(f"{name} {shape}: peak {peak_gb:.1f} GB for inputs, a copy and the fp32 reference")
-    assert peak_gb < 40.0
+    # Validation holds about this much at once (plus the outputs of two launches): it must
+    # leave room on the device, which the baselines' held-out runs show it does.
+    assert peak_gb < total_gb / 2, f"{name} {shape}: peak {peak_gb:.1f} GB of {total_gb:.0f} GB"
