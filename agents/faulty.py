@@ -6,8 +6,9 @@ adversarial fixture (crash, hang, cheat, compile error, ...) for the same kernel
 with ``agent.kind: agents.faulty:FaultInjectingAgent`` and ``agent.options``:
 ``fixtures`` (required: the path of a fixtures index, a YAML file whose ``fixtures`` list
 names each kernel file with its ``kernel`` and expected ``status``; relative paths are taken
-from the working directory), ``fault_fraction`` (default 0.2) and ``inner`` (the wrapped
-agent kind, default ``embedded``). The hostile corpus is the caller's to choose, so the
+from the working directory), ``select`` (optional: the file names to draw from, to aim a run
+at one class of cheats), ``fault_fraction`` (default 0.2) and ``inner`` (the wrapped agent
+kind, default ``embedded``). The hostile corpus is the caller's to choose, so the
 agent carries no default that would tie product code to a test suite's files.
 """
 
@@ -27,7 +28,7 @@ from kernels.variant import Variant
 from kernels.verdict import Status
 
 
-def load_hostile_fixtures(index: Path) -> dict[str, list[dict[str, Any]]]:
+def load_hostile_fixtures(index: Path, select: Sequence[str] = ()) -> dict[str, list[dict[str, Any]]]:
     """Every fixture but the honest ones (whose ``trick`` reads 'none; ...'), grouped by
     kernel, source text included. Cheats the evaluator alone judges OK are kept: the end of a
     run (peers' loop, sanitizer) must still keep them from being reported.
@@ -52,6 +53,8 @@ def load_hostile_fixtures(index: Path) -> dict[str, list[dict[str, Any]]]:
                                    f"status (one of {', '.join(Status)})") from None
         if str(fx.get("trick", "")).strip().lower().startswith("none"):
             continue  # an honest kernel; OK-verdict cheats (peers' loop, sanitizer) stay hostile
+        if select and fx.get("file") not in select:
+            continue
         entry = dict(fx, source=(index.parent / fx["file"]).read_text())
         by_kernel.setdefault(fx["kernel"], []).append(entry)
     return by_kernel
@@ -70,7 +73,11 @@ class FaultInjectingAgent(Agent):
         if not options.get("fixtures"):
             raise AgentConfigError("agent.options.fixtures is required: the path of the fixtures index whose "
                              "hostile kernels the agent injects (e.g. tests/adversarial/fixtures.yaml)")
-        self.fixtures = load_hostile_fixtures(Path(options["fixtures"]))
+        select = tuple(options.get("select") or ())
+        self.fixtures = load_hostile_fixtures(Path(options["fixtures"]), select)
+        unknown = set(select) - {fx["file"] for group in self.fixtures.values() for fx in group}
+        if unknown:
+            raise AgentConfigError(f"agent.options.select names no hostile fixture of the index: {sorted(unknown)}")
         self.inner = make_agent(options.get("inner", "embedded"), config, seed)
         self.seed = seed
 

@@ -2,13 +2,15 @@
 accounting of a search run in which a fraction of the proposals were hostile.
 
     python -m experiments.integrity fixtures --index tests/adversarial/fixtures.yaml --out OUT
-    python -m experiments.integrity run RUN_DIR --fixtures-json OUT.json --out OUT
+    python -m experiments.integrity run RUN_DIR [RUN_DIR ...] --fixtures-json OUT.json --out OUT
 
 ``fixtures`` evaluates every file of a fixtures index (``--index``, the adversarial corpus
 of the test suite) with the GPU evaluator
-(5 warm-ups, 20 timed repetitions) and, after every fault, the baseline again (it must still
-be OK). ``run`` reads a search run's proposals.jsonl and evaluations.jsonl and checks that
-every proposal has a verdict on record, then writes OUT.json and OUT.md with both parts.
+(5 warm-ups, 20 timed repetitions), each at the dtype and on the shape set its entry names,
+and, after every fault, the baseline again (it must still be OK); fixtures whose bug only
+compute-sanitizer sees also go through the sanitizer tool their entry names. ``run`` reads
+search runs' proposals.jsonl and evaluations.jsonl and checks that every proposal has a
+verdict on record and no injected kernel was reported, then writes OUT.json and OUT.md.
 """
 
 from __future__ import annotations
@@ -43,23 +45,33 @@ def run_fixtures(index: Path) -> dict[str, Any]:
         gpu = evaluator.info()["gpu"]
         for fx in data["fixtures"]:
             source = (index.parent / fx["file"]).read_text()
-            ev = evaluator.evaluate(EvalRequest(fx["kernel"], Variant(fx["kernel"], source), dtype="float16",
-                                                timing=TimingConfig(5, 20, 0.0)))
-            row = {"file": fx["file"], "kernel": fx["kernel"], "expected": fx["status"],
-                   "expected_guard": fx.get("guard", ""), "got": ev.status.value, "guard": ev.guard,
-                   "message": ev.message[:300], "restarts_so_far": evaluator.restarts}
+            dtype, shape_set = fx.get("dtype", "float16"), fx.get("shape_set", "search")
+            ev = evaluator.evaluate(EvalRequest(fx["kernel"], Variant(fx["kernel"], source), dtype=dtype,
+                                                shape_set=shape_set, timing=TimingConfig(5, 20, 0.0)))
+            row = {"file": fx["file"], "kernel": fx["kernel"], "dtype": dtype, "shape_set": shape_set,
+                   "expected": fx["status"], "expected_guard": fx.get("guard", ""), "got": ev.status.value,
+                   "guard": ev.guard, "message": ev.message[:300], "restarts_so_far": evaluator.restarts}
             if ev.status not in (Status.OK, Status.COMPILE_ERROR):
                 spec = load_kernel(fx["kernel"])
                 after = evaluator.evaluate(EvalRequest(fx["kernel"], Variant(spec.name, spec.baseline_source()),
-                                                       time=False))
+                                                       dtype=dtype, time=False))
                 row["baseline_after"] = after.status.value
+            if fx.get("sanitizer"):
+                row["sanitizer"] = _sanitizer_verdict(fx["kernel"], source, dtype, fx["sanitizer"])
             guard_ok = fx["status"] != "REJECTED" or ev.guard == fx.get("guard")
-            row["as_expected"] = ev.status.value == fx["status"] and guard_ok
+            sanitizer_ok = not fx.get("sanitizer") or row["sanitizer"] == "FINDINGS"
+            row["as_expected"] = ev.status.value == fx["status"] and guard_ok and sanitizer_ok
             rows.append(row)
             print(f"{fx['file']:<40} expected {fx['status']:<14} got {ev.status.value:<14} {ev.guard}", flush=True)
     finally:
         evaluator.close()
     return {"gpu": gpu, "fixtures": rows, "not_applicable": data.get("not_applicable", [])}
+
+
+def _sanitizer_verdict(kernel: str, source: str, dtype: str, tool: str) -> str:
+    from evaluators.sanitize import sanitize
+
+    return sanitize(kernel, source, dtype, tools=(tool,)).status.value
 
 
 def account_run(run_dir: Path) -> dict[str, Any]:
@@ -86,6 +98,12 @@ def account_run(run_dir: Path) -> dict[str, Any]:
         "injected_verdicts": dict(verdicts), "injected_as_expected": as_expected,
         "winners_injected": [k["winner"] for k in summary.get("kernels", [])
                              if any(p.variant_id == k["winner"] for p in injected)],
+        "injected_fixtures": dict(Counter(str(p.variant.meta["injected"]) for p in injected)),
+        "kernels": [{"kernel": k["kernel"], "winner": k["winner"], "heldout": k.get("heldout_status"),
+                     "sanitizer": k.get("sanitizer", "").replace("\n", "; "),
+                     "peer_failures": k.get("peer_failures", {}), "rejected_why": k.get("rejected_why", {}),
+                     "speedup_over_peers": k.get("speedup_over_peers", {})}
+                    for k in summary.get("kernels", [])],
         "completed": bool(summary), "wall_s": summary.get("wall_s"),
     }
 
@@ -95,26 +113,42 @@ def to_markdown(doc: dict[str, Any]) -> str:
     good = sum(r["as_expected"] for r in fx["fixtures"])
     lines = [f"# Evaluation integrity on {fx['gpu']}", "", f"- commit: {doc['git_commit']}", f"- date: {doc['date']}",
              f"- fixtures: {good} of {len(fx['fixtures'])} got the expected verdict "
-             "(evaluated with 5 warm-ups and 20 timed repetitions; after every fault the baseline was evaluated again)",
-             "", "| fixture | kernel | expected | got | guard | baseline after | as expected |", "|---|---|---|---|---|---|---|"]
+             "(evaluated with 5 warm-ups and 20 timed repetitions at the dtype and on the shape set of their "
+             "entry; after every fault the baseline was evaluated again; the sanitizer column is the named "
+             "compute-sanitizer tool over every shape)",
+             "", "| fixture | kernel | dtype, shapes | expected | got | guard | baseline after | sanitizer | as expected |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in fx["fixtures"]:
-        lines.append(f"| {r['file']} | {r['kernel']} | {r['expected']} {r['expected_guard']} | {r['got']} | "
-                     f"{r['guard']} | {r.get('baseline_after', '-')} | {'yes' if r['as_expected'] else 'NO'} |")
+        lines.append(f"| {r['file']} | {r['kernel']} | {r.get('dtype', 'float16')}, {r.get('shape_set', 'search')} | "
+                     f"{r['expected']} {r['expected_guard']} | {r['got']} | {r['guard']} | "
+                     f"{r.get('baseline_after', '-')} | {r.get('sanitizer', '-')} | {'yes' if r['as_expected'] else 'NO'} |")
     if fx["not_applicable"]:
         lines += ["", "Not applicable to device-only code compiled by NVRTC:", ""]
         lines += [f"- {json.dumps(item) if not isinstance(item, str) else item}" for item in fx["not_applicable"]]
-    run = doc.get("run")
-    if run:
-        lines += ["", "## Search run with hostile proposals", "", f"- command: `{run['command']}`",
-                  f"- completed: {run['completed']}, wall {run['wall_s']} s",
-                  f"- proposals: {run['proposals']}, of which injected hostile: {run['injected']} "
-                  f"({run['injected_fraction']:.0%})",
-                  f"- evaluations on record: {run['evaluations']}; by status: {run['evaluations_by_status']}",
-                  f"- proposals without a verdict on record: {len(run['proposals_without_verdict'])}",
-                  f"- injected proposals' verdicts: {run['injected_verdicts']} "
-                  f"({run['injected_as_expected']} with the fixture's expected status)",
-                  f"- winners that were injected: {run['winners_injected'] or 'none'}"]
+    for run in doc.get("runs", []):
+        lines += _run_markdown(run)
     return "\n".join(lines) + "\n"
+
+
+def _run_markdown(run: dict[str, Any]) -> list[str]:
+    lines = ["", f"## Search run with hostile proposals: {run['run_dir']}", "", f"- command: `{run['command']}`",
+             f"- completed: {run['completed']}, wall {run['wall_s']:.0f} s" if run["wall_s"] else
+             f"- completed: {run['completed']}",
+             f"- proposals: {run['proposals']}, of which injected hostile: {run['injected']} "
+             f"({run['injected_fraction']:.0%})",
+             f"- injected fixtures: {run.get('injected_fixtures', {})}",
+             f"- evaluations on record: {run['evaluations']}; by status: {run['evaluations_by_status']}",
+             f"- proposals without a verdict on record: {len(run['proposals_without_verdict'])}",
+             f"- injected proposals' verdicts: {run['injected_verdicts']} "
+             f"({run['injected_as_expected']} with the fixture's expected status)",
+             f"- winners that were injected: {run['winners_injected'] or 'none'}", "",
+             "| kernel | winner | held-out | sanitizer | failed in the peers' loop | dropped winners (why) |",
+             "|---|---|---|---|---|---|"]
+    for k in run.get("kernels", []):
+        dropped = "; ".join(f"{vid}: {why}" for vid, why in k["rejected_why"].items()) or "-"
+        lines.append(f"| {k['kernel']} | {k['winner']} | {k['heldout']} | {k['sanitizer'] or '-'} | "
+                     f"{k['peer_failures'] or '-'} | {dropped} |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--index", type=Path, required=True, help="fixtures index (tests/adversarial/fixtures.yaml)")
     f.add_argument("--out", required=True)
     r = sub.add_parser("run")
-    r.add_argument("run_dir", type=Path)
+    r.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR")
     r.add_argument("--fixtures-json", required=True)
     r.add_argument("--out", required=True)
     args = p.parse_args(argv)
@@ -135,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     doc = {"git_commit": os.environ.get("KERNEL_SEARCH_COMMIT", "unknown"),
            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-           "fixtures": json.loads(Path(args.fixtures_json).read_text()), "run": account_run(args.run_dir)}
+           "fixtures": json.loads(Path(args.fixtures_json).read_text()),
+           "runs": [account_run(d) for d in args.run_dirs]}
     out.with_suffix(".json").write_text(json.dumps(doc, indent=1))
     out.with_suffix(".md").write_text(to_markdown(doc))
     print(to_markdown(doc))

@@ -99,6 +99,10 @@ SPEC = KernelSpec(
     flops=lambda s: 7 * s["num_tokens"] * s["hidden"],
     dtypes=("float16", "bfloat16"),
     edge_cases=("zeros", "offset", "range"),
+    # fp16 outputs near zero: a correct fp32 kernel's mean of a long row with an offset (300 over
+    # 14920 elements) is off by about 1e-4 absolute, and an output that cancels to ~0.003 keeps
+    # that error (seen on the H200 for the baseline); E[x^2] - E[x]^2 is off by ~1, still caught.
+    tolerances={"float16": (4e-3, 5e-4)},
     heldout_draw=draws.row_draw(8),
     constants={"eps": 1e-5},
     peers={"torch_eager": torch_eager, "liger_kernel": liger},
