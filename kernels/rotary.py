@@ -7,7 +7,6 @@ The two kernels differ only in which elements form a rotated pair; the functions
 from __future__ import annotations
 
 import math
-
 import random
 from collections.abc import Mapping
 from typing import Any
