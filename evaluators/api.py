@@ -99,9 +99,11 @@ class Evaluator(ABC):
     def time_peers_full(self, kernel: str, dtype: str, shape_set: str = "search",
                         ours: dict[str, tuple[str, dict[str, int]]] | None = None,
                         repetitions: int = 100, graph_ours: bool = False) -> dict[str, Any]:
-        """Like :meth:`time_peers`, with ``errors`` (``{peer: why it was not timed}``) and, on
-        a GPU, spreads (``iqr``) and the copy bandwidth. ``graph_ours`` also times each of our
-        kernels through a CUDA graph, as ``<name>@graph``. Stand-ins time nothing."""
+        """Like :meth:`time_peers`, with ``errors`` (``{peer: why it was not timed}``),
+        ``failed`` (``{our kernel: why}``: ours get the evaluator's guards in this loop, and one
+        that fails them is reported there, never timed) and, on a GPU, spreads (``iqr``) and
+        the copy bandwidth. ``graph_ours`` also times each of our kernels through a CUDA
+        graph, as ``<name>@graph``. Stand-ins time nothing."""
         return {"peers": {}, "errors": {}}
 
     def close(self) -> None:  # noqa: B027 - optional

@@ -60,7 +60,9 @@ def kernel_result(spec: KernelSpec, dtype: str, shape_set: str, reply: dict[str,
         spec: the kernel.
         dtype: the dtype timed.
         shape_set: ``search`` or ``heldout``.
-        reply: ``{"peers": {impl: {label: ms}}, "iqr": ..., "errors": ..., "copy_bw_bytes_per_s": ...}``.
+        reply: ``{"peers": {impl: {label: ms}}, "iqr": ..., "errors": ..., "failed": ...,
+            "copy_bw_bytes_per_s": ...}``; our kernels in ``failed`` (wrong on a timed launch,
+            faster than the roofline, faulted) have no times and are listed with the reason.
         best: what is known of the best kernel timed as ``best`` (variant id, source path), or None.
     """
     copy_bw = float(reply["copy_bw_bytes_per_s"])
@@ -78,6 +80,7 @@ def kernel_result(spec: KernelSpec, dtype: str, shape_set: str, reply: dict[str,
         rows.append({"shape": dict(shape), "label": label, "bytes_moved": nbytes, "impl": impl})
     return {"kernel": spec.name, "dtype": dtype, "shape_set": shape_set, "best": best, "rows": rows,
             "peer_errors": dict(reply.get("errors", {})), "copy_bw_tb_s": copy_bw / 1e12,
+            "ours_failed": dict(reply.get("failed", {})),
             "summary": summarize(rows)}
 
 
@@ -128,6 +131,10 @@ def to_markdown(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
              f"- timing: {meta['timing']}", ""]
     if meta.get("failed"):
         lines += ["Could not be timed: " + "; ".join(f"{k}: {v}" for k, v in sorted(meta["failed"].items())), ""]
+    refused = [f"{r['kernel']} {r['dtype']} {name}: {why}" for r in results
+               for name, why in sorted(r.get("ours_failed", {}).items())]
+    if refused:
+        lines += ["Failed verification in the loop (not timed): " + "; ".join(refused), ""]
     lines += ["Speedup = peer time / our time (geometric mean over the shapes both ran); ours = the best kernel "
              "found where there is one, else our baseline.", "",
              "| kernel | dtype | ours | " + " | ".join(f"vs {p}" for p in peers) + " | copy bw (largest shape) |",
@@ -189,7 +196,8 @@ def bench_kernel(evaluator: Any, name: str, dtype: str, shape_set: str, best_dir
     ours: dict[str, tuple[str, dict[str, int]]] = {"baseline": (spec.baseline_source(), {})}
     found, best = find_best(best_dir, spec.name), None
     if found is not None and found[1].get("dtype") == dtype:
-        # Only in the dtype it was validated in: this loop times, it does not check results.
+        # Only in the dtype it was validated in (the loop verifies every timed output against
+        # our baseline, but the held-out and sanitizer verdicts are per dtype).
         source, evidence = found
         ours["best"] = (source.read_text(), dict(evidence.get("params") or {}))
         best = {"variant_id": evidence.get("variant", {}).get("id", ""), "source": str(source),

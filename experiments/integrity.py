@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from evaluators.api import EvalRequest, TimingConfig
-from kernels.records import read_evaluations
+from kernels.records import Stage, read_evaluations
 from kernels.spec import load_kernel
 from kernels.variant import Variant
 from kernels.verdict import Status
@@ -58,14 +58,30 @@ def run_fixtures(index: Path) -> dict[str, Any]:
                 row["baseline_after"] = after.status.value
             if fx.get("sanitizer"):
                 row["sanitizer"] = _sanitizer_verdict(fx["kernel"], source, dtype, fx["sanitizer"])
-            guard_ok = fx["status"] != "REJECTED" or ev.guard == fx.get("guard")
-            sanitizer_ok = not fx.get("sanitizer") or row["sanitizer"] == "FINDINGS"
-            row["as_expected"] = ev.status.value == fx["status"] and guard_ok and sanitizer_ok
+            row["as_expected"] = as_expected(fx, row)
             rows.append(row)
             print(f"{fx['file']:<40} expected {fx['status']:<14} got {ev.status.value:<14} {ev.guard}", flush=True)
     finally:
         evaluator.close()
     return {"gpu": gpu, "fixtures": rows, "not_applicable": data.get("not_applicable", [])}
+
+
+def as_expected(fx: dict[str, Any], row: dict[str, Any]) -> bool:
+    """Whether a fixture got its verdict: the status (and guard) of its entry, and the named
+    sanitizer tool's findings. An out-of-bounds access (a memcheck fixture) may also fault,
+    depending on where the allocator put the buffer it overruns: CRASH is then right too."""
+    allowed = {fx["status"]} | ({Status.CRASH.value} if fx.get("sanitizer") == "memcheck" else set())
+    guard_ok = row["got"] != "REJECTED" or row["guard"] == fx.get("guard")
+    sanitizer_ok = not fx.get("sanitizer") or row.get("sanitizer") == "FINDINGS"
+    return row["got"] in allowed and guard_ok and sanitizer_ok
+
+
+def rejudge(fixtures: dict[str, Any], index: Path) -> dict[str, Any]:
+    """The rows of a fixtures run judged again by the index's current entries."""
+    entries = {fx["file"]: fx for fx in yaml.safe_load(index.read_text())["fixtures"]}
+    rows = [dict(r, as_expected=as_expected(entries[r["file"]], r)) if r["file"] in entries else r
+            for r in fixtures["fixtures"]]
+    return dict(fixtures, fixtures=rows)
 
 
 def _sanitizer_verdict(kernel: str, source: str, dtype: str, tool: str) -> str:
@@ -79,15 +95,23 @@ def account_run(run_dir: Path) -> dict[str, Any]:
     proposals = read_proposals(run_dir / "proposals.jsonl")
     evals = read_evaluations(run_dir / "evaluations.jsonl")
     statuses: dict[tuple[str, str], set[str]] = {}
+    stages: dict[tuple[str, str], set[str]] = {}
     for e in evals:
         statuses.setdefault((e.kernel, e.variant.id), set()).add(e.evaluation.status.value)
+        stages.setdefault((e.kernel, e.variant.id), set()).add(e.stage.value)
     missing = [p.variant_id for p in proposals if not p.failed and (p.kernel, p.variant_id) not in statuses]
     injected = [p for p in proposals if p.variant.meta.get("injected")]
     verdicts: Counter[str] = Counter()
+    furthest: Counter[str] = Counter()
     as_expected = 0
     for p in injected:
         mine = statuses.get((p.kernel, p.variant_id), set())
-        verdicts[sorted(mine)[0] if mine else "MISSING"] += 1
+        # A proposal's verdict is its failure wherever it failed (screening, the full
+        # protocol, held-out), OK only when every evaluation of it was.
+        failed = sorted(mine - {Status.OK.value})
+        verdicts[failed[0] if failed else ("OK" if mine else "MISSING")] += 1
+        reached = stages.get((p.kernel, p.variant_id), set())
+        furthest[next((st.value for st in reversed(Stage) if st.value in reached), "none")] += 1
         as_expected += p.variant.meta["expected_status"] in mine
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
     return {
@@ -96,6 +120,7 @@ def account_run(run_dir: Path) -> dict[str, Any]:
         "evaluations": len(evals), "proposals_without_verdict": missing,
         "evaluations_by_status": dict(Counter(e.evaluation.status.value for e in evals)),
         "injected_verdicts": dict(verdicts), "injected_as_expected": as_expected,
+        "injected_furthest_stage": dict(furthest),
         "winners_injected": [k["winner"] for k in summary.get("kernels", [])
                              if any(p.variant_id == k["winner"] for p in injected)],
         "injected_fixtures": dict(Counter(str(p.variant.meta["injected"]) for p in injected)),
@@ -112,6 +137,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
     fx = doc["fixtures"]
     good = sum(r["as_expected"] for r in fx["fixtures"])
     lines = [f"# Evaluation integrity on {fx['gpu']}", "", f"- commit: {doc['git_commit']}", f"- date: {doc['date']}",
+             *([f"- verdicts judged by the entries of {fx['judged_by']}"] if fx.get("judged_by") else []),
              f"- fixtures: {good} of {len(fx['fixtures'])} got the expected verdict "
              "(evaluated with 5 warm-ups and 20 timed repetitions at the dtype and on the shape set of their "
              "entry; after every fault the baseline was evaluated again; the sanitizer column is the named "
@@ -130,6 +156,13 @@ def to_markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _fixtures_doc(path: Path, index: Path | None) -> dict[str, Any]:
+    doc = json.loads(path.read_text())
+    if index is None:
+        return doc
+    return dict(rejudge(doc, index), judged_by=f"{index}, as it is at this commit")
+
+
 def _run_markdown(run: dict[str, Any]) -> list[str]:
     lines = ["", f"## Search run with hostile proposals: {run['run_dir']}", "", f"- command: `{run['command']}`",
              f"- completed: {run['completed']}, wall {run['wall_s']:.0f} s" if run["wall_s"] else
@@ -141,6 +174,7 @@ def _run_markdown(run: dict[str, Any]) -> list[str]:
              f"- proposals without a verdict on record: {len(run['proposals_without_verdict'])}",
              f"- injected proposals' verdicts: {run['injected_verdicts']} "
              f"({run['injected_as_expected']} with the fixture's expected status)",
+             f"- the furthest stage injected proposals reached: {run.get('injected_furthest_stage', {})}",
              f"- winners that were injected: {run['winners_injected'] or 'none'}", "",
              "| kernel | winner | held-out | sanitizer | failed in the peers' loop | dropped winners (why) |",
              "|---|---|---|---|---|---|"]
@@ -160,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run")
     r.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR")
     r.add_argument("--fixtures-json", required=True)
+    r.add_argument("--index", type=Path, help="judge the fixtures' rows again by this index's entries")
     r.add_argument("--out", required=True)
     args = p.parse_args(argv)
     out = Path(args.out)
@@ -169,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     doc = {"git_commit": os.environ.get("KERNEL_SEARCH_COMMIT", "unknown"),
            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-           "fixtures": json.loads(Path(args.fixtures_json).read_text()),
+           "fixtures": _fixtures_doc(Path(args.fixtures_json), args.index),
            "runs": [account_run(d) for d in args.run_dirs]}
     out.with_suffix(".json").write_text(json.dumps(doc, indent=1))
     out.with_suffix(".md").write_text(to_markdown(doc))
