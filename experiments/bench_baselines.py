@@ -7,7 +7,8 @@ our baseline, FlashInfer, torch eager and torch.compile, the fraction of the mea
 bandwidth, and the A/A noise floor (our baseline timed against itself). All columns are
 kernel times: CUDA events around one launch (ours) or one CUDA-graph replay (peers), inputs
 restored and L2 flushed before each repetition, all implementations interleaved in one loop.
-Writes OUT.json and OUT.md with the command, git commit, GPU and date.
+Writes OUT.json and OUT.md with the command, git commit, GPU and date; OUT defaults to a new
+folder, ``runs/bench-<UTC time>/baselines``, never the kept results under ``experiments/results/``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluators.api import EvalRequest, TimingConfig
+from experiments.bench_library import default_out, exit_without_gpu
 from kernels.spec import load_kernel, shape_label
 from kernels.variant import Variant
 
@@ -101,8 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shapes", default="search", choices=("search", "heldout"))
     p.add_argument("--variant", action="append", default=[], metavar="KERNEL:LABEL=PATH",
                    help="also time a variant file beside the baseline")
-    p.add_argument("--out", default="experiments/results/baselines-h200")
+    p.add_argument("--out", default=None,
+                   help="writes OUT.json and OUT.md (default: a new folder, runs/bench-<UTC time>/baselines)")
     args = p.parse_args(argv)
+    if (code := exit_without_gpu("experiments.bench_baselines")) is not None:
+        return code
     from evaluators.gpu import GpuEvaluator
 
     extra: dict[str, dict[str, str]] = {}
@@ -129,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                   "CUDA-graph replay (peers); inputs restored and L2 flushed (256 MB memset) before every "
                   "repetition; implementations interleaved; torch_compile = torch.compile of the fp32 reference",
     }
-    out = Path(args.out)
+    out = Path(args.out) if args.out is not None else default_out("baselines")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     out.with_suffix(".md").write_text(to_markdown(meta, results))

@@ -11,7 +11,9 @@ fraction of the measured copy bandwidth. Every figure is kernel time: CUDA event
 launch (ours) or one CUDA-graph replay (peers), L2 flushed before each repetition.
 
 Writes OUT.json and OUT.md (command, git commit, GPU, date) and one PNG per kernel and dtype
-(OUT-<kernel>-<dtype>.png; needs matplotlib, the ``plots`` extra). ``--merge`` keeps the
+(OUT-<kernel>-<dtype>.png; needs matplotlib, the ``plots`` extra). OUT defaults to a new
+folder, ``runs/bench-<UTC time>/library``, so a run never overwrites the measured results kept
+under ``experiments/results/`` unless ``--out`` names them. ``--merge`` keeps the
 entries of an earlier OUT.json for kernels not timed this time, so the library can be timed
 in several shorter runs and still give one table.
 """
@@ -207,6 +209,35 @@ def bench_kernel(evaluator: Any, name: str, dtype: str, shape_set: str, best_dir
     return kernel_result(spec, dtype, shape_set, reply, best)
 
 
+def default_out(stem: str, now: dt.datetime | None = None) -> Path:
+    """OUT for a run given no ``--out``: ``runs/bench-<UTC time>/<stem>``, a folder no earlier
+    run wrote (the committed results under ``experiments/results/`` are never a default)."""
+    stamp = (now or dt.datetime.now(dt.UTC)).strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"bench-{stamp}" / stem
+
+
+def gpu_missing(program: str) -> str | None:
+    """The one-line reason a GPU-only script cannot run here, or None when a CUDA GPU is visible.
+
+    Checked before any compile or evaluator start, so a machine without a GPU gets one line
+    instead of a traceback from deep inside the evaluator.
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return f"no CUDA GPU visible; {program} times kernels on a GPU: run it on a GPU machine"
+
+
+def exit_without_gpu(program: str) -> int | None:
+    """Prints ``error: ...`` to stderr and returns exit code 2 when no CUDA GPU is visible."""
+    reason = gpu_missing(program)
+    if reason is None:
+        return None
+    print(f"error: {reason}", file=sys.stderr)
+    return 2
+
+
 def merge(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Earlier results with the newly timed (kernel, dtype) entries replaced or added."""
     fresh = {(r["kernel"], r["dtype"]) for r in new}
@@ -236,7 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shapes", default="search", choices=("search", "heldout"))
     p.add_argument("--best", type=Path, help="sweep or run directory whose best/ kernels to time too")
     p.add_argument("--repetitions", type=int, default=100)
-    p.add_argument("--out", type=Path, default=Path("experiments/results/sweep-h200"))
+    p.add_argument("--out", type=Path, default=None,
+                   help="writes OUT.json, OUT.md and OUT-<kernel>-<dtype>.png (default: a new folder, "
+                        "runs/bench-<UTC time>/library; name experiments/results/... to replace kept results)")
     p.add_argument("--merge", action="store_true", help="keep earlier OUT.json entries of other kernels")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--graph-ours", action="store_true",
@@ -244,6 +277,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.best is not None and not args.best.is_dir():
         p.error(f"--best {args.best} is not a directory")
+    if (code := exit_without_gpu("experiments.bench_library")) is not None:
+        return code
+    if args.out is None:
+        args.out = default_out("library")
     from evaluators.gpu import EvaluatorError, GpuEvaluator
 
     out_json = args.out.with_suffix(".json")

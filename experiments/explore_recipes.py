@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.embedded.recipes import recipes_for
+from experiments.bench_library import exit_without_gpu
 from kernels.spec import load_kernel, shape_label
 from kernels.variant import Variant
 from kernels.verdict import geomean
@@ -90,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repetitions", type=int, default=100)
     p.add_argument("--out", type=Path, required=True, help="writes OUT.json and OUT.md")
     args = p.parse_args(argv)
+    if (code := exit_without_gpu("experiments.explore_recipes")) is not None:
+        return code
     from evaluators.gpu import GpuEvaluator
 
     spec = load_kernel(args.kernel)
