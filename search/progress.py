@@ -1,4 +1,4 @@
-"""The live progress line: round, evaluations, best speedup per kernel, GPU busy fraction."""
+"""The live progress line: round, evaluations, best speedup per kernel, evaluator busy fraction."""
 
 from __future__ import annotations
 
@@ -14,6 +14,12 @@ def busy_fraction(busy_s: float, wall_s: float, n_gpus: int) -> float:
     return min(1.0, busy_s / (wall_s * n_gpus))
 
 
+def busy_label(evaluator_kind: str) -> str:
+    """What the busy fraction measures: the GPUs for the GPU evaluator; for any other (the
+    CPU stand-in) only the evaluator actors, and no GPU is involved."""
+    return "gpu busy" if evaluator_kind == "gpu" else "evaluator busy"
+
+
 class Progress:
     """Writes one status line: rewritten in place on a terminal, plain lines otherwise.
 
@@ -21,12 +27,15 @@ class Progress:
         stream: where to write (stderr by default, so stdout keeps the report).
         n_gpus: evaluator actors, for the busy fraction.
         interval_s: least time between two updates that are not forced.
+        evaluator_kind: the run's evaluator (``gpu`` or ``standin``), naming the busy fraction.
     """
 
-    def __init__(self, stream: TextIO | None = None, n_gpus: int = 1, interval_s: float = 1.0) -> None:
+    def __init__(self, stream: TextIO | None = None, n_gpus: int = 1, interval_s: float = 1.0,
+                 evaluator_kind: str = "gpu") -> None:
         self.stream = stream or sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.n_gpus = n_gpus
+        self.busy_label = busy_label(evaluator_kind)
         self.interval_s = interval_s if self.tty else max(interval_s, 10.0)
         self._last = 0.0
         self._width = 0
@@ -42,7 +51,7 @@ class Progress:
         busy = busy_fraction(controller.pool.busy_s, wall, self.n_gpus)
         return (
             f"round {min(current + 1, rounds)}/{rounds} | evaluations {len(controller.cache)} | "
-            f"best {best or '-'} | gpu busy {busy:.0%} | {wall:.0f}s"
+            f"best {best or '-'} | {self.busy_label} {busy:.0%} | {wall:.0f}s"
         )
 
     def update(self, controller: Any, force: bool = False) -> None:

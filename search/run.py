@@ -138,6 +138,27 @@ def worker_runtime_env() -> dict[str, Any]:
     return {"env_vars": {"PYTHONPATH": path}}
 
 
+# Ray (2.5x and later) turns token authentication on for every new local cluster and warns so
+# on each start unless RAY_AUTH_MODE is set (https://docs.ray.io/en/latest/ray-security/token-auth.html);
+# setting the same mode keeps the protection and drops the warning.
+RAY_AUTH_MODE_VAR = "RAY_AUTH_MODE"
+LOCAL_RAY_AUTH_MODE = "token"
+
+
+def choose_local_ray_auth(config: RunConfig) -> bool:
+    """Sets RAY_AUTH_MODE=token for a local cluster this process is about to start; returns
+    whether it did.
+
+    Left alone: a mode the user set, a cluster joined with ``--address`` (its mode is its
+    own), and a process that has imported Ray already: Ray reads the mode once, at import, so
+    setting it later would give the driver and the cluster different modes.
+    """
+    if config.address or RAY_AUTH_MODE_VAR in os.environ or "ray" in sys.modules:
+        return False
+    os.environ[RAY_AUTH_MODE_VAR] = LOCAL_RAY_AUTH_MODE
+    return True
+
+
 def start_ray(config: RunConfig) -> None:
     import ray
 
@@ -294,6 +315,7 @@ def run_search(prep: Prepared, command: str, progress_cls: Any = None) -> dict[s
         print_summary(done)
         print(f"\nrun directory: {prep.run_dir} (finished before; nothing evaluated again)")
         return done
+    choose_local_ray_auth(prep.config)  # before _search imports Ray
     summary = _search(prep, command, progress_cls)
     print_summary(summary)
     print(f"\nrun directory: {prep.run_dir}")
@@ -334,7 +356,7 @@ def _search(prep: Prepared, command: str, progress_cls: Any) -> dict[str, Any]:
     agents: list[Any] = [actor_cls.remote(cfg.agent.kind, cfg.agent, cfg.seed * 1000 + i)
                          for i in range(cfg.search.population)]
     pool = EvalPool(cfg.evaluator.kind, n_gpus, cfg.evaluator.retries, cfg.evaluator.standin_latency_s)
-    progress = (progress_cls or Progress)(n_gpus=n_gpus)
+    progress = (progress_cls or Progress)(n_gpus=n_gpus, evaluator_kind=cfg.evaluator.kind)
     ctl = Controller(cfg, states, records, pool, agents, TuningStore(cfg.seed), progress, history,
                      on_tick=lambda: clock.tick(pool.busy_s))
     try:

@@ -191,7 +191,7 @@ class SweepProgress(Progress):
         busy = busy_fraction(controller.pool.busy_s, wall, self.n_gpus)
         return (f"sweep | kernels done {done}/{len(states)} | rounds done {sum(st.rounds_done for st in states)}/"
                 f"{rounds * len(states)} | evaluations {len(controller.cache)} | mean best {best} | "
-                f"gpu busy {busy:.0%} | {wall:.0f}s")
+                f"{self.busy_label} {busy:.0%} | {wall:.0f}s")
 
 
 # -- the table ------------------------------------------------------------------------------
