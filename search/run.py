@@ -138,27 +138,6 @@ def worker_runtime_env() -> dict[str, Any]:
     return {"env_vars": {"PYTHONPATH": path}}
 
 
-# Ray (2.5x and later) turns token authentication on for every new local cluster and warns so
-# on each start unless RAY_AUTH_MODE is set (https://docs.ray.io/en/latest/ray-security/token-auth.html);
-# setting the same mode keeps the protection and drops the warning.
-RAY_AUTH_MODE_VAR = "RAY_AUTH_MODE"
-LOCAL_RAY_AUTH_MODE = "token"
-
-
-def choose_local_ray_auth(config: RunConfig) -> bool:
-    """Sets RAY_AUTH_MODE=token for a local cluster this process is about to start; returns
-    whether it did.
-
-    Left alone: a mode the user set, a cluster joined with ``--address`` (its mode is its
-    own), and a process that has imported Ray already: Ray reads the mode once, at import, so
-    setting it later would give the driver and the cluster different modes.
-    """
-    if config.address or RAY_AUTH_MODE_VAR in os.environ or "ray" in sys.modules:
-        return False
-    os.environ[RAY_AUTH_MODE_VAR] = LOCAL_RAY_AUTH_MODE
-    return True
-
-
 def start_ray(config: RunConfig) -> None:
     import ray
 
@@ -315,7 +294,6 @@ def run_search(prep: Prepared, command: str, progress_cls: Any = None) -> dict[s
         print_summary(done)
         print(f"\nrun directory: {prep.run_dir} (finished before; nothing evaluated again)")
         return done
-    choose_local_ray_auth(prep.config)  # before _search imports Ray
     summary = _search(prep, command, progress_cls)
     print_summary(summary)
     print(f"\nrun directory: {prep.run_dir}")
