@@ -8,10 +8,10 @@ on the same tensors. So every figure is kernel time, not the time of a Python ca
 (REFERENCE.md section 1).
 
 Our kernels get exactly the evaluator's guards here (:mod:`evaluators.verify`): inputs that
-change every launch, outputs poisoned before every launch, every timed launch's outputs
+change every launch, outputs filled (NaN, sentinel or stale values) before every launch, every timed launch's outputs
 checked against our baseline run on the same inputs, and the roofline guard. A kernel that
 fails one is reported in ``failed`` with the reason and none of its times are reported. The
-peers (trusted library code) get the same restored inputs and poisoned outputs.
+peers (trusted library code) get the same restored inputs and filled outputs.
 """
 
 from __future__ import annotations

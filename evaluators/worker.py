@@ -124,7 +124,7 @@ def _rep_inputs(ctx: Context, spec: KernelSpec, shape: Shape, dtype: str, launch
 
 
 def _timed(name: str, kernel: Kernel, shape: Shape, inputs: RepInputs) -> tuple[Timed, Buffers]:
-    """An implementation with a working set of its own, restored and poisoned before every launch."""
+    """An implementation with a working set of its own, restored and its outputs filled (NaN, sentinel or stale values) before every launch."""
     buf = inputs.buffer()
     args, label = kernel.args(buf, shape), shape_label(shape)
     return Timed(name, lambda i: inputs.restore(buf, i), lambda: kernel.launch(label, args)), buf
