@@ -1,20 +1,20 @@
-"""NVRTC compilation of variant files to cubins, on the CPU, cached on disk.
+"""NVRTC compilation of variant files to cubins, on the CPU, sandboxed and cached on disk.
 
 No GPU is needed: NVRTC compiles device code only, so compiling fans out over CPU workers
-and is tested in CI. The cache key covers everything that changes the binary: the full
-source after the prelude, the options (macros included), the target architecture and the
-NVRTC version.
+and is tested in CI. The options, the prelude and the NVRTC call itself are the plain ones of
+:mod:`kernels.nvrtc`; this module adds what untrusted sources need (the static checks, the
+bounded sandbox process, checks of the binary) and the disk cache, whose key covers
+everything that changes the binary: the full source after the prelude, the options (macros
+included), the target architecture and the NVRTC version.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 
 from evaluators.compile_checks import (
@@ -25,22 +25,21 @@ from evaluators.compile_checks import (
     check_source_routes,
 )
 from evaluators.compile_sandbox import CompileLimits, SandboxOutcome, sandbox_compile
+from kernels import nvrtc
+from kernels.nvrtc import (
+    ALLOWED_FLAGS,
+    DEFAULT_ARCH,
+    NvrtcOptionError,
+    entry_compiled,
+    full_source,
+    nvrtc_version,
+)
 from kernels.records import atomic_write
 
 __all__ = [
-    "ALLOWED_INCLUDES", "CompileLimits", "CompileRefused", "CompileResult", "build_options", "cache_key",
-    "check_includes", "compile_variant", "target_arch",
+    "ALLOWED_FLAGS", "ALLOWED_INCLUDES", "DEFAULT_ARCH", "CompileLimits", "CompileRefused", "CompileResult",
+    "build_options", "cache_key", "check_includes", "compile_variant", "nvrtc_version", "target_arch",
 ]
-
-DEFAULT_ARCH = "sm_90"
-# Compiler flags a variant may ask for with '// flags: ...'.
-ALLOWED_FLAGS = re.compile(
-    r"^(--use_fast_math|-use_fast_math|--extra-device-vectorization|-ftz=(true|false)|"
-    r"-prec-div=(true|false)|-prec-sqrt=(true|false)|-fmad=(true|false)|-maxrregcount=\d{1,3})$"
-)
-_PRELUDE = "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n#include <cuda_fp8.h>\n"
-_FLAGS_RE = re.compile(r"^\s*//\s*flags\s*:(.*)$", re.MULTILINE)
-_SCALAR_T = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float"}
 
 
 @dataclass(frozen=True)
@@ -80,8 +79,7 @@ class CompileResult:
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("KERNEL_SEARCH_CACHE") or os.path.join(Path.home(), ".cache", "kernel-search")
-    return Path(root) / "cubin"
+    return nvrtc.cache_root() / "cubin"
 
 
 def target_arch() -> str:
@@ -97,43 +95,16 @@ def target_arch() -> str:
     return DEFAULT_ARCH
 
 
-@lru_cache(maxsize=1)
-def _include_dirs() -> tuple[str, ...]:
-    dirs: list[str] = []
-    try:
-        from cuda import pathfinder
-
-        found = pathfinder.find_nvidia_header_directory("cudart")
-        if found:
-            dirs.append(str(found))
-    except Exception:  # older cuda-bindings without pathfinder: fall back to CUDA_HOME
-        pass
-    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if root and (Path(root) / "include" / "cuda_fp16.h").is_file():
-            dirs.append(str(Path(root) / "include"))
-    return tuple(dict.fromkeys(dirs))
-
-
-@lru_cache(maxsize=1)
-def nvrtc_version() -> str:
-    from cuda.bindings import nvrtc
-
-    _, major, minor = nvrtc.nvrtcVersion()
-    return f"{major}.{minor}"
-
-
 def variant_flags(source: str) -> list[str]:
-    """The ``// flags:`` of a variant, each checked against the allowed list."""
-    flags: list[str] = []
-    for line in _FLAGS_RE.findall(source):
-        for flag in line.split():
-            if not ALLOWED_FLAGS.match(flag):
-                raise CompileRefused(
-                    f"compiler flag {flag!r} is not allowed; allowed: --use_fast_math, -ftz=, "
-                    "-prec-div=, -prec-sqrt=, -fmad=, -maxrregcount=N, --extra-device-vectorization"
-                )
-            flags.append(flag)
-    return flags
+    """The ``// flags:`` of a variant, each checked against the allowed list.
+
+    Raises:
+        CompileRefused: a flag outside :data:`ALLOWED_FLAGS`.
+    """
+    try:
+        return nvrtc.variant_flags(source)
+    except NvrtcOptionError as exc:
+        raise CompileRefused(str(exc)) from None
 
 
 def check_includes(source: str) -> None:
@@ -149,26 +120,20 @@ def check_includes(source: str) -> None:
 def build_options(
     source: str, dtype: str, defines: Mapping[str, int], arch: str = DEFAULT_ARCH
 ) -> list[str]:
-    """NVRTC options: target, C++ standard, resource report, the variant's flags and macros."""
-    if dtype not in _SCALAR_T:
-        raise CompileRefused(f"unknown dtype {dtype!r}; expected one of {sorted(_SCALAR_T)}")
-    opts = [f"--gpu-architecture={arch}", "-std=c++17", "--ptxas-options=-v", "-default-device"]
-    opts += [f"-I{d}" for d in _include_dirs()]
-    opts += variant_flags(source)
-    opts.append(f"-Dscalar_t={_SCALAR_T[dtype]}")
-    for name, value in sorted(defines.items()):
-        opts.append(f"-D{name}={int(value)}")
-    return opts
+    """NVRTC options: target, C++ standard, resource report, the variant's flags and macros.
 
-
-def _full_source(source: str) -> str:
-    # The prelude gives every variant the half/bf16/fp8 types; #line keeps log lines true.
-    return _PRELUDE + '#line 1 "variant.cu"\n' + source
+    Raises:
+        CompileRefused: an unknown dtype or a flag outside the allowed list.
+    """
+    try:
+        return nvrtc.build_options(source, dtype, defines, arch)
+    except NvrtcOptionError as exc:
+        raise CompileRefused(str(exc)) from None
 
 
 def cache_key(source: str, options: Sequence[str], entry: str) -> str:
     h = hashlib.sha256()
-    for part in (_full_source(source), "\0".join(o for o in options if not o.startswith("-I")), entry, nvrtc_version()):
+    for part in (full_source(source), "\0".join(o for o in options if not o.startswith("-I")), entry, nvrtc_version()):
         h.update(part.encode())
         h.update(b"\1")
     return h.hexdigest()[:32]
@@ -178,7 +143,6 @@ _PTXAS_REGS = re.compile(r"Used (\d+) registers")
 _PTXAS_STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores")
 _PTXAS_CUMULATIVE = re.compile(r"(\d+) bytes cumulative stack size")
 _PTXAS_SMEM = re.compile(r"Used \d+ registers.*?(\d+) bytes smem")
-_PTXAS_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
 # Limits whose refusal is a property of the source under a given limit value, recorded with
 # that value in the cache: a later compile under the same or a tighter limit reuses it.
 _CACHED_LIMITS = {"timeout": "timeout_s", "memory": "memory_bytes", "cubin_bytes": "cubin_bytes"}
@@ -213,12 +177,6 @@ def _resources(log: str, entry: str) -> tuple[int | None, int | None, int | None
     )
 
 
-def _text_section(entry: str) -> bytes:
-    """The ELF section name of an unmangled kernel, NUL-terminated so that no longer name
-    matches (the ptxas report is not always in NVRTC's log)."""
-    return b".text." + entry.encode() + b"\x00"
-
-
 def _judge(cubin: bytes, log: str, entry: str, limits: CompileLimits) -> tuple[str, str]:
     """Checks a compiled binary; returns ("", "") or (the reason it is refused, the limit).
 
@@ -226,7 +184,7 @@ def _judge(cubin: bytes, log: str, entry: str, limits: CompileLimits) -> tuple[s
     """
     # An entry counts only as an unmangled __global__ symbol of exactly that name: a C++
     # (mangled) kernel or another kernel whose name merely contains ``entry`` cannot be loaded.
-    if entry not in _PTXAS_ENTRY.findall(log) and _text_section(entry) not in cubin:
+    if not entry_compiled(log, cubin, entry):
         return f'no kernel named {entry} in the binary (use extern "C" __global__ void {entry}(...))', ""
     try:
         check_services(cubin)
@@ -288,7 +246,7 @@ def compile_variant(
     outcome = _cached(meta_path, bin_path, limits)
     cached = outcome is not None
     if outcome is None:
-        outcome = sandbox_compile(_full_source(source), options, limits)
+        outcome = sandbox_compile(full_source(source), options, limits)
         if outcome.ok:
             atomic_write(bin_path, outcome.cubin)
         if outcome.cacheable:

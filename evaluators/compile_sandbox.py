@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from kernels.nvrtc import compile_program
+
 # Measured: compiling every library baseline and embedded recipe (fp16 and bf16, several
 # tunings each) in one Python process peaked at 220 MB of address space (VmPeak, 135 MB
 # resident) with NVRTC 12; 2 GiB leaves ~9x margin. An initialised 256 MiB __device__ table
@@ -250,41 +252,21 @@ def _limit_self(memory_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 20, 64 << 20))
 
 
-def _compile_in_child(nvrtc: Any, request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+def _compile_in_child(request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
     # A CPU-time backstop for a child whose parent died mid-compile (the parent's wall clock
     # normally fires first); the soft limit is raised again before every compile.
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu_soft = int(usage.ru_utime + usage.ru_stime + request["cpu_s"])
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_soft, resource.RLIM_INFINITY))
-    err, prog = nvrtc.nvrtcCreateProgram(request["source"].encode(), b"variant.cu", 0, [], [])
-    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        return {"ok": False, "log": f"nvrtcCreateProgram failed: {err}", "limit": ""}, b""
-    try:
-        options = [o.encode() for o in request["options"]]
-        (result,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)
-        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        buf = b" " * size
-        nvrtc.nvrtcGetProgramLog(prog, buf)
-        log = buf.decode(errors="replace").rstrip("\x00").strip()
-        if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            limit = "memory" if "out of memory" in log else ""
-            return {"ok": False, "log": log or str(result), "limit": limit}, b""
-        _, size = nvrtc.nvrtcGetCUBINSize(prog)
-        if size > request["max_cubin_bytes"]:
-            # Refused here, so a huge binary never crosses the pipe, the cache or Ray.
-            return {"ok": False, "limit": "cubin_bytes", "log": f"resource limit: the binary is {size} bytes, "
-                    f"more than the {request['max_cubin_bytes']} allowed (large initialised __device__ or "
-                    f"__constant__ data?)\n{log}"}, b""
-        cubin = b" " * size
-        nvrtc.nvrtcGetCUBIN(prog, cubin)
-        return {"ok": True, "log": log, "limit": ""}, bytes(cubin)
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
+    # A binary over the size limit is refused inside NVRTC's process, so it never crosses the
+    # pipe, the cache or Ray.
+    out = compile_program(request["source"], request["options"], request["max_cubin_bytes"])
+    return {"ok": out.ok, "log": out.log, "limit": out.limit}, out.cubin
 
 
 def _serve(memory_bytes: int) -> None:
     _limit_self(memory_bytes)
-    from cuda.bindings import nvrtc
+    from cuda.bindings import nvrtc  # noqa: F401  (loaded under the limit, before the first request)
 
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
 
@@ -298,7 +280,7 @@ def _serve(memory_bytes: int) -> None:
         if len(head) < _LEN.size:  # the parent closed the pipe or died
             return
         request = json.loads(stdin.read(_LEN.unpack(head)[0]))
-        reply, cubin = _compile_in_child(nvrtc, request)
+        reply, cubin = _compile_in_child(request)
         reply["cubin_bytes"] = len(cubin)
         write(json.dumps(reply).encode())
         if cubin:
