@@ -8,6 +8,7 @@ they run in the evaluator's worker process on the GPU (or on the CPU in tests).
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import re
 import sys
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from kernels.folders import KernelRef, KernelSpecError
 from kernels.launch import LaunchSpec, LaunchSpecError, check_names, parse_launch_header
 
 LIBRARY_DIR = Path(__file__).resolve().parent
@@ -44,10 +46,6 @@ _C_TYPES = {
     "uint8": "unsigned char",
     "float8_e4m3fn": "__nv_fp8_e4m3",
 }
-
-
-class KernelSpecError(ValueError):
-    """A kernel spec that is inconsistent or cannot be loaded; the message names the fix."""
 
 
 @dataclass(frozen=True)
@@ -338,20 +336,52 @@ def _load_module(path: Path, module_name: str) -> Any:
     return module
 
 
-def load_kernel(name_or_dir: str | Path) -> KernelSpec:
-    """Loads a kernel by library name (``silu_and_mul``) or by folder path.
+def _module_name(directory: Path) -> str:
+    """The name a spec.py is imported under: unique per folder (two libraries may both hold a
+    folder ``rmsnorm``; neither may replace the other's module)."""
+    where = hashlib.sha256(str(directory.resolve()).encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    return f"_kernel_spec_{re.sub(r'[^A-Za-z0-9_]', '_', directory.name)}_{where}"
+
+
+def kernel_folder(name_or_dir: str | Path) -> Path:
+    """The folder of a kernel given as a folder path or as a library name.
 
     Raises:
-        KernelSpecError: the folder, ``spec.py``, ``SPEC`` or ``baseline.cu`` is missing, or
-            the baseline's launch header or signature does not fit the spec.
+        KernelSpecError: neither a folder with a ``spec.py`` nor a library kernel.
     """
     path = Path(name_or_dir)
     directory = path if path.is_dir() else LIBRARY_DIR / str(name_or_dir)
+    if not (directory / "spec.py").is_file():
+        known = ", ".join(list_kernels()) or "none"
+        raise KernelSpecError(f"no kernel {str(name_or_dir)!r}: {directory / 'spec.py'} does not exist "
+                              f"(library: {known})")
+    return directory
+
+
+def kernel_ref(name_or_dir: str | Path, name: str = "") -> KernelRef:
+    """A reference to a kernel given as a folder path or a library name (its files now).
+
+    Raises:
+        KernelSpecError: no such kernel folder.
+    """
+    return KernelRef.of(kernel_folder(name_or_dir), name)
+
+
+def load_kernel(kernel: KernelRef | str | Path) -> KernelSpec:
+    """Loads a kernel by reference (the folder with the files the reference names, found
+    with :func:`kernels.folders.resolve_folder`), by folder path, or by library name
+    (``silu_and_mul``).
+
+    Raises:
+        KernelSpecError: the folder, ``spec.py``, ``SPEC`` or ``baseline.cu`` is missing, the
+            folder no longer holds the reference's files, or the baseline's launch header or
+            signature does not fit the spec.
+    """
+    directory = kernel.resolve() if isinstance(kernel, KernelRef) else kernel_folder(kernel)
     spec_file = directory / "spec.py"
     if not spec_file.is_file():
-        known = ", ".join(list_kernels()) or "none"
-        raise KernelSpecError(f"no kernel {str(name_or_dir)!r}: {spec_file} does not exist (library: {known})")
-    module = _load_module(spec_file, f"_kernel_spec_{directory.name}")
+        raise KernelSpecError(f"kernel folder {directory} has no spec.py")
+    module = _load_module(spec_file, _module_name(directory))
     spec = getattr(module, "SPEC", None)
     if not isinstance(spec, KernelSpec):
         raise KernelSpecError(f"{spec_file} must define SPEC = KernelSpec(...)")
