@@ -29,7 +29,7 @@ def reference(inputs, shape, constants):
 def torch_eager(t, shape, constants):
     import torch
 
-    t["out"].copy_(torch.nn.functional.normalize(t["x"], p=2.0, dim=-1, eps=constants["eps"]))
+    t["out"].copy_(torch.nn.functional.normalize(t["x"].float(), p=2.0, dim=-1, eps=constants["eps"]))
 
 
 SPEC = KernelSpec(
