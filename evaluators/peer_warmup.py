@@ -5,8 +5,9 @@ FlashInfer builds each op the first time it is called (about 20 s). Done at the 
 inside the evaluator, that is time the GPU sits idle. :class:`PeerWarmup` does it in a few
 background processes from the start of the run, exactly as :func:`evaluators.peers.run_peers`
 will later (same compiled function, same inputs, a fresh dynamo per shape), so the evaluator
-then finds everything in the on-disk caches: Inductor's FX graph cache, Triton's kernel cache
-and FlashInfer's JIT folder. Nothing is timed here.
+then finds what it can reuse in the on-disk caches: Triton's kernel binaries and FlashInfer's
+JIT folder (the loop's own torch.compile compilations are fresh: they lower and autotune
+again, see :mod:`evaluators.peers`). Nothing is timed here.
 
 The processes launch one call per peer and shape on the GPU, beside the search's timing.
 The winners' final timing starts only after they have finished (:meth:`PeerWarmup.wait`).
@@ -27,6 +28,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from kernels.folders import KernelRef
+
 WORKER_ENV = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}  # as in the sandbox worker (evaluators.worker.serve)
 
 
@@ -35,6 +38,7 @@ def warm_kernel(kernel: str, dtype: str, shape_set: str = "search") -> dict[str,
     import torch
 
     from evaluators.peers import peer_fns
+    from kernels.peer import call_once
     from kernels.spec import load_kernel, shape_label
 
     spec = load_kernel(kernel)
@@ -46,11 +50,13 @@ def warm_kernel(kernel: str, dtype: str, shape_set: str = "search") -> dict[str,
     for shape in spec.shapes(shape_set):
         gen = torch.Generator(device=device).manual_seed(7)
         inputs = spec.make_inputs(shape, getattr(torch, dtype), gen, "random", device)
-        for name, fn in peer_fns(spec).items():  # a fresh dynamo per shape, as run_peers does
+        # One compilation per torch.compile mode: the loop's compilations are fresh (no graph or
+        # autotuning cache), but they still find Triton's binaries and FlashInfer's JIT here.
+        for name, peer in peer_fns(spec, trials=1).items():
             if name in errors:
                 continue
             try:
-                fn({k: v.clone() for k, v in inputs.items()}, shape, spec.constants)
+                call_once(peer, {k: v.clone() for k, v in inputs.items()}, shape, spec.constants)
             except Exception as exc:  # the evaluator will meet and report the same failure
                 errors[name] = f"{shape_label(shape)}: {type(exc).__name__}: {exc}"[:300]
         torch.cuda.synchronize()
@@ -61,13 +67,14 @@ class PeerWarmup:
     """Background processes that warm the peers' compile caches for a run's kernels.
 
     Args:
-        kernels: kernel references (names or folders).
+        kernels: the run's kernel references (or library names, or folders); each process
+            gets the folder as found on this machine.
         dtype: the run's dtype.
         log_dir: where each process writes ``peer_warmup-<i>.log``.
         processes: how many processes share the kernels (round-robin).
     """
 
-    def __init__(self, kernels: Sequence[str], dtype: str, log_dir: Path, processes: int = 2) -> None:
+    def __init__(self, kernels: Sequence[KernelRef | str], dtype: str, log_dir: Path, processes: int = 2) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs: list[IO[bytes]] = []
         self.started = time.time()
@@ -75,8 +82,9 @@ class PeerWarmup:
         n = max(1, min(processes, len(kernels)))
         env = {**os.environ, **WORKER_ENV}
         log_dir.mkdir(parents=True, exist_ok=True)
+        folders = [str(k.resolve()) if isinstance(k, KernelRef) else k for k in kernels]
         for i in range(n):
-            mine = list(kernels[i::n])
+            mine = folders[i::n]
             log = (log_dir / f"peer_warmup-{i}.log").open("wb")
             cmd = [sys.executable, "-m", "evaluators.peer_warmup", "--dtype", dtype, *mine]
             self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -109,7 +117,7 @@ class PeerWarmup:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Compile the peers of kernels once, to warm the on-disk caches.")
-    p.add_argument("kernels", nargs="+")
+    p.add_argument("kernels", nargs="+", help="library kernel names or kernel folders")
     p.add_argument("--dtype", default="float16")
     p.add_argument("--shapes", default="search", choices=("search", "heldout"))
     args = p.parse_args(argv)

@@ -1,76 +1,147 @@
 """Timing production peers beside our kernels, inside the sandbox worker (GPU only).
 
 Every peer (the spec's ``peers``: torch eager, FlashInfer, Liger; plus ``torch_compile`` of
-the fp32 reference or of the spec's ``compiled`` program) is captured in a CUDA graph and timed
-by graph replay with the same protocol as our kernels (:mod:`evaluators.timing`): inputs
-restored and L2 flushed before every repetition, all implementations interleaved and working
-on the same tensors. So every figure is kernel time, not the time of a Python call
-(REFERENCE.md section 1).
+the spec's ``compiled`` program, or of the fp32 reference) is captured in a CUDA graph and
+timed by graph replay with the same protocol as our kernels (:mod:`evaluators.timing`):
+inputs restored and L2 flushed before every repetition, all implementations interleaved and
+working on the same tensors. So every figure is kernel time, not the time of a Python call
+(REFERENCE.md section 1). A peer that returns its results, or stages its operands
+(:class:`kernels.peer.Peer`), has nothing but the library call in its graph.
 
-Our kernels get exactly the evaluator's guards here (:mod:`evaluators.verify`): inputs that
-change every launch, outputs filled (NaN, sentinel or stale values) before every launch, every timed launch's outputs
-checked against our baseline run on the same inputs, and the roofline guard. A kernel that
-fails one is reported in ``failed`` with the reason and none of its times are reported. The
-peers (trusted library code) get the same restored inputs and filled outputs.
+torch.compile is timed at its best: each of :data:`COMPILE_MODES` compiled ``compile_trials``
+times afresh (dynamo reset, Inductor's graph and autotuning caches off, so every compilation
+autotunes again and may pick other kernels), every compilation timed in the loop, and per
+shape the fastest is reported as ``torch_compile`` with the compilation that won.
+
+Our kernels are set up exactly as in the evaluator (:class:`evaluators.ours.OursOnShape`):
+inputs that change every launch, outputs filled (NaN, sentinel or stale values) before every
+launch, every timed launch's outputs checked against our baseline run on the same inputs, and
+the roofline guard. A kernel that fails one is reported in ``failed`` with the reason and none
+of its times are reported. The peers (trusted library code) get the same restored inputs and
+filled outputs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 from evaluators import validate as V
-from evaluators.context import Context, oracle_of, roofline_finding, tolerances, torch_dtype
+from evaluators.context import Context, tolerances, torch_dtype
 from evaluators.launcher import Kernel, LaunchResourceError
-from evaluators.timing import Timed, capture_graph, time_interleaved
-from evaluators.verify import TIMED_OUTPUT_GUARD, Buffers, RepInputs, TimedOutputCheck
+from evaluators.ours import GRAPH_SUFFIX, OursOnShape
+from evaluators.timing import (
+    Samples,
+    Timed,
+    capture_graph,
+    l2_finding,
+    l2_persistence,
+    time_interleaved,
+)
+from evaluators.verify import Buffers, RepInputs
 from kernels.launch import LaunchLimitError
+from kernels.peer import Peer, Scratch, as_peer, call_once
 from kernels.spec import KernelSpec, Shape, shape_label
 
-GRAPH_SUFFIX = "@graph"
+__all__ = ["GRAPH_SUFFIX", "COMPILE_MODES", "peer_fns", "run_peers", "best_compiled"]
+
+COMPILED = "torch_compile"
+# Without CUDA graphs: the loop captures every peer in a graph of its own.
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+COMPILE_TRIALS = 2
+# Inductor's caches that would hand a later compilation the kernels (or the autotuning
+# choice) of an earlier one; Triton's binary cache stays (same source, same binary).
+_FRESH = {"fx_graph_cache": False, "fx_graph_remote_cache": False, "autotune_local_cache": False,
+          "autotune_remote_cache": False, "bundled_autotune_remote_cache": False}
 
 
-def _compiled_reference(spec: KernelSpec) -> Callable[..., None]:
-    """torch.compile of the fp32 reference, writing rounded results into the outputs, or of
-    the spec's own ``compiled`` program where it names one.
+def compile_name(mode: str, trial: int) -> str:
+    """The loop's name of one compilation: ``torch_compile[<mode>#<trial>]``."""
+    return f"{COMPILED}[{mode}#{trial}]"
 
-    Compiled afresh for every shape and dtype (static shapes, caches reset): the peer gets
-    kernels specialised to the shape, as a serving engine's compiled graph would, instead of
-    a dynamic-shape kernel or, past dynamo's recompile limit, silent eager fallback.
-    """
-    torch._dynamo.reset()
+
+@contextlib.contextmanager
+def _fresh_inductor() -> Iterator[None]:
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch({k: v for k, v in _FRESH.items() if hasattr(inductor_config, k)}):
+        yield
+
+
+def _program(spec: KernelSpec) -> Callable[..., None]:
+    """The program torch.compile is given: the spec's ``compiled`` (what a serving engine
+    would write), else the fp32 reference with its results rounded into the outputs."""
+    if spec.compiled is not None:
+        return spec.compiled
 
     def body(t: dict[str, torch.Tensor], shape: dict[str, int], constants: Any) -> None:
         expected = spec.reference(t, shape, constants)
         for name, value in expected.items():
             t[name].copy_(value)
 
-    return torch.compile(spec.compiled or body, dynamic=False)
+    return body
 
 
-def peer_fns(spec: KernelSpec) -> dict[str, Callable[..., None]]:
-    """Every peer of the spec by name, ``torch_compile`` included (compiled afresh)."""
-    fns: dict[str, Callable[..., None]] = dict(spec.peers)
-    fns["torch_compile"] = _compiled_reference(spec)
+class _FreshCompile:
+    """One compilation of the program in one mode, made at its first call: dynamo reset
+    first (static shapes: kernels specialised to the shape, as a serving engine's compiled
+    graph would get, never a dynamic-shape kernel or, past dynamo's recompile limit, eager
+    fallback), Inductor's caches off while it compiles and autotunes."""
+
+    def __init__(self, spec: KernelSpec, mode: str) -> None:
+        self.spec, self.mode = spec, mode
+        self.fn: Callable[..., None] | None = None
+
+    def __call__(self, t: Mapping[str, Any], shape: Mapping[str, int], constants: Any) -> None:
+        if self.fn is None:
+            torch._dynamo.reset()
+            fn = torch.compile(_program(self.spec), dynamic=False, mode=None if self.mode == "default" else self.mode)
+            with _fresh_inductor():
+                fn(t, shape, constants)
+            self.fn = fn
+            return
+        self.fn(t, shape, constants)
+
+
+def peer_fns(spec: KernelSpec, modes: tuple[str, ...] = COMPILE_MODES, trials: int = COMPILE_TRIALS) -> dict[str, Peer]:
+    """Every peer of the spec by name, and one ``torch_compile[<mode>#<trial>]`` per mode and
+    trial (each compiled afresh at its first call)."""
+    fns: dict[str, Peer] = {name: as_peer(p) for name, p in spec.peers.items()}
+    for mode in modes:
+        for trial in range(1, trials + 1):
+            fns[compile_name(mode, trial)] = as_peer(_FreshCompile(spec, mode))
     return fns
 
 
-def _check_peer(
-    spec: KernelSpec, name: str, fn: Callable[..., None], shape: Shape, dtype: str, ctx: Context
-) -> str | None:
+def best_compiled(times: Mapping[str, Mapping[str, float]]) -> tuple[dict[str, float], dict[str, str]]:
+    """Per shape label, the fastest compilation's median and its name, from the loop's times
+    of every ``torch_compile[...]`` implementation."""
+    best: dict[str, float] = {}
+    which: dict[str, str] = {}
+    for impl, per_shape in times.items():
+        if not impl.startswith(COMPILED + "["):
+            continue
+        for label, ms in per_shape.items():
+            if label not in best or ms < best[label]:
+                best[label], which[label] = ms, impl[len(COMPILED) + 1:-1]
+    return best, which
+
+
+def _check_peer(spec: KernelSpec, peer: Peer, shape: Shape, dtype: str, ctx: Context) -> str | None:
     """Runs a peer once on fresh inputs and checks it against the reference: a peer whose
     semantics differ from ours is not a fair comparison."""
     gen = torch.Generator(device=ctx.device).manual_seed(7)
     t = spec.make_inputs(shape, torch_dtype(dtype), gen, "random", ctx.device)
     expected = spec.reference({k: v.clone() for k, v in t.items()}, shape, spec.constants)
-    fn(t, shape, spec.constants)
+    got = {a.name: t[a.name] for a in spec.written_args}
+    got.update(call_once(peer, t, shape, spec.constants))
     torch.cuda.synchronize()
-    finding = V.check_outputs({a.name: t[a.name] for a in spec.written_args}, expected,
-                              tolerances(spec, dtype, 2.0), spec.compare)
+    finding = V.check_outputs(got, expected, tolerances(spec, dtype, 2.0), spec.compare)
     return finding.message if finding else None
 
 
@@ -86,68 +157,36 @@ def _load_ours(ctx: Context, spec: KernelSpec, job: dict[str, Any], shapes: list
     return ours
 
 
-class _Ours:
-    """Our kernels on one shape: each launched on the shared working set, verified after
-    every timed launch, owner of its implementations' names (``<name>`` and ``<name>@graph``)."""
-
-    def __init__(self, ctx: Context, spec: KernelSpec, shape: Shape, dtype: str, job: dict[str, Any],
-                 inputs: RepInputs, work: Buffers, baseline: Kernel | None) -> None:
-        self.ctx, self.spec, self.shape, self.dtype, self.inputs, self.work = ctx, spec, shape, dtype, inputs, work
-        self.warmup, self.repetitions = job["warmup"], job["repetitions"]
-        self.oracle = oracle_of(baseline, shape) if baseline is not None else None
-        self.checks: dict[str, TimedOutputCheck] = {}
-        self.owner: dict[str, str] = {}
-
-    def timed(self, name: str, kernel: Kernel, graph: bool) -> Timed:
-        """One of our kernels, launched directly or (``graph``) captured in a CUDA graph and
-        replayed, timed exactly as the peers are, every timed launch verified."""
-        label = shape_label(self.shape)
-        args = kernel.args(self.work, self.shape)
-        launch: Callable[[], None] = lambda: kernel.launch(label, args)  # noqa: E731
-        if graph:
-            # One launch on restored inputs and poisoned outputs instead of the capture's own
-            # warm-up, which would run on whatever the working set holds.
-            self.inputs.restore(self.work, 0)
-            kernel.launch(label, args)
-            launch = capture_graph(lambda: kernel.launch(label, args, on_current_stream=True), warmup=0).replay
-        impl = f"{name}{GRAPH_SUFFIX}" if graph else name
-        assert self.oracle is not None, "our kernels are verified against the baseline: the job must carry it"
-        check = TimedOutputCheck(self.inputs, self.oracle, tolerances(self.spec, self.dtype, 2.0), self.spec.compare,
-                                 self.warmup, self.repetitions, f"(shape {label}, {self.dtype}, in the peers' loop)")
-        self.checks[impl], self.owner[impl] = check, name
-        return Timed(impl, lambda i: self.inputs.restore(self.work, i), launch, lambda i: check.check(i, self.work))
-
-    def failures(self, samples: dict[str, Any]) -> dict[str, str]:
-        """Per kernel of ours, the first guard that fired on this shape."""
-        out: dict[str, str] = {}
-        for impl, check in self.checks.items():
-            finding = check.finding()
-            kind = TIMED_OUTPUT_GUARD if finding else ""
-            if finding is None:
-                finding = roofline_finding(self.spec, self.shape, self.dtype, samples[impl].median_ms, self.ctx.copy_bw)
-                kind = "roofline"
-            if finding is not None:
-                out.setdefault(self.owner[impl], f"REJECTED ({kind}): {finding.message}")
-        return out
-
-
 def _peer_impls(ctx: Context, spec: KernelSpec, shape: Shape, dtype: str, inputs: RepInputs,
-                work: Buffers, errors: dict[str, str]) -> list[Timed]:
-    """The peers that agree with the reference on this shape, each captured in a graph."""
+                work: Buffers, peers: Mapping[str, Peer], errors: dict[str, str]) -> list[Timed]:
+    """The peers that agree with the reference on this shape, each captured in a graph that
+    holds its call alone (staging runs before the flush, outside the window)."""
     impls = []
-    for name, fn in peer_fns(spec).items():
+    for name, peer in peers.items():
         if name in errors:
             continue
         try:
-            wrong = _check_peer(spec, name, fn, shape, dtype, ctx)
+            wrong = _check_peer(spec, peer, shape, dtype, ctx)
             if wrong:
                 errors[name] = f"disagrees with the reference: {wrong}"
                 continue
-            graph = capture_graph(functools.partial(fn, work, shape, spec.constants))
-            impls.append(Timed(name, lambda i: inputs.restore(work, i), graph.replay))
+            scratch: Scratch = {}
+            if peer.stage is not None:
+                inputs.restore(work, 0)
+                peer.stage(work, shape, spec.constants, scratch)
+            graph = capture_graph(functools.partial(peer.run, work, shape, spec.constants, scratch))
+            impls.append(Timed(name, functools.partial(_prepare_peer, inputs, work, peer, shape, spec.constants,
+                                                       scratch), graph.replay))
         except Exception as exc:  # a peer that cannot run here (missing package, unsupported dtype)
             errors[name] = f"{type(exc).__name__}: {exc}"[:500]
     return impls
+
+
+def _prepare_peer(inputs: RepInputs, work: Buffers, peer: Peer, shape: Shape, constants: Any, scratch: Scratch,
+                  i: int) -> None:
+    inputs.restore(work, i)
+    if peer.stage is not None:
+        peer.stage(work, shape, constants, scratch)
 
 
 def _input_sets(ctx: Context, spec: KernelSpec, shape: Shape, dtype: str) -> list[Buffers]:
@@ -162,50 +201,69 @@ def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
     launches}}) our binaries, timed in the same interleaved loop and verified against
     ``baseline`` ({cubin, launches}, our baseline's binary); ``graph_ours`` to time each of
     them a second time, as ``<name>@graph``, through a CUDA graph like the peers (what the
-    launch mechanism alone changes); ``peers`` False to time our kernels alone.
+    launch mechanism alone changes); ``peers`` False to time our kernels alone;
+    ``compile_trials`` (default :data:`COMPILE_TRIALS`) compilations per torch.compile mode.
 
     Returns:
-        ``peers`` ({implementation: {shape label: median ms}}), ``iqr`` (the same for the
-        spreads), ``errors`` ({peer: why it was not timed}), ``failed`` ({our kernel: the
-        guard that fired}; none of its times are reported) and ``copy_bw_bytes_per_s``.
+        ``peers`` ({implementation: {shape label: median ms}}, ``torch_compile`` being the
+        fastest compilation), ``iqr`` (the same for the spreads), ``compiled`` ({shape label:
+        the compilation that won, ``<mode>#<trial>``}), ``compile_candidates`` (every
+        compilation's medians), ``errors`` ({peer: why it was not timed}), ``failed`` ({our
+        kernel: the guard that fired}; none of its times are reported), ``notes`` ({peer:
+        what exactly is timed}), ``l2_persistence`` (carve-out and access-policy window, bytes;
+        ``l2_finding`` when not both zero) and ``copy_bw_bytes_per_s``.
     """
     spec: KernelSpec = ctx.spec(job["kernel_dir"])
     dtype, shapes = job["dtype"], job["shapes"]
     failed: dict[str, str] = {}
     ours = _load_ours(ctx, spec, job, shapes, failed)
     baseline = ctx.kernel(spec, job["baseline"], shapes) if job.get("kernels") else None
+    peers = peer_fns(spec, trials=int(job.get("compile_trials", COMPILE_TRIALS))) if job.get("peers", True) else {}
     times: dict[str, dict[str, float]] = {}
     spreads: dict[str, dict[str, float]] = {}
     errors: dict[str, str] = {}
+    l2 = l2_persistence(torch.cuda.current_stream().cuda_stream)
     for shape in shapes:
         label = shape_label(shape)
         inputs = RepInputs(spec, _input_sets(ctx, spec, shape, dtype), job["warmup"] + job["repetitions"],
                            torch.Generator(device=ctx.device).manual_seed(random.randint(0, 2**31)))
-        # One working set for every implementation: copies would sit at other addresses, and
-        # where a short kernel's few pages fall could then differ between implementations.
+        # One working set for every implementation (see evaluators.ours).
         work = inputs.buffer()
-        mine = _Ours(ctx, spec, shape, dtype, job, inputs, work, baseline)
+        mine = OursOnShape(ctx, spec, shape, dtype, job["warmup"], job["repetitions"], inputs, work, baseline,
+                           "in the peers' loop")
         live = {n: k for n, k in ours.items() if n not in failed}
-        impls = [mine.timed(n, k, graph=False) for n, k in live.items()]
+        impls = [mine.timed(n, k) for n, k in live.items()]
         if job.get("graph_ours"):
             impls += [mine.timed(n, k, graph=True) for n, k in live.items()]
-        if job.get("peers", True):
-            impls += _peer_impls(ctx, spec, shape, dtype, inputs, work, errors)
+        impls += _peer_impls(ctx, spec, shape, dtype, inputs, work, peers, errors)
         # Our kernels launch on the stream they were loaded on and the events go to the current
         # one: if they differ, the events would time nothing (see timing.capture_graph).
         current = torch.cuda.current_stream().cuda_stream
         stray = [n for n, k in live.items() if k.stream.ptr != current]
         if stray:
             raise RuntimeError(f"{', '.join(stray)} would launch on another stream than the timing events")
-        samples = time_interleaved(impls, ctx.flush, job["warmup"], job["repetitions"])
-        for name, why in mine.failures(samples).items():
-            failed.setdefault(name, why)
-        for name, s in samples.items():
-            times.setdefault(name, {})[label] = s.median_ms
-            spreads.setdefault(name, {})[label] = s.iqr_ms
+        samples: dict[str, Samples] = time_interleaved(impls, ctx.flush, job["warmup"], job["repetitions"])
+        for name, (kind, finding) in mine.failures(samples).items():
+            failed.setdefault(name, f"REJECTED ({kind}): {finding.message}")
+        for name, smp in samples.items():
+            times.setdefault(name, {})[label] = smp.median_ms
+            spreads.setdefault(name, {})[label] = smp.iqr_ms
         beat(f"peers {label}")
     for name in failed:  # a failed kernel's times are never reported, not even those of shapes it passed
         for impl in (name, f"{name}{GRAPH_SUFFIX}"):
             times.pop(impl, None)
             spreads.pop(impl, None)
-    return {"peers": times, "iqr": spreads, "errors": errors, "failed": failed, "copy_bw_bytes_per_s": ctx.copy_bw}
+    candidates = {n: times.pop(n) for n in list(times) if n.startswith(COMPILED + "[")}
+    candidate_iqr = {n: spreads.pop(n) for n in list(spreads) if n.startswith(COMPILED + "[")}
+    best, which = best_compiled(candidates)
+    if best:
+        times[COMPILED] = best
+        spreads[COMPILED] = {label: candidate_iqr[f"{COMPILED}[{w}]"][label] for label, w in which.items()}
+    reply: dict[str, Any] = {
+        "peers": times, "iqr": spreads, "errors": errors, "failed": failed, "copy_bw_bytes_per_s": ctx.copy_bw,
+        "compiled": which, "compile_candidates": candidates, "l2_persistence": l2,
+        "notes": {n: p.note for n, p in peers.items() if p.note},
+    }
+    if l2_finding(l2):
+        reply["l2_finding"] = l2_finding(l2)
+    return reply

@@ -8,6 +8,11 @@ event pair around the single launch; implementations interleaved in one process 
 The flush (a memset several times the L2 size) is queued right before the start event, so
 the GPU is still busy with it while the host queues the launch: host-side launch overhead
 stays out of the measured window, for our launches and for graph-replayed peers alike.
+
+The flush only evicts what the L2 may evict: lines in a persisting carve-out (a nonzero
+``cudaLimitPersistingL2CacheSize`` with an access-policy window on the stream) survive it.
+:func:`l2_persistence` reads both, and every timing job records them (:func:`l2_finding`
+says when a time cannot be trusted).
 """
 
 from __future__ import annotations
@@ -129,6 +134,36 @@ def time_interleaved(
     }
 
 
+def l2_persistence(stream_ptr: int) -> dict[str, int | str]:
+    """The persisting-L2 carve-out of the current device and the access-policy window of a
+    stream, in bytes (both must be 0 for the L2 flush to evict everything the timed launch
+    reads); ``error`` instead when the runtime cannot be asked."""
+    try:
+        from cuda.bindings import runtime as rt
+    except ImportError as exc:  # the bindings are a dependency of the GPU extra
+        return {"error": f"cuda.bindings missing: {exc}"}
+    err, carve_out = rt.cudaDeviceGetLimit(rt.cudaLimit.cudaLimitPersistingL2CacheSize)
+    if err != rt.cudaError_t.cudaSuccess:
+        return {"error": f"cudaDeviceGetLimit(cudaLimitPersistingL2CacheSize): {err}"}
+    attr = rt.cudaStreamAttrID(rt.cudaStreamAttributeAccessPolicyWindow)
+    err, value = rt.cudaStreamGetAttribute(rt.cudaStream_t(stream_ptr), attr)
+    if err != rt.cudaError_t.cudaSuccess:
+        return {"error": f"cudaStreamGetAttribute(cudaStreamAttributeAccessPolicyWindow): {err}"}
+    return {"persisting_l2_bytes": int(carve_out), "access_policy_window_bytes": int(value.accessPolicyWindow.num_bytes)}
+
+
+def l2_finding(state: dict[str, int | str]) -> str | None:
+    """Why times taken under ``state`` (from :func:`l2_persistence`) are not flushed-L2 times,
+    or None when the carve-out and the window are both zero."""
+    if "error" in state:
+        return f"L2 persistence could not be checked: {state['error']}"
+    kept = {k: v for k, v in state.items() if v}
+    if kept:
+        return "L2 persistence is set, so the flush does not evict everything: " + ", ".join(
+            f"{k} = {v}" for k, v in kept.items())
+    return None
+
+
 def measure_copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, reps: int = 20) -> float:
     """Device-to-device copy bandwidth in bytes/s (read + write counted), median of reps.
 
@@ -151,7 +186,7 @@ def measure_copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, reps: in
     return 2 * nbytes / statistics.median(times)
 
 
-def capture_graph(fn: Callable[[], None], warmup: int = 3) -> torch.cuda.CUDAGraph:
+def capture_graph(fn: Callable[[], object], warmup: int = 3) -> torch.cuda.CUDAGraph:
     """Captures ``fn`` in a CUDA graph (after warm-up on a side stream, as torch requires),
     so that a peer is timed as a kernel, not as a Python call.
 

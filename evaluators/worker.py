@@ -28,9 +28,10 @@ from evaluators.context import (
     torch_dtype,
 )
 from evaluators.launcher import Kernel, LaunchResourceError
+from evaluators.ours import OursOnShape
 from evaluators.peers import run_peers
-from evaluators.timing import Timed, time_interleaved
-from evaluators.verify import TIMED_OUTPUT_GUARD, Buffers, DriftProbe, RepInputs, TimedOutputCheck
+from evaluators.timing import l2_finding, l2_persistence, time_interleaved
+from evaluators.verify import TIMED_OUTPUT_GUARD, Buffers, DriftProbe, RepInputs
 from kernels.launch import LaunchLimitError
 from kernels.spec import KernelSpec, Shape, shape_label
 from kernels.verdict import ShapeResult, Status, geomean
@@ -123,23 +124,10 @@ def _rep_inputs(ctx: Context, spec: KernelSpec, shape: Shape, dtype: str, launch
     return RepInputs(spec, sets, launches, plan_gen)
 
 
-def _timed(name: str, kernel: Kernel, shape: Shape, inputs: RepInputs) -> tuple[Timed, Buffers]:
-    """An implementation with a working set of its own, restored and its outputs filled (NaN, sentinel or stale values) before every launch."""
-    buf = inputs.buffer()
-    args, label = kernel.args(buf, shape), shape_label(shape)
-    return Timed(name, lambda i: inputs.restore(buf, i), lambda: kernel.launch(label, args)), buf
-
-
-def _verifier(check: TimedOutputCheck, probe: DriftProbe, bufs: tuple[Buffers, Buffers], label: str,
-              warmup: int, probe_at: set[int]) -> Callable[[int, list[str]], None]:
-    """After every repetition: the candidate's outputs against the baseline's, both made from
-    the repetition's inputs, and, after a few, the validated inputs re-run."""
-    cand_buf, base_buf = bufs
+def _prober(probe: DriftProbe, label: str, warmup: int, probe_at: set[int]) -> Callable[[int, list[str]], None]:
+    """After a few repetitions: the validated inputs re-run (outside every window)."""
 
     def after(i: int, launched: list[str]) -> None:
-        if "candidate" not in launched:  # cut: timing stopped early, its buffer is stale
-            return
-        check.compare(i, cand_buf, base_buf)
         if i - warmup in probe_at:
             probe.probe(label, f"inside its timing loop, after timed launch {i - warmup + 1}")
 
@@ -150,33 +138,36 @@ def _time_shape(
     ctx: Context, spec: KernelSpec, job: dict[str, Any], shape: Shape, cand: Kernel, base: Kernel,
     probe: DriftProbe | None,
 ) -> tuple[ShapeResult, float | None, bool]:
-    """Interleaved timing on inputs that change every launch; every timed launch of the
-    candidate is verified against the baseline's launch of the same repetition, which had the
-    same inputs (:mod:`evaluators.verify`)."""
+    """Interleaved timing on inputs that change every launch, set up exactly as in the peers'
+    loop (:class:`evaluators.ours.OursOnShape`: one working set, every timed launch of the
+    candidate verified against the baseline run on the same inputs)."""
     dtype, label, timing = job["dtype"], shape_label(shape), job["timing"]
     warmup, reps = timing["warmup"], timing["repetitions"]
     inputs = _rep_inputs(ctx, spec, shape, dtype, warmup + reps)
-    baseline, base_buf = _timed("baseline", base, shape, inputs)
-    candidate, cand_buf = _timed("candidate", cand, shape, inputs)
-    check, after = None, None
-    if probe is not None:  # the candidate is not the baseline's binary: verify it
-        check = TimedOutputCheck(inputs, None, tolerances(spec, dtype, 2.0), spec.compare, warmup, reps,
-                                 f"(shape {label}, {dtype})")
+    work = inputs.buffer()
+    ours = OursOnShape(ctx, spec, shape, dtype, warmup, reps, inputs, work, base)
+    baseline = ours.timed("baseline", base, verify=False)
+    # The candidate is not the baseline's binary: verify it (else it is the baseline itself).
+    candidate = ours.timed("candidate", cand, verify=probe is not None)
+    after = None
+    if probe is not None:
         probe_at = set(random.sample(range(reps), min(DRIFT_PROBES_PER_LOOP, reps)))
-        after = _verifier(check, probe, (cand_buf, base_buf), label, warmup, probe_at)
+        after = _prober(probe, label, warmup, probe_at)
     cutoff = None
     best = job.get("best_ms", {}).get(label)
     if timing.get("cutoff") and best:
         cutoff = {"candidate": timing["cutoff"] * best}
     samples = time_interleaved([baseline, candidate], ctx.flush, warmup, reps, cutoff, after_rep=after)
-    finding = check.finding() if check is not None else None
-    if finding:
-        raise Verdict(
-            Status.REJECTED,
-            "a timed launch gave a wrong result although validation passed (results cached, replayed, or "
-            "computed differently when launched repeatedly): " + finding.message,
-            TIMED_OUTPUT_GUARD,
-        )
+    failed = ours.failures(samples).get("candidate")
+    if failed is not None:
+        kind, finding = failed
+        if kind == TIMED_OUTPUT_GUARD:
+            raise Verdict(
+                Status.REJECTED,
+                "a timed launch gave a wrong result although validation passed (results cached, replayed, or "
+                "computed differently when launched repeatedly): " + finding.message,
+                TIMED_OUTPUT_GUARD,
+            )
     c, b = samples["candidate"], samples["baseline"]
     roofline = roofline_finding(spec, shape, dtype, c.median_ms, ctx.copy_bw)
     if roofline:
@@ -195,7 +186,7 @@ def _time_shape(
     )
     aa = None
     if job.get("noise_floor"):
-        pair = [_timed(name, base, shape, inputs)[0] for name in ("A", "B")]
+        pair = [ours.timed(name, base, verify=False) for name in ("A", "B")]
         ab = time_interleaved(pair, ctx.flush, warmup, reps)
         aa = ab["A"].median_ms / ab["B"].median_ms
     return result, aa, c.cut
@@ -237,6 +228,10 @@ def run_evaluate(ctx: Context, job: dict[str, Any], beat: Beat) -> dict[str, Any
         _raise_drift(probe)
         return result
     ratios, cut = [], []
+    l2 = l2_persistence(torch.cuda.current_stream().cuda_stream)
+    result["extra"]["l2_persistence"] = l2
+    if l2_finding(l2):
+        result["extra"]["l2_finding"] = l2_finding(l2)
     for shape in shapes:
         shape_result, aa, was_cut = _time_shape(ctx, spec, job, shape, cand, base, probe)
         result["shapes"].append(shape_result.to_dict())

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from kernels.folders import KernelRef, KernelSpecError
 from kernels.launch import LaunchSpec, LaunchSpecError, check_names, parse_launch_header
+from kernels.peer import Peer
 
 LIBRARY_DIR = Path(__file__).resolve().parent
 SCALAR = "scalar"  # a tensor whose element type is the run's dtype (the macro scalar_t)
@@ -116,7 +117,9 @@ class KernelSpec:
         compare: optional ``(name, got, expected) -> str | None`` for outputs that are not
             compared elementwise (sets, permutations); returns a mismatch message or None.
         peers: production implementations to time beside ours, ``(inputs, shape, constants)``
-            writing into the output tensors (imported lazily; may raise ImportError).
+            writing into the output tensors, or :class:`kernels.peer.Peer` objects (results
+            returned, operands staged outside the timed window); imported lazily, may raise
+            ImportError.
         compiled: the torch program ``torch.compile`` is timed on, in the peers' signature;
             by default the fp32 reference with its results rounded into the outputs. Set it
             where that is not what a serving engine would compile: a scatter into a cache
@@ -140,7 +143,7 @@ class KernelSpec:
     constants: Mapping[str, float] = field(default_factory=dict)
     tolerances: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     compare: Callable[[str, Any, Any], str | None] | None = None
-    peers: Mapping[str, Callable[..., None]] = field(default_factory=dict)
+    peers: Mapping[str, Callable[..., None] | Peer] = field(default_factory=dict)
     compiled: Callable[..., None] | None = None
     heldout_draw: Callable[[Any], tuple[dict[str, int], ...]] | None = None
     directory: Path | None = None

@@ -1,0 +1,91 @@
+"""Our kernels in a timing loop: the one way both the evaluator (:mod:`evaluators.worker`)
+and the peers' loop (:mod:`evaluators.peers`) set them up.
+
+Every implementation of one shape works on one working set (the same addresses for all of
+them: where a short kernel's few pages fall must not differ between the kernels compared),
+restored before every launch from the loop's input plan (:class:`evaluators.verify.RepInputs`)
+and L2-flushed by :func:`evaluators.timing.time_interleaved`. A kernel under verification has
+every timed launch checked against our baseline run on the same inputs in a buffer of the
+checker's own, right after the launch's end event (outside every window).
+
+Before this was shared, the evaluator gave the baseline and the candidate a working set each
+and compared them after every repetition, while the peers' loop shared one working set: the
+same baseline binary then timed differently in the two (fused_add_rmsnorm [256, 4096]: 18.06
+us in the evaluator, 12.16 us in the loop), and "vs baseline" and "vs peers" were ratios of
+different measurements. ``experiments/timing_truth.py`` times both set-ups side by side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from evaluators.context import Context, oracle_of, roofline_finding, tolerances
+from evaluators.launcher import Kernel
+from evaluators.timing import Samples, Timed, capture_graph
+from evaluators.verify import TIMED_OUTPUT_GUARD, Buffers, RepInputs, TimedOutputCheck
+from kernels.spec import KernelSpec, Shape, shape_label
+
+GRAPH_SUFFIX = "@graph"
+
+
+class OursOnShape:
+    """Our kernels on one shape, launched on the shared working set ``work``; owner of their
+    implementations' names (``<name>`` and ``<name>@graph``).
+
+    Args:
+        ctx: the worker's context.
+        spec, shape, dtype: what is timed.
+        warmup, repetitions: the loop's (launch index = warmup + repetition).
+        inputs: the loop's input plan.
+        work: the shared working set (``inputs.buffer()``).
+        baseline: our trusted baseline, the oracle of every verified launch (None: nothing
+            of ours is verified).
+        where: appended to a failed check's message (e.g. ``in the peers' loop``).
+    """
+
+    def __init__(self, ctx: Context, spec: KernelSpec, shape: Shape, dtype: str, warmup: int, repetitions: int,
+                 inputs: RepInputs, work: Buffers, baseline: Kernel | None, where: str = "") -> None:
+        self.ctx, self.spec, self.shape, self.dtype, self.inputs, self.work = ctx, spec, shape, dtype, inputs, work
+        self.warmup, self.repetitions, self.where = warmup, repetitions, where
+        self.oracle = oracle_of(baseline, shape) if baseline is not None else None
+        self.checks: dict[str, TimedOutputCheck] = {}
+        self.owner: dict[str, str] = {}
+
+    def timed(self, name: str, kernel: Kernel, graph: bool = False, verify: bool = True) -> Timed:
+        """One of our kernels, launched directly or (``graph``) captured in a CUDA graph and
+        replayed, timed exactly as the peers are; with ``verify``, every timed launch is
+        checked against the baseline."""
+        label = shape_label(self.shape)
+        args = kernel.args(self.work, self.shape)
+        launch: Callable[[], None] = lambda: kernel.launch(label, args)  # noqa: E731
+        if graph:
+            # One launch on restored inputs and filled outputs instead of the capture's own
+            # warm-up, which would run on whatever the working set holds.
+            self.inputs.restore(self.work, 0)
+            kernel.launch(label, args)
+            launch = capture_graph(lambda: kernel.launch(label, args, on_current_stream=True), warmup=0).replay
+        impl = f"{name}{GRAPH_SUFFIX}" if graph else name
+        self.owner[impl] = name
+        prepare = lambda i: self.inputs.restore(self.work, i)  # noqa: E731
+        if not verify:
+            return Timed(impl, prepare, launch)
+        assert self.oracle is not None, "our kernels are verified against the baseline: give it"
+        context = f"(shape {label}, {self.dtype}{', ' + self.where if self.where else ''})"
+        check = TimedOutputCheck(self.inputs, self.oracle, tolerances(self.spec, self.dtype, 2.0), self.spec.compare,
+                                 self.warmup, self.repetitions, context)
+        self.checks[impl] = check
+        return Timed(impl, prepare, launch, lambda i: check.check(i, self.work))
+
+    def failures(self, samples: dict[str, Samples]) -> dict[str, tuple[str, Any]]:
+        """Per kernel of ours, the first guard that fired on this shape: ``(guard, finding)``."""
+        out: dict[str, tuple[str, Any]] = {}
+        for impl, check in self.checks.items():
+            finding = check.finding()
+            kind = TIMED_OUTPUT_GUARD
+            if finding is None and impl in samples:
+                finding = roofline_finding(self.spec, self.shape, self.dtype, samples[impl].median_ms, self.ctx.copy_bw)
+                kind = "roofline"
+            if finding is not None:
+                out.setdefault(self.owner[impl], (kind, finding))
+        return out
