@@ -1,0 +1,218 @@
+"""``python -m kernels.check DIR...``: checks kernel folders as a whole, without a GPU.
+
+DIR is a kernel folder (``spec.py`` and ``baseline.cu``) or a folder of kernel folders. For
+each kernel: the spec loads (argument list, shape symbols with their ``min_value`` and
+``multiple_of``, held-out shapes apart from the search shapes, the baseline's launch header
+and signature); ``make_inputs`` sizes every shape on the meta device, drawn held-out shapes
+included; ``bytes_moved`` and ``flops`` give counts; the baseline's launch fits the device on
+every shape and it compiles with NVRTC for every run dtype (NVRTC runs on the CPU; results are
+cached); and the reference runs on the CPU at the smallest search shape for every input case
+(:mod:`kernels.check_run`). Output: one line per problem, ``<folder>: <problem>``, and exit
+1; or one OK line per kernel and exit 0.
+
+The search runs the same checks on its kernels before it starts (:func:`preflight`) and
+stops with the first problem on one line.
+
+Examples::
+
+    python -m kernels.check kernels                  # the whole library
+    python -m kernels.check ~/my_kernels/swiglu      # one folder
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from kernels.check_run import describe_error, run_case, smallest_shape
+from kernels.launch import DeviceLimits, LaunchSpecError, check_limits, parse_launch_header
+from kernels.nvrtc import (
+    DEFAULT_ARCH,
+    NvrtcOptionError,
+    build_options,
+    cache_root,
+    compile_program,
+    entry_compiled,
+    full_source,
+    nvrtc_version,
+)
+from kernels.records import atomic_write
+from kernels.spec import KernelSpec, KernelSpecError, Shape, list_kernels, load_kernel, shape_label
+
+HELDOUT_DRAW_SEEDS = (0, 1)  # draws checked: each run draws its own from its seed
+
+
+class KernelCheckError(KernelSpecError):
+    """A kernel the search must not start with; the message is one line naming its folder."""
+
+
+def kernel_folders(path: Path) -> list[Path]:
+    """The kernel folders a command-line DIR names: itself when it holds spec.py and
+    baseline.cu, else its subfolders with a spec.py, else itself when it holds a spec.py
+    (whose missing baseline is then reported)."""
+    if (path / "spec.py").is_file() and (path / "baseline.cu").is_file():
+        return [path]
+    inside = [path / name for name in list_kernels(path)] if path.is_dir() else []
+    return inside or ([path] if (path / "spec.py").is_file() else [])
+
+
+def _first_error(log: str) -> str:
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "error" in ln.lower()]
+    return (errors or lines or ["no log"])[0][:300]
+
+
+def compile_problem(source: str, entry: str, dtype: str, arch: str = DEFAULT_ARCH) -> str | None:
+    """Why the baseline does not compile for ``dtype`` at its default parameters, or None.
+
+    Outcomes are cached on disk (under the compile cache's ``check/``) by everything that
+    changes them, so checking an unchanged library again costs no compile.
+    """
+    try:
+        defines = parse_launch_header(source).default_params()
+        options = build_options(source, dtype, defines, arch)
+    except (LaunchSpecError, NvrtcOptionError) as exc:
+        return str(exc)
+    h = hashlib.sha256()
+    for part in (full_source(source), "\0".join(o for o in options if not o.startswith("-I")), entry, nvrtc_version()):
+        h.update(part.encode() + b"\1")
+    key = h.hexdigest()[:32]
+    path = cache_root() / "check" / key[:2] / f"{key}.json"
+    if path.is_file():
+        return json.loads(path.read_text())["problem"]
+    out = compile_program(full_source(source), options)
+    problem = None
+    if not out.ok:
+        problem = f"baseline does not compile for {dtype}: {_first_error(out.log)}"
+    elif not entry_compiled(out.log, out.cubin, entry):
+        problem = f'baseline compiles for {dtype} but holds no kernel named {entry} (extern "C" __global__)'
+    atomic_write(path, json.dumps({"problem": problem}).encode())
+    return problem
+
+
+def _key(shape: Shape) -> tuple[tuple[str, int], ...]:
+    return tuple(sorted((k, int(v)) for k, v in shape.items()))
+
+
+def _meta_size(spec: KernelSpec, shape: Shape) -> int | str:
+    """Elements of all the shape's tensors, made on the meta device, or why make_inputs fails."""
+    try:
+        return sum(spec.tensor_elements(shape).values())
+    except Exception as exc:
+        return describe_error(exc)
+
+
+def static_problems(spec: KernelSpec, sizes: dict[tuple[tuple[str, int], ...], int | str]) -> list[str]:
+    """What can be checked without running the reference: every shape sized on the meta
+    device (into ``sizes``), drawn held-out shapes, the counts, and the baseline's launch on
+    every shape."""
+    problems: list[str] = []
+    shapes: list[tuple[str, Shape]] = [("search", s) for s in spec.search_shapes]
+    shapes += [("held-out", s) for s in spec.heldout_shapes]
+    for seed in HELDOUT_DRAW_SEEDS:
+        try:
+            shapes += [(f"drawn held-out (seed {seed})", s) for s in spec.draw_heldout(seed)]
+        except Exception as exc:
+            problems.append(f"heldout_draw fails for seed {seed}: {describe_error(exc)}")
+            break
+    launch = parse_launch_header(spec.baseline_source())  # load_kernel checked it parses
+    limits = DeviceLimits()
+    for which, shape in shapes:
+        at = f"{which} shape {shape_label(shape)}"
+        sized = sizes.setdefault(_key(shape), _meta_size(spec, shape))
+        if isinstance(sized, str):
+            problems.append(f"make_inputs fails on the meta device at {at} (the evaluator sizes shapes "
+                            f"there): {sized}")
+        for dtype in spec.dtypes:
+            try:
+                moved = spec.bytes_moved(shape, dtype)
+                if not isinstance(moved, int) or moved <= 0:
+                    problems.append(f"bytes_moved gives {moved!r} at {at} ({dtype}), not a positive int")
+            except Exception as exc:
+                problems.append(f"bytes_moved fails at {at} ({dtype}): {describe_error(exc)}")
+        try:
+            flops = spec.flops(shape)
+            if not isinstance(flops, int) or flops < 0:
+                problems.append(f"flops gives {flops!r} at {at}, not a non-negative int")
+        except Exception as exc:
+            problems.append(f"flops fails at {at}: {describe_error(exc)}")
+        try:
+            check_limits(launch.resolve(shape, launch.default_params()), limits, f"at {at}")
+        except LaunchSpecError as exc:
+            problems.append(f"baseline launch: {exc}")
+    if len(set(spec.edge_cases)) != len(spec.edge_cases) or "random" in spec.edge_cases:
+        problems.append(f"edge_cases {list(spec.edge_cases)} must be distinct names other than 'random'")
+    return problems
+
+
+def check_spec(spec: KernelSpec, dtypes: Sequence[str] | None = None, compile_baseline: bool = True) -> list[str]:
+    """Every problem of a loaded spec, in order, each once (``dtypes``: the run dtypes to
+    compile and run, default all the spec's)."""
+    sizes: dict[tuple[tuple[str, int], ...], int | str] = {}
+    problems = static_problems(spec, sizes)
+    chosen = tuple(dtypes) if dtypes else spec.dtypes
+    if compile_baseline:
+        source = spec.baseline_source()
+        problems += [p for d in chosen if (p := compile_problem(source, spec.name, d)) is not None]
+    shape = smallest_shape(spec, sizes)
+    for dtype in chosen:
+        for case in ("random", *spec.edge_cases):
+            problems += run_case(spec, shape, dtype, case)
+    return list(dict.fromkeys(problems))
+
+
+def check_folder(folder: Path, dtypes: Sequence[str] | None = None) -> tuple[KernelSpec | None, list[str]]:
+    """Loads and checks one kernel folder: (the spec if it loaded, its problems)."""
+    try:
+        spec = load_kernel(folder)
+    except KernelSpecError as exc:
+        return None, [" ".join(str(exc).split())]
+    except Exception as exc:  # spec.py itself fails: a syntax error, an import, a bad argument
+        return None, [f"spec.py cannot be loaded: {describe_error(exc)}"]
+    return spec, check_spec(spec, dtypes)
+
+
+def preflight(specs: Iterable[KernelSpec], dtype: str) -> None:
+    """The checks of ``python -m kernels.check`` for the kernels a run is about to search, at
+    the run's dtype.
+
+    Raises:
+        KernelCheckError: the first problem found, on one line naming the kernel's folder, and
+            how many more there are.
+    """
+    for spec in specs:
+        problems = check_spec(spec, (dtype,))
+        if problems:
+            more = f" (and {len(problems) - 1} more: python -m kernels.check {spec.directory})" if len(problems) > 1 else ""
+            raise KernelCheckError(f"{spec.directory}: {problems[0]}{more}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m kernels.check", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="a kernel folder or a folder of them")
+    args = p.parse_args(argv)
+    bad = 0
+    for given in args.dirs:
+        folders = kernel_folders(given)
+        if not folders:
+            print(f"{given}: not a kernel folder (no spec.py) and holds no kernel folders (NAME/spec.py)")
+            bad += 1
+        for folder in folders:
+            spec, problems = check_folder(folder)
+            for problem in problems:
+                print(f"{folder}: {problem}")
+            bad += bool(problems)
+            if spec is not None and not problems:
+                cases = 1 + len(spec.edge_cases)
+                print(f"{folder}: OK ({spec.name}: baseline compiles for {', '.join(spec.dtypes)}; reference "
+                      f"checked on {cases} input case(s))")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
