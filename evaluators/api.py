@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from kernels.folders import KernelRef
 from kernels.variant import Variant
 from kernels.verdict import Evaluation
 
@@ -43,7 +44,8 @@ class EvalRequest:
     """Evaluate one variant of one kernel at one parameter assignment and dtype.
 
     Attributes:
-        kernel: library kernel name, or the path of a kernel folder.
+        kernel: the kernel's reference (folder and digest, see :mod:`kernels.folders`), or a
+            library kernel name or folder path.
         variant: the candidate.
         params: tunable parameter values (missing ones take their defaults).
         dtype: run dtype.
@@ -58,7 +60,7 @@ class EvalRequest:
             ``heldout`` (the search never sees either held-out list).
     """
 
-    kernel: str
+    kernel: KernelRef | str
     variant: Variant
     params: dict[str, int] = field(default_factory=dict)
     dtype: str = "float16"
@@ -88,7 +90,7 @@ class Evaluator(ABC):
         object); without one the evaluator admits the source itself.
         """
 
-    def time_peers(self, kernel: str, dtype: str, shape_set: str = "search",
+    def time_peers(self, kernel: KernelRef | str, dtype: str, shape_set: str = "search",
                    ours: dict[str, tuple[str, dict[str, int]]] | None = None) -> dict[str, dict[str, float]]:
         """Graph-timed production peers (FlashInfer, torch.compile, torch eager) on the
         kernel's shapes, with our own kernels ``{name: (source, params)}`` in the same
@@ -96,14 +98,17 @@ class Evaluator(ABC):
         run are left out. Stand-ins return ``{}``."""
         return self.time_peers_full(kernel, dtype, shape_set, ours)["peers"]
 
-    def time_peers_full(self, kernel: str, dtype: str, shape_set: str = "search",
+    def time_peers_full(self, kernel: KernelRef | str, dtype: str, shape_set: str = "search",
                         ours: dict[str, tuple[str, dict[str, int]]] | None = None,
-                        repetitions: int = 100, graph_ours: bool = False) -> dict[str, Any]:
+                        repetitions: int = 100, graph_ours: bool = False, fresh_process: bool = False,
+                        compile_trials: int | None = None) -> dict[str, Any]:
         """Like :meth:`time_peers`, with ``errors`` (``{peer: why it was not timed}``),
         ``failed`` (``{our kernel: why}``: ours get the evaluator's guards in this loop, and one
         that fails them is reported there, never timed) and, on a GPU, spreads (``iqr``) and
         the copy bandwidth. ``graph_ours`` also times each of our kernels through a CUDA
-        graph, as ``<name>@graph``. Stand-ins time nothing."""
+        graph, as ``<name>@graph``. ``fresh_process``: the loop in a new process (one of
+        several independent repetitions); ``compile_trials``: fresh compilations per
+        torch.compile mode. Stand-ins time nothing."""
         return {"peers": {}, "errors": {}}
 
     def close(self) -> None:  # noqa: B027 - optional

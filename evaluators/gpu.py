@@ -16,6 +16,7 @@ from typing import Any
 
 from evaluators.admit import Artifact, Refusal, admit
 from evaluators.api import EvalRequest, Evaluator
+from kernels.folders import KernelRef
 from kernels.launch import DeviceLimits, LaunchLimitError, LaunchSpecError
 from kernels.spec import KernelSpec, Shape, load_kernel, shape_label
 from kernels.verdict import Evaluation, ShapeResult, Status
@@ -90,10 +91,13 @@ class GpuEvaluator(Evaluator):
         self.start_timeout_s = start_timeout_s
         self._arch = arch
         self._worker: _Worker | None = None
-        self._specs: dict[str, KernelSpec] = {}
+        # Keyed by the reference (folder and digest) or the name the caller gave: never by a
+        # kernel's name alone when it came as a reference.
+        self._specs: dict[KernelRef | str, KernelSpec] = {}
         self._baselines: dict[tuple[str, str], Artifact] = {}
         self.restarts = 0
         self.busy_s = 0.0
+        self._looped: dict[int, set[str]] = {}  # worker pid -> kernels whose peers' loop it ran
 
     # -- process management -------------------------------------------------------------
     def _ensure_worker(self) -> _Worker:
@@ -156,7 +160,7 @@ class GpuEvaluator(Evaluator):
         return kind, payload
 
     # -- admission ------------------------------------------------------------------------
-    def spec(self, kernel: str) -> KernelSpec:
+    def spec(self, kernel: KernelRef | str) -> KernelSpec:
         if kernel not in self._specs:
             self._specs[kernel] = load_kernel(kernel)
         return self._specs[kernel]
@@ -271,17 +275,26 @@ class GpuEvaluator(Evaluator):
             registers=attrs.get("registers", head.registers),
         )
 
-    def time_peers_full(self, kernel: str, dtype: str, shape_set: str = "search",
+    def time_peers_full(self, kernel: KernelRef | str, dtype: str, shape_set: str = "search",
                         ours: dict[str, tuple[str, dict[str, int]]] | None = None,
-                        repetitions: int = 100, graph_ours: bool = False) -> dict[str, Any]:
+                        repetitions: int = 100, graph_ours: bool = False, fresh_process: bool = False,
+                        compile_trials: int | None = None) -> dict[str, Any]:
         """Like :meth:`time_peers`, with spreads, peer errors, the copy bandwidth and ``failed``:
         ``{our kernel: why}`` for each of ours refused at admission, failing a guard in the loop
         (see :mod:`evaluators.peers`) or crashing it; a failed kernel has no times.
 
         A kernel of ours that crashes or hangs the loop costs its own result only: the loop is
         run again without every kernel of ours that fails when timed alone.
+
+        ``fresh_process`` runs the loop in a sandbox process that has not run this kernel's loop
+        before (a new one if the current one has), so that repetitions of one kernel's loop
+        share no CUDA context, allocations or compilations, while the loops of several kernels
+        can share a process; ``compile_trials``: fresh compilations per torch.compile mode.
         """
         spec = self.spec(kernel)
+        key = str(spec.directory)
+        if fresh_process and self._worker is not None and key in self._looped.get(self._worker.info["pid"], set()):
+            self.close()
         shapes = spec.shapes(shape_set)
         failed: dict[str, str] = {}
         kernels: dict[str, dict[str, Any]] = {}
@@ -300,6 +313,8 @@ class GpuEvaluator(Evaluator):
                "baseline": {"cubin": base.cubin, "launches": base_launches},
                "shapes": [dict(s) for s in shapes], "warmup": 20, "repetitions": repetitions,
                "graph_ours": graph_ours}
+        if compile_trials is not None:
+            job["compile_trials"] = compile_trials
         reply, why = self._peers_job({**job, "kernels": dict(kernels)})
         if reply is None:
             # Find the culprits by timing each kernel of ours alone (no peers: cheap), then the rest together.
@@ -312,6 +327,8 @@ class GpuEvaluator(Evaluator):
         if reply is None:
             reply = self._peers_one_by_one(job, kernels, failed, why)
         reply["failed"] = {**failed, **reply.get("failed", {})}
+        if self._worker is not None:
+            self._looped.setdefault(self._worker.info["pid"], set()).add(key)
         return reply
 
     def _peers_job(self, job: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:

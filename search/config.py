@@ -88,6 +88,9 @@ class EvaluatorConfig:
         retries: times an evaluation is retried after its evaluator actor died.
         standin_latency_s: stand-in only: seconds each evaluation sleeps (slow-evaluator tests).
         peers: time the production peers beside the winners at the end of the run.
+        peer_runs: independent repetitions of that loop, each in a fresh sandbox process;
+            every reported ratio is their median with its min-max.
+        compile_trials: fresh torch.compile compilations per mode in each of those loops.
         sanitize: run compute-sanitizer (memcheck, racecheck) on each winner before it is
             reported; a winner with findings is replaced by the baseline.
     """
@@ -98,6 +101,8 @@ class EvaluatorConfig:
     retries: int = 1
     standin_latency_s: float = 0.0
     peers: bool = True
+    peer_runs: int = 3
+    compile_trials: int = 2
     sanitize: bool = True
 
     def __post_init__(self) -> None:
@@ -108,6 +113,7 @@ class EvaluatorConfig:
         self.seeds = tuple(int(s) for s in self.seeds)
         if not self.seeds:
             raise ConfigError("evaluator.seeds must name at least one seed")
+        _positive("evaluator", peer_runs=self.peer_runs, compile_trials=self.compile_trials)
         if not isinstance(self.retries, int) or self.retries < 0:
             raise ConfigError(f"evaluator.retries must be >= 0, got {self.retries!r}")
         if not isinstance(self.standin_latency_s, (int, float)) or self.standin_latency_s < 0:

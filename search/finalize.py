@@ -8,7 +8,9 @@ dead actors) and every evaluation is recorded by the same code as the search's:
 2. the pool is renewed (fresh evaluators, one per GPU, after the peers' background compiles);
 3. per kernel: compute-sanitizer on the winner (a winner with findings is replaced by the
    baseline, whose held-out verdict is then evaluated and recorded too), the final timing
-   (stage final), and the production peers timed in one loop with the winner and baseline.
+   (stage final: the evaluator's verdict and A/A noise floor), and the production peers timed
+   in one loop with the winner and baseline, repeated in ``peer_runs`` fresh sandbox
+   processes: every reported ratio, "vs baseline" included, is taken from these loops.
 
 A failure of one kernel's step (an evaluator error, an actor that keeps dying) is recorded for
 that kernel and the others finish.
@@ -17,6 +19,7 @@ that kernel and the others finish.
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -65,6 +68,52 @@ class KernelResult:
     peer_errors: dict[str, str] = field(default_factory=dict)
     peer_failures: dict[str, str] = field(default_factory=dict)
     rejected_why: dict[str, str] = field(default_factory=dict)
+    peer_runs: list[dict[str, dict[str, float]]] = field(default_factory=list)
+    peer_extra: dict[str, Any] = field(default_factory=dict)
+
+
+def combine_runs(result: KernelResult, runs: list[dict[str, Any]]) -> None:
+    """Fills ``result`` from the replies of the repeated end-of-run loop (a reply is
+    ``{"loop_error": why}`` for a loop that could not run).
+
+    ``peer_runs`` keeps each loop's times; ``peers`` their per-shape medians (for the
+    tables); a kernel of ours that failed verification in any loop gets no ratios at all.
+    ``peer_extra`` keeps, per loop, which torch.compile compilation won each shape, what each
+    peer's time covers, and the L2 persistence state the loop ran under.
+    """
+    errors: dict[str, str] = {}
+    failed: dict[str, str] = {}
+    timed: list[dict[str, dict[str, float]]] = []
+    extra: dict[str, Any] = {"compiled": [], "notes": {}, "l2_persistence": [], "l2_findings": []}
+    for i, reply in enumerate(runs, 1):
+        if "loop_error" in reply:
+            errors[f"{LOOP_ERROR} (run {i})"] = reply["loop_error"]
+            continue
+        for peer, why in reply.get("errors", {}).items():
+            errors.setdefault(peer, why)
+        for ours, why in reply.get("failed", {}).items():
+            failed.setdefault(ours, f"run {i}: {why}")
+        timed.append(dict(reply.get("peers", {})))
+        extra["compiled"].append(dict(reply.get("compiled", {})))
+        extra["notes"].update(reply.get("notes", {}))
+        extra["l2_persistence"].append(reply.get("l2_persistence", {}))
+        if reply.get("l2_finding"):
+            extra["l2_findings"].append(f"run {i}: {reply['l2_finding']}")
+    result.peer_errors, result.peer_failures, result.peer_extra = errors, failed, extra
+    # A kernel that failed verification in a loop gets no ratios from any of them.
+    result.peer_runs = [] if failed else timed
+    result.peers = {} if failed else median_times(timed)
+
+
+def median_times(runs: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Per implementation and shape label, the median over the loops that timed it."""
+    collected: dict[str, dict[str, list[float]]] = {}
+    for run in runs:
+        for impl, per_shape in run.items():
+            for label, ms in per_shape.items():
+                collected.setdefault(impl, {}).setdefault(label, []).append(ms)
+    return {impl: {label: statistics.median(v) for label, v in per_shape.items()}
+            for impl, per_shape in collected.items()}
 
 
 @dataclass
@@ -169,36 +218,41 @@ class EndOfRun:
         self.ctl.submit(Job(k.st, item.variant, Stage.FINAL, item.params, lambda ev: self._peers(k, ev)))
 
     def _peers(self, k: _Progress, final: Evaluation) -> None:
+        """The end-of-run loop (winner, baseline and peers interleaved), repeated in
+        ``peer_runs`` fresh sandbox processes one after the other; every ratio reported comes
+        from these loops (:mod:`search.spread`)."""
         assert k.winner is not None and k.heldout is not None
         result = KernelResult(k.st, k.winner, k.heldout, final, rejected=k.rejected, sanitizer=k.sanitizer)
-        if not self.ctl.config.evaluator.peers:
+        cfg = self.ctl.config.evaluator
+        if not cfg.peers:
             self._done(k, result)
             return
+        runs: list[dict[str, Any]] = []
+        # The winner and the baseline are timed again in the same interleaved loop as the
+        # peers, so that "vs baseline" and "vs peers" are ratios of one loop's times.
+        ours = {"best": (k.winner.variant.source, dict(k.winner.params)), "baseline": (k.st.baseline.source, {})}
+
+        def submit() -> None:
+            self.ctl.call(done, "time_peers", k.st.ref, k.st.dtype, ShapeSet.SEARCH.value, ours, True,
+                          cfg.compile_trials, what=f"{k.st.name} peers, run {len(runs) + 1} of {cfg.peer_runs}")
 
         def done(reply: dict[str, Any] | None, error: str) -> None:
             assert k.winner is not None
-            if reply is None:
-                result.peer_errors = {LOOP_ERROR: error}
-            else:
-                result.peer_errors = dict(reply.get("errors", {}))
-                failed = dict(reply.get("failed", {}))
-                if "best" in failed and k.winner.variant.id != k.st.baseline.id:
-                    # A winner that misbehaves in the peers' loop is a cheat or a latent bug:
-                    # it is not reported, as for a sanitizer finding; the baseline is.
-                    k.rejected_why[k.winner.variant.id] = f"failed in the peers' loop: {failed['best']}"
-                    self._to_baseline(k)
-                    return
-                result.peer_failures = failed
-                # A kernel that failed verification in the loop gets no ratios from it.
-                result.peers = {} if failed else dict(reply.get("peers", {}))
+            if reply is not None and "best" in reply.get("failed", {}) and k.winner.variant.id != k.st.baseline.id:
+                # A winner that misbehaves in the peers' loop is a cheat or a latent bug:
+                # it is not reported, as for a sanitizer finding; the baseline is.
+                k.rejected_why[k.winner.variant.id] = f"failed in the peers' loop: {reply['failed']['best']}"
+                self._to_baseline(k)
+                return
+            runs.append(reply if reply is not None else {"loop_error": error})
+            if len(runs) < cfg.peer_runs:
+                submit()
+                return
+            combine_runs(result, runs)
             result.rejected_why = dict(k.rejected_why)
             self._done(k, result)
 
-        # The winner and the baseline are timed again in the same interleaved loop as the
-        # peers, so that speedups over peers compare times from one loop.
-        ours = {"best": (k.winner.variant.source, dict(k.winner.params)), "baseline": (k.st.baseline.source, {})}
-        self.ctl.call(done, "time_peers", k.st.ref, k.st.dtype, ShapeSet.SEARCH.value, ours,
-                      what=f"{k.st.name} peers")
+        submit()
 
     def _done(self, k: _Progress, result: KernelResult) -> None:
         k.result = result
@@ -242,6 +296,8 @@ def write_best(ctl: Controller, result: KernelResult) -> None:
         "heldout_shapes": [dict(s) for s in st.heldout_shapes()],
         "final": result.final.to_dict(),
         "peers_ms": result.peers,
+        "peer_runs_ms": result.peer_runs,
+        "peer_extra": result.peer_extra,
         "peer_errors": result.peer_errors,
         "peer_failures": result.peer_failures,
         "rejected_on_heldout": result.rejected,

@@ -30,6 +30,7 @@ from ray.exceptions import RayActorError, RayError, RayTaskError
 from agents.base import AgentContext, Attempt, Proposal
 from evaluators.admit import Admitted, Artifact, Refusal, admit
 from evaluators.api import EvalRequest
+from kernels.folders import KernelRef
 from kernels.spec import KernelSpec, load_kernel
 from kernels.verdict import Evaluation, Status
 
@@ -60,18 +61,27 @@ class AgentActor:
     def observe(self, kernel: str, attempts: Sequence[Attempt]) -> None:
         self._agent(kernel).observe(attempts)
 
+    def whereabouts(self, kernels: Mapping[str, str]) -> dict[str, Any]:
+        """Where this actor runs and takes the project and kernel folders from."""
+        from search.cluster import whereabouts
+
+        return whereabouts(kernels)
+
 
 @lru_cache(maxsize=64)
-def _spec(kernel: str) -> KernelSpec:
+def _spec(kernel: KernelRef | str) -> KernelSpec:
+    # Keyed by the reference (folder and digest): kernels of one name from two libraries, or
+    # a folder whose files changed, are different keys.
     return load_kernel(kernel)
 
 
-def admission(kernel: str, source: str, dtype: str, params: Mapping[str, int],
+def admission(kernel: KernelRef | str, source: str, dtype: str, params: Mapping[str, int],
               shapes: Sequence[Mapping[str, int]]) -> tuple[Admitted | Refusal, Artifact | None]:
     """Admits one variant on the CPU: ``(summary, artifact)``; the artifact is None when refused.
 
     Args:
-        kernel: library kernel name or kernel folder.
+        kernel: the kernel's reference (resolved on whichever node runs the task), or a
+            library kernel name.
         source: the variant file.
         dtype: run dtype.
         params: tunable values (missing ones take their defaults).
@@ -83,6 +93,9 @@ def admission(kernel: str, source: str, dtype: str, params: Mapping[str, int],
     return out.summary(), out
 
 
+# One CPU and no GPU: Ray runs compiles on any node with a free CPU, CPU-only nodes included,
+# never holding a GPU an evaluator could use. The cubin goes back as an object reference, so
+# where a compile ran costs one object transfer to the evaluator's node.
 admission_task = ray.remote(num_cpus=1, num_returns=2)(admission)
 
 
@@ -124,18 +137,24 @@ class EvaluatorActor:
             evaluation = self.evaluator.evaluate(request, artifact)
             return evaluation, time.perf_counter() - start
 
-    def time_peers(self, kernel: str, dtype: str, shape_set: str,
-                   ours: dict[str, tuple[str, dict[str, int]]] | None = None) -> dict[str, Any]:
+    def time_peers(self, kernel: KernelRef | str, dtype: str, shape_set: str,
+                   ours: dict[str, tuple[str, dict[str, int]]] | None = None, fresh_process: bool = False,
+                   compile_trials: int | None = None) -> dict[str, Any]:
         """The peers' loop: ``peers`` (times), ``errors`` (peers not timed), ``failed`` (our
-        kernels that failed verification in the loop) and ``busy_s`` (GPU busy, as for
-        evaluate)."""
+        kernels that failed verification in the loop), what the loop recorded beside them
+        (``compiled``, ``notes``, ``l2_persistence``, ``l2_finding``) and ``busy_s`` (GPU busy,
+        as for evaluate); ``fresh_process``: in a new sandbox process."""
         with self._lock:
             start = time.perf_counter()
-            reply = self.evaluator.time_peers_full(kernel, dtype, shape_set, ours)
+            kwargs: dict[str, Any] = {"fresh_process": True} if fresh_process else {}
+            if compile_trials is not None:
+                kwargs["compile_trials"] = compile_trials
+            reply = self.evaluator.time_peers_full(kernel, dtype, shape_set, ours, **kwargs)
+            kept = {k: reply[k] for k in ("compiled", "notes", "l2_persistence", "l2_finding") if k in reply}
             return {"peers": dict(reply["peers"]), "errors": dict(reply.get("errors", {})),
-                    "failed": dict(reply.get("failed", {})), "busy_s": time.perf_counter() - start}
+                    "failed": dict(reply.get("failed", {})), **kept, "busy_s": time.perf_counter() - start}
 
-    def sanitize(self, kernel: str, source: str, dtype: str, params: dict[str, int],
+    def sanitize(self, kernel: KernelRef | str, source: str, dtype: str, params: dict[str, int],
                  shapes: Sequence[Mapping[str, int]] = ()) -> dict[str, Any]:
         """compute-sanitizer (memcheck, racecheck) on a winner over ``shapes``; the stand-in
         has no GPU to check on and says so."""
@@ -154,6 +173,13 @@ class EvaluatorActor:
 
         return torch.cuda.get_device_name(0)
 
+    def whereabouts(self, kernels: Mapping[str, str]) -> dict[str, Any]:
+        """Where this actor runs and takes the project and kernel folders from (no turn taken:
+        it touches neither the evaluator nor the GPU)."""
+        from search.cluster import whereabouts
+
+        return {**whereabouts(kernels), "kind": self.kind}
+
     def close(self) -> None:
         with self._lock:
             self.evaluator.close()
@@ -167,7 +193,14 @@ def spawn_evaluator(kind: str, latency_s: float = 0.0, max_concurrency: int = 1)
     The actor starts its worker at once, before its first request.
     """
     gpus = 1 if kind == "gpu" else 0
-    options = {"num_gpus": gpus, "num_cpus": 0, "max_concurrency": max(1, max_concurrency)}
+    # One GPU per actor makes the pool one evaluator per GPU wherever the GPUs are: a pool as
+    # large as the cluster's GPU count takes every GPU, whichever nodes hold them. SPREAD matters
+    # for a smaller pool (--gpus): Ray's default packs actors onto one node, where they would
+    # share its host CPUs, PCIe and memory bandwidth with each other's timing; spread, each
+    # times on a node of its own while there are nodes enough. The stand-in asks for nothing,
+    # so it runs on any node, CPU-only ones included.
+    options = {"num_gpus": gpus, "num_cpus": 0, "max_concurrency": max(1, max_concurrency),
+               "scheduling_strategy": "SPREAD"}
     actor: Any = ray.remote(EvaluatorActor).options(**options).remote(kind, latency_s)
     actor.ready.remote()  # not awaited: a failure here shows again on the first request
     return actor
@@ -238,7 +271,7 @@ class EvalPool:
 
     def submit(self, job: Any, request: EvalRequest, artifact: Any = None) -> None:
         """Queues an evaluation; ``artifact`` is the admitted artifact's object reference."""
-        self.call(job, "evaluate", request, artifact, what=f"{request.kernel} {request.variant.id}")
+        self.call(job, "evaluate", request, artifact, what=f"{request.variant.kernel} {request.variant.id}")
 
     def call(self, owner: Any, method: str, *args: Any, exclusive: bool = True, what: str = "") -> None:
         """Queues any evaluator call (see :class:`Call`)."""

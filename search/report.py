@@ -21,6 +21,8 @@ import polars as pl
 from kernels.records import EvalRecord, Stage, atomic_write, read_evaluations
 from kernels.spec import shape_label
 from kernels.verdict import geomean
+from search import spread
+from search.progress import busy_label
 
 STANDIN_WARNING = "STAND-IN EVALUATOR: synthetic numbers from a CPU test double, not measurements"
 
@@ -36,7 +38,7 @@ def git_commit(repo: Path) -> str:
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
-OURS = "best"  # our winner's name in the end-of-run loop; the peer ratios are taken against it
+OURS = spread.OURS  # our winner's name in the end-of-run loop; every ratio is taken against it
 
 
 def _peer_speedups(shapes: list[dict[str, Any]], peers: dict[str, dict[str, float]],
@@ -76,20 +78,43 @@ def kernel_summary(result: Any, records: list[EvalRecord]) -> dict[str, Any]:
         for s in final.shapes
     ]
     mine = [r for r in records if r.kernel == st.name]
+    # Every headline ratio, "vs baseline" included, from the repeated end-of-run loop: the
+    # median over the loops with its min-max (search.spread).
+    runs = list(getattr(result, "peer_runs", []))
+    ratios = {} if OURS in failures else spread.spreads(runs, exclude=list(failures),
+                                                          labels=[s["label"] for s in shapes])
+    vs_baseline = ratios.get("baseline")
+    extra = dict(getattr(result, "peer_extra", {}))
+    for s in shapes:
+        loop = s["loop_ms"]
+        s["loop_speedup"] = loop["baseline"] / loop[OURS] if loop.get("baseline") and loop.get(OURS) else None
+        s["compiled"] = [c[s["label"]] for c in extra.get("compiled", []) if s["label"] in c]
     fractions = [s["copy_bw_fraction"] for s in shapes if s["copy_bw_fraction"] > 0]
     return {
         "kernel": st.name,
+        # where the kernel's folder was and which files it held: reports and tools load the
+        # spec through this (kernels.spec.load_kernel(KernelRef.from_dict(...))), not by name
+        "kernel_ref": st.ref.to_dict(),
         "dtype": st.dtype,
         "winner": result.winner.variant.id,
         "params": result.winner.params,
         "final_status": final.status.value,
-        "speedup_search": final.speedup,
+        # from the end-of-run loops when they ran (the evaluator's own figure stays beside it)
+        "speedup_search": vs_baseline.median if vs_baseline is not None else final.speedup,
+        "speedup_search_source": "loop" if vs_baseline is not None else "evaluator",
+        "speedup_search_evaluator": final.speedup,
         "speedup_search_screened": result.winner.score,
         "speedup_heldout": heldout.speedup,
         "heldout_status": heldout.status.value,
         "noise_floor": final.noise_floor,
         "shapes": shapes,
-        "speedup_over_peers": _peer_speedups(shapes, result.peers, failures),
+        "speedup_over_peers": ({k: v.median for k, v in ratios.items()} if runs
+                               else _peer_speedups(shapes, result.peers, failures)),
+        "spreads": {k: v.to_dict() for k, v in ratios.items()},
+        "peer_runs": len(runs),
+        "peer_notes": dict(extra.get("notes", {})),
+        "l2_persistence": list(extra.get("l2_persistence", [])),
+        "l2_findings": list(extra.get("l2_findings", [])),
         "peer_errors": dict(result.peer_errors),
         "peer_failures": failures,
         "copy_bw_fraction": geomean(fractions) if fractions else None,
@@ -127,7 +152,8 @@ def print_summary(summary: dict[str, Any], out: TextIO | None = None) -> None:
     if summary.get("warning"):
         w(f"!! {summary['warning']}\n")
     w(f"run {summary.get('run_id', '')} on {summary.get('gpu', '?')} ({summary.get('evaluator', '?')}), "
-      f"wall {summary.get('wall_s', 0):.0f}s, gpu busy {summary.get('gpu_busy_fraction', 0):.0%}\n")
+      f"wall {summary.get('wall_s', 0):.0f}s, {busy_label(summary.get('evaluator', ''))} "
+      f"{summary.get('gpu_busy_fraction', 0):.0%}\n")
     for k in summary["kernels"]:
         w(f"\n== {k['kernel']} ({k['dtype']}): winner {k['winner']} {k['params'] or ''}\n")
         w(f"   {'shape':<22}{'baseline ms':>14}{'best ms':>12}{'speedup':>10}{'copy bw':>9}\n")
@@ -136,8 +162,11 @@ def print_summary(summary: dict[str, Any], out: TextIO | None = None) -> None:
               f"{s['copy_bw_fraction']:>9.0%}\n")
         w(f"   geomean search {_fmt(k['speedup_search'])} | held-out {k['heldout_status']} "
           f"{_fmt(k['speedup_heldout'])} | noise floor {_fmt(k['noise_floor'], '.3f', '')}\n")
-        for peer, s in k["speedup_over_peers"].items():
-            w(f"   vs {peer}: {s:.3f}x\n")
+        for peer, value in k["speedup_over_peers"].items():
+            ranged = k.get("spreads", {}).get(peer)
+            w(f"   vs {peer}: {spread.text(ranged) if ranged else f'{value:.3f}x'}\n")
+        for finding in k.get("l2_findings", []):
+            w(f"   !! {finding}\n")
         for peer, why in k.get("peer_errors", {}).items():
             w(f"   {peer} not timed: {why[:200]}\n")
         for impl, why in k.get("peer_failures", {}).items():
