@@ -185,22 +185,28 @@ class EvaluatorActor:
             self.evaluator.close()
 
 
+def evaluator_options(kind: str, max_concurrency: int = 1) -> dict[str, Any]:
+    """Ray actor options of an evaluator: one GPU each for ``gpu``, no resources for the stand-in.
+
+    One GPU per actor makes the pool one evaluator per GPU wherever the GPUs are: a pool as
+    large as the cluster's GPU count takes every GPU, whichever nodes hold them. SPREAD is for
+    a smaller pool (``--gpus``): Ray's default packs actors onto the driver's node while it has
+    room, where they would share its host CPUs and memory bandwidth and disturb each other's
+    timing; spread, they go to different nodes while there are nodes enough. The stand-in asks
+    for nothing, so it runs on any node, CPU-only ones included.
+    """
+    return {"num_gpus": 1 if kind == "gpu" else 0, "num_cpus": 0, "max_concurrency": max(1, max_concurrency),
+            "scheduling_strategy": "SPREAD"}
+
+
 def spawn_evaluator(kind: str, latency_s: float = 0.0, max_concurrency: int = 1) -> Any:
-    """A new evaluator actor: one GPU each for ``gpu``, no resources for the stand-in.
+    """A new evaluator actor, placed by :func:`evaluator_options`.
 
     ``max_concurrency`` > 1 lets calls overlap (threads): useful for sanitizer runs, which are
     separate processes; calls that use the evaluator still take turns (a lock in the actor).
     The actor starts its worker at once, before its first request.
     """
-    gpus = 1 if kind == "gpu" else 0
-    # One GPU per actor makes the pool one evaluator per GPU wherever the GPUs are: a pool as
-    # large as the cluster's GPU count takes every GPU, whichever nodes hold them. SPREAD matters
-    # for a smaller pool (--gpus): Ray's default packs actors onto one node, where they would
-    # share its host CPUs, PCIe and memory bandwidth with each other's timing; spread, each
-    # times on a node of its own while there are nodes enough. The stand-in asks for nothing,
-    # so it runs on any node, CPU-only ones included.
-    options = {"num_gpus": gpus, "num_cpus": 0, "max_concurrency": max(1, max_concurrency),
-               "scheduling_strategy": "SPREAD"}
+    options = evaluator_options(kind, max_concurrency)
     actor: Any = ray.remote(EvaluatorActor).options(**options).remote(kind, latency_s)
     actor.ready.remote()  # not awaited: a failure here shows again on the first request
     return actor
