@@ -24,12 +24,19 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from kernels.check_run import describe_error, run_case, smallest_shape
-from kernels.launch import DeviceLimits, LaunchSpecError, check_limits, parse_launch_header
+from kernels.launch import (
+    DeviceLimits,
+    LaunchSpec,
+    LaunchSpecError,
+    check_limits,
+    parse_launch_header,
+)
 from kernels.nvrtc import (
     DEFAULT_ARCH,
     NvrtcOptionError,
@@ -44,6 +51,7 @@ from kernels.records import atomic_write
 from kernels.spec import KernelSpec, KernelSpecError, Shape, list_kernels, load_kernel, shape_label
 
 HELDOUT_DRAW_SEEDS = (0, 1)  # draws checked: each run draws its own from its seed
+_DTYPE_MARK = "\0dtype\0"  # where a problem names the dtype it was found at
 
 
 class KernelCheckError(KernelSpecError):
@@ -106,10 +114,40 @@ def _meta_size(spec: KernelSpec, shape: Shape) -> int | str:
         return describe_error(exc)
 
 
+def _shape_problems(spec: KernelSpec, which: str, shape: Shape, launch: LaunchSpec,
+                    sizes: dict[tuple[tuple[str, int], ...], int | str]) -> dict[str, str]:
+    """One shape's problems by kind: sizing on the meta device, the counts, the launch."""
+    at = f"{which} shape {shape_label(shape)}"
+    found: dict[str, str] = {}
+    key = _key(shape)
+    if key not in sizes:
+        sizes[key] = _meta_size(spec, shape)
+    if isinstance(sizes[key], str):
+        found["meta"] = f"make_inputs fails on the meta device at {at} (the evaluator sizes shapes there): {sizes[key]}"
+    for dtype in spec.dtypes:
+        try:
+            moved = spec.bytes_moved(shape, dtype)
+            if not isinstance(moved, int) or moved <= 0:
+                found["bytes"] = f"bytes_moved gives {moved!r} at {at} ({dtype}), not a positive int"
+        except Exception as exc:
+            found["bytes"] = f"bytes_moved fails at {at} ({dtype}): {describe_error(exc)}"
+    try:
+        flops = spec.flops(shape)
+        if not isinstance(flops, int) or flops < 0:
+            found["flops"] = f"flops gives {flops!r} at {at}, not a non-negative int"
+    except Exception as exc:
+        found["flops"] = f"flops fails at {at}: {describe_error(exc)}"
+    try:
+        check_limits(launch.resolve(shape, launch.default_params()), DeviceLimits(), f"at {at}")
+    except LaunchSpecError as exc:
+        found["launch"] = f"baseline launch: {exc}"
+    return found
+
+
 def static_problems(spec: KernelSpec, sizes: dict[tuple[tuple[str, int], ...], int | str]) -> list[str]:
-    """What can be checked without running the reference: every shape sized on the meta
-    device (into ``sizes``), drawn held-out shapes, the counts, and the baseline's launch on
-    every shape."""
+    """What can be checked without running the reference, on every shape (search, held-out,
+    drawn held-out): sizing on the meta device (into ``sizes``), the counts, and the baseline's
+    launch within the device's limits. Each kind of problem is said once, at its first shape."""
     problems: list[str] = []
     shapes: list[tuple[str, Shape]] = [("search", s) for s in spec.search_shapes]
     shapes += [("held-out", s) for s in spec.heldout_shapes]
@@ -120,33 +158,30 @@ def static_problems(spec: KernelSpec, sizes: dict[tuple[tuple[str, int], ...], i
             problems.append(f"heldout_draw fails for seed {seed}: {describe_error(exc)}")
             break
     launch = parse_launch_header(spec.baseline_source())  # load_kernel checked it parses
-    limits = DeviceLimits()
+    by_kind: dict[str, list[str]] = {}
     for which, shape in shapes:
-        at = f"{which} shape {shape_label(shape)}"
-        sized = sizes.setdefault(_key(shape), _meta_size(spec, shape))
-        if isinstance(sized, str):
-            problems.append(f"make_inputs fails on the meta device at {at} (the evaluator sizes shapes "
-                            f"there): {sized}")
-        for dtype in spec.dtypes:
-            try:
-                moved = spec.bytes_moved(shape, dtype)
-                if not isinstance(moved, int) or moved <= 0:
-                    problems.append(f"bytes_moved gives {moved!r} at {at} ({dtype}), not a positive int")
-            except Exception as exc:
-                problems.append(f"bytes_moved fails at {at} ({dtype}): {describe_error(exc)}")
-        try:
-            flops = spec.flops(shape)
-            if not isinstance(flops, int) or flops < 0:
-                problems.append(f"flops gives {flops!r} at {at}, not a non-negative int")
-        except Exception as exc:
-            problems.append(f"flops fails at {at}: {describe_error(exc)}")
-        try:
-            check_limits(launch.resolve(shape, launch.default_params()), limits, f"at {at}")
-        except LaunchSpecError as exc:
-            problems.append(f"baseline launch: {exc}")
+        for kind, message in _shape_problems(spec, which, shape, launch, sizes).items():
+            by_kind.setdefault(kind, []).append(message)
+    for messages in by_kind.values():
+        more = f" (and at {len(messages) - 1} more shape(s))" if len(messages) > 1 else ""
+        problems.append(messages[0] + more)
     if len(set(spec.edge_cases)) != len(spec.edge_cases) or "random" in spec.edge_cases:
         problems.append(f"edge_cases {list(spec.edge_cases)} must be distinct names other than 'random'")
     return problems
+
+
+def _merge_dtypes(found: dict[str, list[str]]) -> list[str]:
+    """Problems found at several dtypes alike, said once with the dtypes listed; of the
+    ``bytes_moved`` floors, only the first (the others follow from it)."""
+    merged, floor_said = [], False
+    for template, dtypes in found.items():
+        if template.startswith("bytes_moved gives"):
+            if floor_said:
+                continue
+            floor_said = True
+        merged.append(template.replace(_DTYPE_MARK, ", ".join(dtypes)))
+    return merged
+
 
 
 def check_spec(spec: KernelSpec, dtypes: Sequence[str] | None = None, compile_baseline: bool = True) -> list[str]:
@@ -154,15 +189,18 @@ def check_spec(spec: KernelSpec, dtypes: Sequence[str] | None = None, compile_ba
     compile and run, default all the spec's)."""
     sizes: dict[tuple[tuple[str, int], ...], int | str] = {}
     problems = static_problems(spec, sizes)
-    chosen = tuple(dtypes) if dtypes else spec.dtypes
-    if compile_baseline:
-        source = spec.baseline_source()
-        problems += [p for d in chosen if (p := compile_problem(source, spec.name, d)) is not None]
     shape = smallest_shape(spec, sizes)
-    for dtype in chosen:
+    found: dict[str, list[str]] = {}
+    for dtype in dtypes or spec.dtypes:
+        mine = []
+        if compile_baseline:
+            mine.append(compile_problem(spec.baseline_source(), spec.name, dtype))
         for case in ("random", *spec.edge_cases):
-            problems += run_case(spec, shape, dtype, case)
-    return list(dict.fromkeys(problems))
+            mine += run_case(spec, shape, dtype, case)
+        mark = re.compile(rf"(?<![A-Za-z0-9_]){dtype}(?![A-Za-z0-9_])")
+        for message in dict.fromkeys(m for m in mine if m):
+            found.setdefault(mark.sub(_DTYPE_MARK, message), []).append(dtype)
+    return list(dict.fromkeys(problems + _merge_dtypes(found)))
 
 
 def check_folder(folder: Path, dtypes: Sequence[str] | None = None) -> tuple[KernelSpec | None, list[str]]:

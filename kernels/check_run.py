@@ -65,7 +65,7 @@ def check_made(spec: KernelSpec, made: Any, dtype: str) -> list[str]:
             continue
         want = arg.tensor_dtype(dtype)
         if t.dtype != getattr(torch, want):
-            what = f"scalar ({want} in a {dtype} run)" if arg.dtype == SCALAR else want
+            what = "scalar (the run's dtype)" if arg.dtype == SCALAR else want
             problems.append(f"make_inputs makes {name} as {str(t.dtype).removeprefix('torch.')}; its argument says {what}")
         if not t.is_contiguous():
             problems.append(f"make_inputs makes {name} non-contiguous (kernels index it as a flat array)")

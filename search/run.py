@@ -33,6 +33,7 @@ from typing import Any, NoReturn
 
 from agents.base import derive_seed
 from agents.factory import AgentConfigError, make_agent
+from kernels.check import preflight
 from kernels.records import atomic_write, read_jsonl
 from kernels.spec import KernelSpec, KernelSpecError, list_kernels, load_kernel
 from search.config import ConfigError, RunConfig, dump_config, load_config, override
@@ -270,6 +271,7 @@ def finished_summary(run_dir: Path) -> dict[str, Any] | None:
 def prepare(args: argparse.Namespace) -> Prepared:
     config = resolve_config(args)
     kernels = resolve_kernels(config)
+    preflight((spec for spec, _ in kernels), config.dtype)  # a broken kernel folder: one line, before Ray
     check_agent(config)
     check_local_gpu(config)
     if args.resume is not None:

@@ -33,6 +33,7 @@ from typing import Any
 import polars as pl
 
 from agents.factory import AgentConfigError
+from kernels.check import preflight
 from kernels.records import EvalRecord, atomic_write, read_evaluations
 from kernels.spec import LIBRARY_DIR, KernelSpecError, list_kernels, load_kernel
 from search.config import ConfigError, RunConfig, dump_config, load_config, override
@@ -158,6 +159,7 @@ def plan(args: argparse.Namespace) -> tuple[Prepared, dict[str, Any]]:
     """
     config, sweep_dir, meta = _resumed_sweep(args) if args.resume is not None else _new_sweep(args)
     kernels = resolve_kernels(config)
+    preflight((spec for spec, _ in kernels), config.dtype)  # a broken kernel folder: one line, before Ray
     check_agent(config)
     check_local_gpu(config)
     if args.resume is None:
