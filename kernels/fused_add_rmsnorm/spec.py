@@ -123,4 +123,5 @@ SPEC = KernelSpec(
     heldout_draw=draws.row_draw(8),
     constants={"eps": EPS},
     peers={"torch_eager": torch_eager, "flashinfer": flashinfer},
+    compiled=torch_eager,
 )

@@ -100,4 +100,5 @@ SPEC = KernelSpec(
     heldout_draw=draws.row_draw(8),
     constants={"eps": 1e-6},
     peers={"torch_eager": torch_eager, "flashinfer": flashinfer},
+    compiled=torch_eager,
 )

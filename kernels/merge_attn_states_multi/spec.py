@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kernels import draws
+from kernels.peer import Peer
 from kernels.spec import Arg, KernelSpec
 
 
@@ -58,6 +59,27 @@ def torch_eager(t, shape, constants):
     out, lse_out = _merge(t["v"], t["lse"])
     t["v_out"].copy_(out)
     t["lse_out"].copy_(lse_out)
+
+
+def _states_token_major(t, shape, constants, scratch):
+    """FlashInfer's merge_states wants [num_tokens, num_states, ...]: an engine calling it keeps
+    its partial states that way; transposed here outside the timed window."""
+    if not scratch:
+        scratch["v"] = t["v"].transpose(0, 1).contiguous()
+        scratch["lse"] = t["lse"].transpose(0, 1).contiguous()
+    scratch["v"].copy_(t["v"].transpose(0, 1))
+    scratch["lse"].copy_(t["lse"].transpose(0, 1))
+
+
+def _merge_states(t, shape, constants, scratch):
+    import flashinfer as fi
+
+    v, lse = fi.merge_states(scratch["v"], scratch["lse"])
+    return {"v_out": v, "lse_out": lse}
+
+
+flashinfer = Peer(_merge_states, stage=_states_token_major,
+                  note="merge_states on states laid out token-major (transposed outside the window); returns new tensors")
 
 
 def _draw_one(rng, index):
@@ -127,5 +149,6 @@ SPEC = KernelSpec(
     dtypes=("float16", "bfloat16"),
     edge_cases=("neg_inf_state", "all_neg_inf", "lse_gap", "marked_empty"),
     heldout_draw=_draw,
-    peers={"torch_eager": torch_eager},
+    peers={"torch_eager": torch_eager, "flashinfer": flashinfer},
+    compiled=torch_eager,
 )

@@ -130,4 +130,5 @@ SPEC = KernelSpec(
     heldout_draw=draws.row_draw(16),
     compare=compare,
     peers={"torch_eager": torch_eager},
+    compiled=torch_eager,
 )

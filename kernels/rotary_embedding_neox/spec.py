@@ -46,4 +46,5 @@ SPEC = KernelSpec(
     edge_cases=rotary.EDGE_CASES,
     heldout_draw=rotary.heldout_draw,
     peers={"torch_eager": partial(rotary.torch_eager, neox=True), "flashinfer": partial(rotary.flashinfer, neox=True)},
+    compiled=partial(rotary.torch_eager, neox=True),
 )

@@ -66,4 +66,5 @@ SPEC = KernelSpec(
     edge_cases=gated.EDGE_CASES,
     heldout_draw=gated.heldout_draw,
     peers={"torch_eager": torch_eager, "flashinfer": flashinfer},
+    compiled=torch_eager,
 )

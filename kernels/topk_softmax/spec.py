@@ -61,6 +61,29 @@ def torch_eager(t, shape, constants):
     t["topk_ids"].copy_(ids)
 
 
+def topk_program(t, shape, constants):
+    """The program a serving engine compiles: torch.topk on the fp32 softmax, not a sort.
+    Equal probabilities must go to the lower expert index, which torch.topk does not promise,
+    so it ranks one int64 key per expert: the probability's bits (ordered like the values for
+    p >= 0) above the reversed index."""
+    import torch
+
+    probs = torch.softmax(t["gating_output"].float(), dim=-1)
+    experts = probs.shape[-1]
+    assert experts <= INDEX_SPAN, f"{experts} experts: the key keeps {INDEX_SPAN}"
+    index = torch.arange(experts, device=probs.device)
+    key = probs.view(torch.int32).to(torch.int64) * INDEX_SPAN + (INDEX_SPAN - 1 - index)
+    ids = torch.topk(key, shape["topk"], dim=-1).indices
+    weights = probs.gather(1, ids)
+    if shape["renormalize"]:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    t["topk_weights"].copy_(weights)
+    t["topk_ids"].copy_(ids)
+
+
+INDEX_SPAN = 1024  # experts a topk_program key can tell apart
+
+
 def _draw_one(rng, index):
     experts = draws.at_alignment(rng, 8, 256)
     return {"num_tokens": draws.tokens(rng, index), "num_experts": experts,
@@ -120,4 +143,5 @@ SPEC = KernelSpec(
     edge_cases=("ties", "large_logits", "masked"),
     heldout_draw=_draw,
     peers={"torch_eager": torch_eager},
+    compiled=topk_program,
 )
