@@ -20,9 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from experiments.bench_library import kernel_result, plot_kernel, shape_table
-from kernels.spec import load_kernel
+from kernels.folders import KernelRef
+from kernels.spec import KernelSpec, load_kernel
+from kernels.verdict import geomean
+from search import spread
+from search.progress import busy_label
 
 TC_MEDIAN_TARGET = 1.1
+TC_GEOMEAN_TARGET = 1.15  # over the best torch.compile mode, with every kernel's whole range at or above 1.0
+ASTRA = ("silu_and_mul", "fused_add_rmsnorm", "merge_attn_states_lse")
+ASTRA_FLASHINFER_TARGET = 1.1
 ROOFLINE = 1.3  # as the evaluator's roofline guard: no kernel moves its bytes faster than 1.3x a copy
 NOT_PEERS = ("best", "baseline", "torch_eager", "torch_compile")  # the rest are production peers
 
@@ -36,9 +43,17 @@ def find_summary(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     raise FileNotFoundError(f"{path}: no summary.json (neither in the sweep's run directory nor beside sweep.json)")
 
 
+def entry_spec(k: dict[str, Any]) -> KernelSpec:
+    """The spec of a kernel of a run summary: through its folder reference (the folder as the
+    run found it, or its copy under ``$KSEARCH_KERNEL_ROOT``); summaries written before runs
+    recorded references name library kernels."""
+    ref = k.get("kernel_ref")
+    return load_kernel(KernelRef.from_dict(ref) if ref else k["kernel"])
+
+
 def kernel_entry(k: dict[str, Any]) -> dict[str, Any]:
     """One kernel: speedups, verdicts, and the per-shape loop as bench_library results."""
-    spec = load_kernel(k["kernel"])
+    spec = entry_spec(k)
     loop: dict[str, dict[str, float]] = {}
     copy_bw = None
     for s in k["shapes"]:
@@ -62,14 +77,43 @@ def kernel_entry(k: dict[str, Any]) -> dict[str, Any]:
         "sanitizer": k.get("sanitizer_status"), "lineage": [x["note"] for x in k["lineage"]][:1],
         "peer_errors": dict(k.get("peer_errors") or {}),
         "peer_failures": dict(k.get("peer_failures") or {}),
+        # median and min-max over the repeated end-of-run loops, per peer ("baseline" too)
+        "spreads": dict(k.get("spreads") or {}), "peer_runs": k.get("peer_runs", 0),
+        "peer_notes": dict(k.get("peer_notes") or {}),
+        "compiled_won": _compiled_won(k), "l2_findings": list(k.get("l2_findings") or []),
         "bench": bench,
     }
+
+
+def _compiled_won(k: dict[str, Any]) -> dict[str, int]:
+    """How often each torch.compile mode won a shape, over every loop."""
+    won: dict[str, int] = {}
+    for s in k["shapes"]:
+        for choice in s.get("compiled", []):
+            mode = choice.split("#")[0]
+            won[mode] = won.get(mode, 0) + 1
+    return won
+
+
+def _ratio(e: dict[str, Any], peer: str, median: float | None) -> str:
+    """A ratio with its spread over the loops (``1.12x [1.05-1.18] faster``), else the single figure."""
+    ranged = e.get("spreads", {}).get(peer)
+    return spread.text(ranged) if ranged else _x(median)
 
 
 def check_targets(entries: list[dict[str, Any]]) -> dict[str, Any]:
     tc = [e["speedup_vs_torch_compile"] for e in entries if e["speedup_vs_torch_compile"] is not None]
     median = statistics.median(tc) if tc else None
+    lows = {e["kernel"]: e["spreads"]["torch_compile"]["low"] for e in entries
+            if "torch_compile" in e.get("spreads", {})}
+    astra = [e["spreads"]["flashinfer"]["median"] for e in entries
+             if e["kernel"] in ASTRA and "flashinfer" in e.get("spreads", {})]
     return {
+        "geomean_vs_torch_compile": geomean(tc) if tc else None, "geomean_target": TC_GEOMEAN_TARGET,
+        "below_one_vs_torch_compile": sorted(k for k, low in lows.items() if low < 1.0),
+        "verdicts_vs_torch_compile": {e["kernel"]: e["spreads"]["torch_compile"]["verdict"] for e in entries
+                                      if "torch_compile" in e.get("spreads", {})},
+        "geomean_vs_flashinfer_astra": geomean(astra) if len(astra) == len(ASTRA) else None,
         "all_heldout_ok": all(e["heldout_status"] == "OK" for e in entries),
         "median_vs_torch_compile": median, "median_target": TC_MEDIAN_TARGET,
         "median_met": median is not None and median >= TC_MEDIAN_TARGET,
@@ -102,7 +146,8 @@ def to_markdown(summary: dict[str, Any], meta: dict[str, Any], entries: list[dic
     lines = [f"# Library sweep on {summary['gpu']}", "",
              f"- command: {commands}", f"- git commit: {summary.get('git_commit')}", f"- date: {summary.get('date')}",
              f"- evaluator: {summary.get('evaluator')}, GPUs: {summary.get('n_gpus')}, agents: embedded; wall "
-             f"{summary['wall_s']:.0f} s, GPU busy {summary['gpu_busy_fraction']:.0%}",
+             f"{summary['wall_s']:.0f} s, {busy_label(summary.get('evaluator', 'gpu')).replace('gpu', 'GPU')} "
+             f"{summary['gpu_busy_fraction']:.0%}",
              "- times: kernel times; ours by CUDA events around one launch, peers by one CUDA-graph replay; L2 "
              "flushed before every repetition; the winner, our baseline and the peers interleaved in one loop in a "
              "fresh evaluator at the end of the sweep (100 repetitions after 20 warm-ups)",
@@ -115,6 +160,14 @@ def to_markdown(summary: dict[str, Any], meta: dict[str, Any], entries: list[dic
              f"compiles: **{_x(targets['median_vs_torch_compile'])}** (target {targets['median_target']}x: "
              f"{'met' if targets['median_met'] else 'NOT met'})",
              f"- kernels slower than their baseline: {', '.join(targets['slower_than_baseline']) or 'none'}", ""]
+    gm, below = targets.get("geomean_vs_torch_compile"), targets.get("below_one_vs_torch_compile", [])
+    met = gm is not None and gm >= TC_GEOMEAN_TARGET and not below
+    lines.insert(len(lines) - 1, f"- geomean over torch.compile (best of its modes, median of the loops): **{_x(gm)}** "
+                 f"(target {TC_GEOMEAN_TARGET}x with every kernel's whole range at or above 1.0: "
+                 f"{'met' if met else 'NOT met'}; ranges below 1.0: {', '.join(below) or 'none'})")
+    fa = targets.get("geomean_vs_flashinfer_astra")
+    lines.insert(len(lines) - 1, f"- geomean over FlashInfer on {', '.join(ASTRA)}: **{_x(fa)}** "
+                 f"(target {ASTRA_FLASHINFER_TARGET}x: {'met' if fa is not None and fa >= ASTRA_FLASHINFER_TARGET else 'NOT met'})")
     if targets["below_roofline"]:
         lines += [f"**Not trusted: {len(targets['below_roofline'])} end-of-run loop time(s) beat the copy-bandwidth "
                   f"roofline ({ROOFLINE}x), which a kernel doing its work cannot:** "
@@ -123,14 +176,26 @@ def to_markdown(summary: dict[str, Any], meta: dict[str, Any], entries: list[dic
              "| kernel | vs baseline | held-out | vs torch.compile | vs production peer | vs torch eager | "
              "copy bw, largest shape | variants | sanitizer |", "|---|---|---|---|---|---|---|---|---|"]
     for e in entries:
-        prod = ", ".join(f"{p} {_x(v)}" for p, v in sorted(e["speedup_vs_production"].items())) or "none timed"
-        lines.append(f"| {e['kernel']} | {_x(e['speedup_vs_baseline'])} | {e['heldout_status']} "
-                     f"{_x(e['speedup_heldout'])} | {_x(e['speedup_vs_torch_compile'])} | {prod} | "
-                     f"{_x(e['speedup_vs_torch_eager'])} | {e['copy_bw_fraction_largest']:.0%} {e['largest_shape']} | "
+        prod = ", ".join(f"{p} {_ratio(e, p, v)}" for p, v in sorted(e["speedup_vs_production"].items())) or "none"
+        lines.append(f"| {e['kernel']} | {_ratio(e, 'baseline', e['speedup_vs_baseline'])} | {e['heldout_status']} "
+                     f"{_x(e['speedup_heldout'])} | {_ratio(e, 'torch_compile', e['speedup_vs_torch_compile'])} | "
+                     f"{prod} | {_ratio(e, 'torch_eager', e['speedup_vs_torch_eager'])} | "
+                     f"{e['copy_bw_fraction_largest']:.0%} {e['largest_shape']} | "
                      f"{e['variants_evaluated']} | {e['sanitizer'] or '-'} |")
+    lines += ["", "Ratios: median over the repeated end-of-run loops [min-max]; faster only when the whole range is "
+              "above 1.0x, tie when it straddles 1.0x; 'vs baseline' comes from the same loops as the peers. "
+              "No production peer in reach (FlashInfer 0.2.14, Liger, torch): "
+              + (", ".join(e["kernel"] for e in entries if not e["speedup_vs_production"]) or "none") + "."]
     for e in entries:
         lines += ["", f"## {e['kernel']} ({e['dtype']}): winner {e['winner']} {e['params']}", "",
                   f"found by: {', '.join(e['lineage'])}", "", *shape_table(e["bench"])]
+        if e.get("compiled_won"):
+            lines += ["", "torch.compile: the fastest of its compilations per shape and loop; shapes won by mode: "
+                      + ", ".join(f"{m} {n}" for m, n in sorted(e["compiled_won"].items()))]
+        if e.get("peer_notes"):
+            lines += ["", "Timed: " + "; ".join(f"{p}: {n}" for p, n in sorted(e["peer_notes"].items()))]
+        for finding in e.get("l2_findings", []):
+            lines += ["", f"**{finding}**"]
         if e["peer_errors"]:
             lines += ["", "Not timed: " + "; ".join(f"{p}: {why}" for p, why in sorted(e["peer_errors"].items()))]
         if e["peer_failures"]:

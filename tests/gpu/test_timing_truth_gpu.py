@@ -1,0 +1,71 @@
+"""GPU tests of one timing truth and peers at their best (H200): ``python -m pytest -m gpu
+tests/gpu/test_timing_truth_gpu.py``. Skipped cleanly without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from evaluators.api import EvalRequest, TimingConfig
+from kernels.spec import load_kernel, shape_label
+from kernels.variant import Variant
+from kernels.verdict import Status
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+@pytest.fixture(scope="module")
+def evaluator():
+    from evaluators.gpu import GpuEvaluator
+
+    ev = GpuEvaluator(step_timeout_s=30.0)
+    yield ev
+    ev.close()
+
+
+def _baseline(kernel: str) -> Variant:
+    spec = load_kernel(kernel)
+    return Variant(spec.name, spec.baseline_source(), author="baseline")
+
+
+def test_the_loop_records_l2_persistence_off_and_the_winning_compilation(evaluator) -> None:
+    spec = load_kernel("silu_and_mul")
+    reply = evaluator.time_peers_full("silu_and_mul", "float16", "search", {"baseline": (spec.baseline_source(), {})},
+                                      repetitions=20, compile_trials=1)
+    assert reply["l2_persistence"] == {"persisting_l2_bytes": 0, "access_policy_window_bytes": 0}, reply
+    assert "l2_finding" not in reply
+    labels = {shape_label(s) for s in spec.search_shapes}
+    assert set(reply["peers"]["torch_compile"]) == labels, reply["errors"]
+    assert set(reply["compiled"]) == labels
+    assert {w.split("#")[0] for w in reply["compiled"].values()} <= {"default", "max-autotune-no-cudagraphs"}
+    assert not any(n.startswith("torch_compile[") for n in reply["peers"])
+
+
+def test_the_evaluator_records_l2_persistence(evaluator) -> None:
+    ev = evaluator.evaluate(EvalRequest("silu_and_mul", _baseline("silu_and_mul"), timing=TimingConfig.full()))
+    assert ev.status is Status.OK, ev.message
+    assert ev.extra["l2_persistence"] == {"persisting_l2_bytes": 0, "access_policy_window_bytes": 0}
+
+
+def test_a_fresh_process_per_repetition_of_a_kernels_loop(evaluator) -> None:
+    spec = load_kernel("rmsnorm")
+    ours = {"baseline": (spec.baseline_source(), {})}
+    evaluator.time_peers_full("rmsnorm", "float16", "search", ours, repetitions=5, fresh_process=True, compile_trials=1)
+    first = evaluator.info()["pid"]
+    evaluator.time_peers_full("rmsnorm", "float16", "search", ours, repetitions=5, fresh_process=True, compile_trials=1)
+    assert evaluator.info()["pid"] != first
+
+
+def test_returning_and_staging_peers_are_timed_and_agree_with_the_reference(evaluator) -> None:
+    for kernel in ("merge_attn_states_lse", "merge_attn_states_multi", "gelu_tanh_and_mul", "rmsnorm"):
+        spec = load_kernel(kernel)
+        reply = evaluator.time_peers_full(kernel, "float16", "search", {"baseline": (spec.baseline_source(), {})},
+                                          repetitions=10, compile_trials=1)
+        wanted = {"merge_attn_states_lse": {"flashinfer", "flashinfer_in_place"},
+                  "merge_attn_states_multi": {"flashinfer"}, "gelu_tanh_and_mul": {"liger_kernel"},
+                  "rmsnorm": {"liger_kernel"}}[kernel]
+        assert wanted <= set(reply["peers"]), (kernel, reply["errors"])
+        assert not reply["failed"], reply["failed"]
