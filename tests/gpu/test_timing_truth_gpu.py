@@ -3,6 +3,9 @@ tests/gpu/test_timing_truth_gpu.py``. Skipped cleanly without a GPU."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
 import torch
 
@@ -18,7 +21,7 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def evaluator():
+def evaluator() -> Iterator[Any]:
     from evaluators.gpu import GpuEvaluator
 
     ev = GpuEvaluator(step_timeout_s=30.0)
@@ -31,7 +34,7 @@ def _baseline(kernel: str) -> Variant:
     return Variant(spec.name, spec.baseline_source(), author="baseline")
 
 
-def test_the_loop_records_l2_persistence_off_and_the_winning_compilation(evaluator) -> None:
+def test_the_loop_records_l2_persistence_off_and_the_winning_compilation(evaluator: Any) -> None:
     spec = load_kernel("silu_and_mul")
     reply = evaluator.time_peers_full("silu_and_mul", "float16", "search", {"baseline": (spec.baseline_source(), {})},
                                       repetitions=20, compile_trials=1)
@@ -44,22 +47,22 @@ def test_the_loop_records_l2_persistence_off_and_the_winning_compilation(evaluat
     assert not any(n.startswith("torch_compile[") for n in reply["peers"])
 
 
-def test_the_evaluator_records_l2_persistence(evaluator) -> None:
+def test_the_evaluator_records_l2_persistence(evaluator: Any) -> None:
     ev = evaluator.evaluate(EvalRequest("silu_and_mul", _baseline("silu_and_mul"), timing=TimingConfig.full()))
     assert ev.status is Status.OK, ev.message
     assert ev.extra["l2_persistence"] == {"persisting_l2_bytes": 0, "access_policy_window_bytes": 0}
 
 
-def test_a_fresh_process_per_repetition_of_a_kernels_loop(evaluator) -> None:
+def test_a_fresh_process_per_repetition_of_a_kernels_loop(evaluator: Any) -> None:
     spec = load_kernel("rmsnorm")
-    ours = {"baseline": (spec.baseline_source(), {})}
+    ours: dict[str, tuple[str, dict[str, int]]] = {"baseline": (spec.baseline_source(), {})}
     evaluator.time_peers_full("rmsnorm", "float16", "search", ours, repetitions=5, fresh_process=True, compile_trials=1)
     first = evaluator.info()["pid"]
     evaluator.time_peers_full("rmsnorm", "float16", "search", ours, repetitions=5, fresh_process=True, compile_trials=1)
     assert evaluator.info()["pid"] != first
 
 
-def test_returning_and_staging_peers_are_timed_and_agree_with_the_reference(evaluator) -> None:
+def test_returning_and_staging_peers_are_timed_and_agree_with_the_reference(evaluator: Any) -> None:
     for kernel in ("merge_attn_states_lse", "merge_attn_states_multi", "gelu_tanh_and_mul", "rmsnorm"):
         spec = load_kernel(kernel)
         reply = evaluator.time_peers_full(kernel, "float16", "search", {"baseline": (spec.baseline_source(), {})},
