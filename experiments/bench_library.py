@@ -34,8 +34,9 @@ from search.report import git_commit
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TIMING = ("median of the repetitions after 20 warm-ups; CUDA events around one launch (ours) or one CUDA-graph "
           "replay (peers); inputs restored and L2 flushed before every repetition; implementations interleaved "
-          "in one loop; torch_compile = torch.compile of the fp32 reference (of the spec's own `compiled` program "
-          "where it names one: the in-place scatter for reshape_and_cache)")
+          "in one loop, every implementation on one working set; torch_compile = the fastest per shape of fresh "
+          "compilations (default and max-autotune-no-cudagraphs, each compiled twice, caches off) of the spec's "
+          "`compiled` program; peers that return new tensors are timed without a copy into the outputs")
 PLOT_TITLE = "kernel time, CUDA events / graph replay, L2 flushed"
 OURS = ("baseline", "best")
 GRAPH_NOTE = ("; <name>@graph = the same kernel of ours captured in a CUDA graph and replayed, timed exactly as the "
