@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kernels.folders import KernelRef
 from kernels.variant import Variant
 from kernels.verdict import Evaluation
 
@@ -35,7 +36,8 @@ class AgentContext:
     """What an agent sees when it proposes.
 
     Attributes:
-        kernel: library kernel name.
+        kernel: the kernel's name in the run (records, lineages); the spec's name unless two
+            kernels of the run share it.
         description: the kernel spec's plain-words description.
         signature: the C argument list every variant must keep (for prompts).
         shapes: the search shapes (dicts over the int arguments).
@@ -49,6 +51,8 @@ class AgentContext:
         seed: the seed of this request, derived from the run's seed, the kernel, the round
             and the agent's slot (:func:`derive_seed`): an agent draws its randomness from it
             (and its own constructor seed), never from how often it was called.
+        ref: the kernel's folder reference: load the spec with ``load_kernel(ref)`` (None
+            only in contexts made by hand for a library kernel named ``kernel``).
     """
 
     kernel: str
@@ -64,6 +68,12 @@ class AgentContext:
     n_variants: int = 4
     seed: int = 0
     gpu: str = "NVIDIA H200 (sm_90, 132 SMs, 4.8 TB/s HBM3e, 60 MB L2)"
+    ref: KernelRef | None = None
+
+    @property
+    def kernel_source(self) -> KernelRef | str:
+        """What to load the spec from: the reference, or the library name without one."""
+        return self.ref if self.ref is not None else self.kernel
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ from evaluators.sanitize_report import (
     ToolReport,
     parse_output,
 )
+from kernels.folders import KernelRef
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ("memcheck", "racecheck", "synccheck")
@@ -85,14 +86,16 @@ def find_compute_sanitizer(search_dirs: Iterable[str | Path] | None = None) -> s
     return None
 
 
-def _command(exe: str, tool: str, kernel: str, path: Path, dtype: str, shapes_file: Path,
+def _command(exe: str, tool: str, entry: str, folder: str, path: Path, dtype: str, shapes_file: Path,
              params: Mapping[str, int] | None, launches: int) -> list[str]:
+    """The tool's command line: ``entry`` is the kernel's entry symbol (what is instrumented),
+    ``folder`` the kernel folder the launcher loads (already found on this machine)."""
     cmd = [exe, "--tool", tool, "--report-api-errors", "no", "--print-limit", str(MAX_FINDINGS),
            # Only our kernel is instrumented: torch's own kernels stay fast and out of the report.
-           "--kernel-name", f"kernel_substring={kernel}"]
+           "--kernel-name", f"kernel_substring={entry}"]
     if tool == "memcheck":
         cmd += ["--padding", "4096"]
-    cmd += [sys.executable, "-m", "evaluators.sanitize", "--kernel", kernel, str(path), "--dtype", dtype,
+    cmd += [sys.executable, "-m", "evaluators.sanitize", "--kernel", folder, str(path), "--dtype", dtype,
             "--shapes-file", str(shapes_file), "--launches", str(launches)]
     for k, v in (params or {}).items():
         cmd += ["--param", f"{k}={v}"]
@@ -158,7 +161,7 @@ def _unavailable(kernel: str, dtype: str, tools: Sequence[str], exe: str | None)
 
 
 def sanitize(
-    kernel: str,
+    kernel: KernelRef | str,
     source: str,
     dtype: str = "float16",
     tools: Sequence[str] = TOOLS,
@@ -172,7 +175,7 @@ def sanitize(
     """Runs a variant under each compute-sanitizer tool, every shape launched several times.
 
     Args:
-        kernel: library kernel name (or kernel folder).
+        kernel: the kernel's reference (folder and digest), or a library kernel name or folder.
         source: the variant file's text.
         dtype: run dtype.
         tools: compute-sanitizer tools to run, each in its own process.
@@ -196,10 +199,10 @@ def sanitize(
         raise ValueError(f"unknown sanitizer tool(s) {unknown}; known: {list(TOOLS)}")
     exe = executable or find_compute_sanitizer()
     if not exe or not Path(exe).is_file():
-        return _unavailable(kernel, dtype, tools, exe)
+        return _unavailable(kernel.name if isinstance(kernel, KernelRef) else kernel, dtype, tools, exe)
     from kernels.spec import load_kernel, shape_label
 
-    spec = load_kernel(kernel)
+    spec = load_kernel(kernel)  # the launcher gets the folder found here, not the name
     plan = ShapePlan((dict(shape),), (dict(shape),), ()) if shape else plan_shapes(spec, shapes)
     reports = []
     with tempfile.TemporaryDirectory(prefix="sanitize-") as tmp:
@@ -210,7 +213,8 @@ def sanitize(
             shapes_file = Path(tmp) / f"{tool}-shapes.json"
             shapes_file.write_text(json.dumps(list(chosen)))
             limit_s = timeout_s if timeout_s is not None else tool_timeout_s(len(chosen), launches)
-            code, out = _run(_command(exe, tool, kernel, path, dtype, shapes_file, params, launches), limit_s)
+            command = _command(exe, tool, spec.name, str(spec.directory), path, dtype, shapes_file, params, launches)
+            code, out = _run(command, limit_s)
             if code is None:
                 report = ToolReport(tool, SanitizerStatus.TIMEOUT, message=f"no result within {limit_s:.0f} s",
                                     output_tail=out[-TAIL_CHARS:])
@@ -219,7 +223,7 @@ def sanitize(
             reports.append(replace(report, shapes=tuple(shape_label(s) for s in chosen), launches_per_shape=launches))
     skipped = tuple(shape_label(s) for s in plan.skipped)
     note = f"skipped (2^31 elements or more): {', '.join(skipped)}" if skipped else ""
-    return SanitizerReport(kernel, dtype, tuple(reports), note, skipped)
+    return SanitizerReport(spec.name, dtype, tuple(reports), note, skipped)
 
 
 # -- the launcher (runs under compute-sanitizer) -------------------------------------------

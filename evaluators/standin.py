@@ -24,6 +24,7 @@ from pathlib import Path
 
 from evaluators.admit import Artifact, admit
 from evaluators.api import EvalRequest, Evaluator
+from kernels.folders import KernelRef
 from kernels.launch import DeviceLimits, LaunchConfig, LaunchSpecError
 from kernels.spec import KernelSpec, load_kernel
 from kernels.verdict import Evaluation, ShapeResult, Status
@@ -81,10 +82,12 @@ class StandinEvaluator(Evaluator):
     def __init__(self, cache_dir: Path | None = None, latency_s: float = 0.0) -> None:
         self.cache_dir = cache_dir
         self.latency_s = latency_s
-        self._specs: dict[str, KernelSpec] = {}
+        # Keyed by the reference (folder and digest) or the name the caller gave: never by a
+        # kernel's name alone when it came as a reference.
+        self._specs: dict[KernelRef | str, KernelSpec] = {}
         self.limits = DeviceLimits()
 
-    def _spec(self, kernel: str) -> KernelSpec:
+    def _spec(self, kernel: KernelRef | str) -> KernelSpec:
         if kernel not in self._specs:
             self._specs[kernel] = load_kernel(kernel)
         return self._specs[kernel]

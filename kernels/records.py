@@ -73,9 +73,11 @@ def params_key(params: Mapping[str, int]) -> str:
     return json.dumps({k: int(v) for k, v in sorted(params.items())}, separators=(",", ":"))
 
 
-def eval_key(variant_id: str, params: Mapping[str, int], dtype: str, stage: str, shape_set: str) -> str:
-    """Identity of one evaluation: evaluated at most once per run, across resumes."""
-    return "|".join((variant_id, params_key(params), dtype, stage, shape_set))
+def eval_key(kernel: str, variant_id: str, params: Mapping[str, int], dtype: str, stage: str, shape_set: str) -> str:
+    """Identity of one evaluation: evaluated at most once per run, across resumes. The kernel
+    (its name in the run) is part of it: two kernels of a run may start from the same source
+    and still be judged against different specs."""
+    return "|".join((kernel, variant_id, params_key(params), dtype, stage, shape_set))
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,7 @@ class EvalRecord:
 
     @property
     def key(self) -> str:
-        return eval_key(self.variant.id, self.params, self.dtype, self.stage, self.shape_set)
+        return eval_key(self.kernel, self.variant.id, self.params, self.dtype, self.stage, self.shape_set)
 
     def to_dict(self) -> dict[str, Any]:
         return {

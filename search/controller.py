@@ -12,7 +12,7 @@ round starts, selection breaks ties by variant id, tuning asks are seeded per tr
 agent's seed depends on (run seed, kernel, round, slot) only.
 
 Resuming is replay: recorded replies stand in for agent calls, and recorded evaluations
-(keyed by variant id, parameters, dtype, stage and shape set) stand in for evaluator runs,
+(keyed by kernel, variant id, parameters, dtype, stage and shape set) stand in for evaluator runs,
 so a resumed run rebuilds the same state and evaluates nothing twice.
 """
 

@@ -67,7 +67,7 @@ class Job:
 
     @property
     def key(self) -> str:
-        return eval_key(self.variant.id, self.params, self.state.dtype, self.stage, self.shape_set)
+        return eval_key(self.state.name, self.variant.id, self.params, self.state.dtype, self.stage, self.shape_set)
 
 
 def refusal_verdict(job: Job, refusal: Refusal) -> Evaluation:

@@ -25,6 +25,7 @@ import secrets
 import shlex
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -34,8 +35,9 @@ from typing import Any, NoReturn
 from agents.base import derive_seed
 from agents.factory import AgentConfigError, make_agent
 from kernels.check import preflight
+from kernels.folders import KernelRef
 from kernels.records import atomic_write, read_jsonl
-from kernels.spec import KernelSpec, KernelSpecError, list_kernels, load_kernel
+from kernels.spec import KernelSpec, KernelSpecError, kernel_ref, list_kernels, load_kernel
 from search.config import ConfigError, RunConfig, dump_config, load_config, override
 from search.records import RunRecords
 
@@ -43,6 +45,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 EXTRA_SHAPES_FILE = "extra_shapes.json"
 HELDOUT_SHAPES_FILE = "heldout_shapes.json"
 SUMMARY_FILE = "summary.json"
+KERNELS_FILE = "kernels.json"
 
 
 class UsageError(ValueError):
@@ -102,24 +105,75 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
     })
 
 
-def resolve_kernels(config: RunConfig) -> list[tuple[KernelSpec, str]]:
-    """(spec, reference the evaluators load it by) per kernel; checks the dtype fits."""
+def resolve_kernels(config: RunConfig) -> list[tuple[KernelSpec, KernelRef]]:
+    """(spec, reference) per kernel of the run; checks the dtype fits.
+
+    The reference (folder, digest of its files, name) is how every process of the run finds
+    the kernel; its name is what records and run files call it: the spec's name, or
+    ``name@digest-prefix`` for kernels whose names meet in one run (two libraries).
+
+    Raises:
+        UsageError: a ``--kernel-dir`` without kernel folders, or one kernel folder twice.
+        KernelSpecError: a kernel that cannot be loaded.
+        ConfigError: a kernel without the run's dtype.
+    """
     if config.kernel_dir:
         folder = Path(config.kernel_dir)
         if not folder.is_dir():
             raise UsageError(f"--kernel-dir {folder} is not a folder")
-        refs = [str((folder / n).resolve()) for n in list_kernels(folder)]
-        if not refs:
+        given = [str((folder / n).resolve()) for n in list_kernels(folder)]
+        if not given:
             raise UsageError(f"--kernel-dir {folder} holds no kernel folders (NAME/spec.py)")
     else:
-        refs = list(config.kernels)
-    out = []
-    for ref in refs:
+        given = list(config.kernels)
+    loaded = []
+    for text in given:
+        ref = kernel_ref(text)
         spec = load_kernel(ref)
         if config.dtype not in spec.dtypes:
             raise ConfigError(f"kernel {spec.name} supports {', '.join(spec.dtypes)}, not {config.dtype}")
-        out.append((spec, ref))
-    return out
+        loaded.append((spec, ref))
+    return name_kernels(loaded)
+
+
+def name_kernels(loaded: Sequence[tuple[KernelSpec, KernelRef]]) -> list[tuple[KernelSpec, KernelRef]]:
+    """Gives each kernel its name in the run: the spec's, unless another kernel of the run
+    has it too; then ``name@`` and the first 8 digits of the folder's digest.
+
+    Raises:
+        UsageError: two of the folders hold the same files (the same kernel twice).
+    """
+    by_digest: dict[str, str] = {}
+    for _, ref in loaded:
+        if ref.digest in by_digest:
+            raise UsageError(f"kernel folders {by_digest[ref.digest]} and {ref.folder} hold the same files; "
+                             "give each kernel once")
+        by_digest[ref.digest] = ref.folder
+    counts = Counter(spec.name for spec, _ in loaded)
+    return [(spec, ref.renamed(spec.name if counts[spec.name] == 1 else f"{spec.name}@{ref.digest[:8]}"))
+            for spec, ref in loaded]
+
+
+def check_recorded_kernels(run_dir: Path, kernels: Sequence[tuple[KernelSpec, KernelRef]]) -> None:
+    """Records the run's kernel references in ``kernels.json``; a resumed run must find the
+    same folders with the same files (records of one kernel never continue on another).
+
+    Raises:
+        UsageError: a kernel of the resumed run changed (files, or which kernels the run has).
+    """
+    path = run_dir / KERNELS_FILE
+    now = {ref.name: ref.to_dict() for _, ref in kernels}
+    if path.is_file():
+        before = json.loads(path.read_text())
+        changed = sorted(set(before) ^ set(now)) + sorted(
+            n for n in set(before) & set(now) if before[n]["digest"] != now[n]["digest"])
+        if changed:
+            n = changed[0]
+            was = f"digest {before[n]['digest']}" if n in before else "not in the run"
+            is_ = f"digest {now[n]['digest']} in {now[n]['folder']}" if n in now else "not given now"
+            raise UsageError(f"kernel {n} changed since the run started ({was}, now {is_}); "
+                             "resume it with the kernel folders it started with, or start a new run")
+    atomic_write(path, json.dumps(now, indent=2))
 
 
 def check_local_gpu(config: RunConfig) -> None:
@@ -184,7 +238,7 @@ class Prepared:
     """A run ready to start: its config, kernels and directory."""
 
     config: RunConfig
-    kernels: list[tuple[KernelSpec, str]]
+    kernels: list[tuple[KernelSpec, KernelRef]]
     run_dir: Path
     resume: bool
 
@@ -235,15 +289,15 @@ def tester_shapes(prep: Prepared, records: RunRecords) -> dict[str, list[dict[st
     if cfg.agent.kind != "llm":
         return {}
     shapes = recorded_extra_shapes(prep.run_dir) if prep.resume else {}
-    missing = [spec for spec, _ in prep.kernels if spec.name not in shapes]
+    missing = [(spec, ref) for spec, ref in prep.kernels if ref.name not in shapes]
     if missing:
         tester: Any = make_agent("llm", cfg.agent, cfg.seed)
         _ = tester.client  # built once here: the threads below share it
         with ThreadPoolExecutor(max_workers=min(len(missing), tester.config.concurrency)) as pool:
-            answers = list(pool.map(tester.propose_shapes, missing))
+            answers = list(pool.map(lambda k: tester.propose_shapes(k[0], k[1].name), missing))
         for call in tester.tester_calls:
             records.append("llm_calls", {**call, "variant_id": "", "run_id": records.run_id})
-        shapes.update({spec.name: answer for spec, answer in zip(missing, answers, strict=True)})
+        shapes.update({ref.name: answer for (_, ref), answer in zip(missing, answers, strict=True)})
     atomic_write(prep.run_dir / EXTRA_SHAPES_FILE, json.dumps(shapes, indent=2))
     return shapes
 
@@ -254,9 +308,9 @@ def drawn_heldout_shapes(prep: Prepared) -> dict[str, list[dict[str, int]]]:
     on resume, so that every held-out check of the run uses the same shapes."""
     path = prep.run_dir / HELDOUT_SHAPES_FILE
     shapes: dict[str, list[dict[str, int]]] = json.loads(path.read_text()) if path.is_file() else {}
-    missing = [spec for spec, _ in prep.kernels if spec.name not in shapes]
-    for spec in missing:
-        shapes[spec.name] = [dict(s) for s in spec.draw_heldout(derive_seed(prep.config.seed, spec.name, "heldout"))]
+    missing = [(spec, ref.name) for spec, ref in prep.kernels if ref.name not in shapes]
+    for spec, name in missing:
+        shapes[name] = [dict(s) for s in spec.draw_heldout(derive_seed(prep.config.seed, name, "heldout"))]
     if missing or not path.is_file():
         atomic_write(path, json.dumps(shapes, indent=2))
     return shapes
@@ -314,7 +368,9 @@ def _search(prep: Prepared, command: str, progress_cls: Any) -> dict[str, Any]:
     from search.state import KernelState
     from search.tuning import TuningStore
 
-    cfg, clock = prep.config, AttemptClock(prep.run_dir)
+    cfg = prep.config
+    check_recorded_kernels(prep.run_dir, prep.kernels)
+    clock = AttemptClock(prep.run_dir)
     dump_config(cfg, prep.run_dir / "config.yaml")
     history = load_history(prep.run_dir) if prep.resume else None
     records = RunRecords(prep.run_dir, prep.run_dir.name)
@@ -328,7 +384,7 @@ def _search(prep: Prepared, command: str, progress_cls: Any) -> dict[str, Any]:
         raise
     warmup = start_peer_warmup(cfg, prep)
     states = [KernelState(spec, ref, cfg.dtype, cfg.search.population, cfg.search.top_k, cfg.search.migrate_every,
-                          tuple(extra.get(spec.name, ())), tuple(heldout.get(spec.name, ())))
+                          tuple(extra.get(ref.name, ())), tuple(heldout.get(ref.name, ())))
               for spec, ref in prep.kernels]
     actor_cls = ray.remote(AgentActor).options(num_cpus=0)
     # Member i's own seed: fixed by the run's seed and its slot (seeds i = 0..4 give the embedded

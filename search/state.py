@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agents.base import AgentContext, Attempt
+from kernels.folders import KernelRef
 from kernels.records import Stage
 from kernels.spec import KernelSpec, shape_label
 from kernels.variant import Variant
@@ -70,20 +71,21 @@ class KernelState:
 
     Args:
         spec: the kernel spec.
-        ref: how evaluators find the kernel (library name or folder path).
+        ref: how every process finds the kernel (folder and digest); its name is the
+            kernel's name in this run (records, run files, agents).
         dtype: run dtype.
         population / top_k / migrate_every: selection settings.
         extra_shapes: shapes the tester added to the search shapes for this run.
         heldout_extra: held-out shapes drawn for this run (:meth:`KernelSpec.draw_heldout`).
     """
 
-    def __init__(self, spec: KernelSpec, ref: str, dtype: str, population: int, top_k: int, migrate_every: int,
+    def __init__(self, spec: KernelSpec, ref: KernelRef, dtype: str, population: int, top_k: int, migrate_every: int,
                  extra_shapes: tuple[dict[str, int], ...] = (),
                  heldout_extra: tuple[dict[str, int], ...] = ()) -> None:
         self.spec, self.ref, self.dtype = spec, ref, dtype
         self.extra_shapes = tuple(dict(s) for s in extra_shapes)
         self.heldout_extra = tuple(dict(s) for s in heldout_extra)
-        self.baseline = Variant(spec.name, spec.baseline_source(), author="baseline", note="baseline")
+        self.baseline = Variant(ref.name, spec.baseline_source(), author="baseline", note="baseline")
         self.baseline_scored: Scored | None = None
         self.archive = EliteArchive(top_k)
         self.islands = Islands(migrate_every)
@@ -98,7 +100,8 @@ class KernelState:
 
     @property
     def name(self) -> str:
-        return self.spec.name
+        """The kernel's name in this run (the spec's name unless two kernels share it)."""
+        return self.ref.name
 
     def search_shapes(self) -> tuple[dict[str, int], ...]:
         """The spec's search shapes and the tester's extra ones (never held-out shapes)."""
@@ -152,6 +155,7 @@ class KernelState:
             round=round_,
             n_variants=n_variants,
             seed=seed,
+            ref=self.ref,
         )
 
     def offer(self, agent: int | None, item: Scored) -> None:

@@ -58,7 +58,7 @@ TABLE_SCHEMA: dict[str, Any] = {
     "speedup_vs_baseline": pl.Float64, "speedup_vs_torch_compile": pl.Float64, "speedup_vs_peers": pl.String,
     "heldout_status": pl.String, "speedup_heldout": pl.Float64, "largest_shape": pl.String,
     "copy_bw_fraction_largest": pl.Float64, "variants_evaluated": pl.Int64, "evaluations": pl.Int64,
-    "wall_s": pl.Float64, "gpu_busy_s": pl.Float64, "llm_calls": pl.Int64, "prompt_tokens": pl.Int64,
+    "wall_s": pl.Float64, "evaluator_busy_s": pl.Float64, "llm_calls": pl.Int64, "prompt_tokens": pl.Int64,
     "completion_tokens": pl.Int64, "cost_usd": pl.Float64,
 }
 
@@ -176,7 +176,7 @@ def finished(prep: Prepared) -> bool:
     if not path.is_file():
         return False
     done = {k["kernel"] for k in json.loads(path.read_text()).get("kernels", [])}
-    return {spec.name for spec, _ in prep.kernels} <= done
+    return {ref.name for _, ref in prep.kernels} <= done
 
 
 # -- progress -------------------------------------------------------------------------------
@@ -246,7 +246,7 @@ def _kernel_row(k: dict[str, Any], best: dict[str, Any], records: list[EvalRecor
         "copy_bw_fraction_largest": largest["copy_bw_fraction"] if largest else None,
         "variants_evaluated": k["variants_evaluated"], "evaluations": k["evaluations"],
         "wall_s": kernel_wall_s([r.time for r in mine], attempts),
-        "gpu_busy_s": sum(r.busy_s for r in mine),
+        "evaluator_busy_s": sum(r.busy_s for r in mine),
         "llm_calls": int(usage.get("llm_calls", 0)), "prompt_tokens": int(usage.get("prompt_tokens", 0)),
         "completion_tokens": int(usage.get("completion_tokens", 0)), "cost_usd": float(usage.get("cost_usd", 0.0)),
     }
@@ -285,13 +285,13 @@ def to_markdown(table: pl.DataFrame, summary: dict[str, Any], meta: dict[str, An
     if summary.get("evaluator") == "standin":
         lines += [f"**{STANDIN_WARNING}**", ""]
     lines += ["| kernel | vs baseline | vs torch.compile | held-out | copy bw (largest shape) | variants | "
-              "wall s | GPU busy s | tokens | cost USD | note |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "wall s | evaluator busy s | tokens | cost USD | note |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table.iter_rows(named=True):
         tokens = (r["prompt_tokens"] or 0) + (r["completion_tokens"] or 0)
         bw = "-" if r["copy_bw_fraction_largest"] is None else f"{r['copy_bw_fraction_largest']:.0%} {r['largest_shape']}"
         lines.append(f"| {r['kernel']} | {_f(r['speedup_vs_baseline'])} | {_f(r['speedup_vs_torch_compile'])} | "
                      f"{r['heldout_status'] or '-'} {_f(r['speedup_heldout'])} | {bw} | {r['variants_evaluated'] or 0} | "
-                     f"{_f(r['wall_s'], '.0f', '')} | {_f(r['gpu_busy_s'], '.1f', '')} | {tokens} | "
+                     f"{_f(r['wall_s'], '.0f', '')} | {_f(r['evaluator_busy_s'], '.1f', '')} | {tokens} | "
                      f"{(r['cost_usd'] or 0):.2f} | {r['note']} |")
     for r in table.iter_rows(named=True):
         if not r["shapes"]:

@@ -17,6 +17,7 @@ from agents.embedded.coder import Applied, apply_plan, check_variant
 from agents.embedded.planner import Signals, candidate_plans, learn, rank_plans
 from agents.embedded.recipes import recipes_for
 from agents.embedded.strategies import STRATEGIES, pick_strategy
+from kernels.folders import KernelRef
 from kernels.spec import KernelSpec, load_kernel
 from kernels.variant import Variant, source_hash
 
@@ -24,8 +25,9 @@ __all__ = ["EmbeddedAgent", "STRATEGIES"]
 
 
 @lru_cache(maxsize=64)
-def _spec(kernel: str) -> KernelSpec:
-    # Specs hold functions from dynamically imported modules: cached per process, never pickled.
+def _spec(kernel: KernelRef | str) -> KernelSpec:
+    # Specs hold functions from dynamically imported modules: cached per process, never
+    # pickled. Keyed by the reference (folder and digest), never by the kernel's name alone.
     return load_kernel(kernel)
 
 
@@ -64,7 +66,7 @@ class EmbeddedAgent(Agent):
 
     def propose(self, ctx: AgentContext) -> list[Proposal]:
         """Up to ``ctx.n_variants`` distinct, compiling variants derived from ``ctx.parent``."""
-        spec = _spec(ctx.kernel)
+        spec = _spec(ctx.kernel_source)
         history = self._history(ctx)
         recipes = {r.name: r for r in recipes_for(spec)}
         applied = tuple(ctx.parent.meta.get("transformations", ()))

@@ -23,12 +23,14 @@ from agents.llm.config import LLMConfig
 from agents.llm.cost import UsageLedger
 from agents.llm.prompts import context_values
 from agents.llm.roles import coder, planner, single, tester
+from kernels.folders import KernelRef
 from kernels.spec import KernelSpec, load_kernel
 from kernels.variant import Variant
 
 
 @lru_cache(maxsize=64)
-def _load_spec(kernel: str) -> KernelSpec:
+def _load_spec(kernel: KernelRef | str) -> KernelSpec:
+    # Keyed by the reference (folder and digest): two kernels of one name stay apart.
     return load_kernel(kernel)
 
 
@@ -93,19 +95,27 @@ class LLMAgent(Agent):
         """Tokens, latency and cost summed per kernel and over everything this agent did."""
         return self.ledger.totals()
 
-    def propose_shapes(self, spec: KernelSpec | str) -> list[dict[str, int]]:
-        """Extra search shapes from the tester role (validated; never held-out shapes)."""
-        spec = _load_spec(spec) if isinstance(spec, str) else spec
+    def propose_shapes(self, spec: KernelSpec | KernelRef | str, kernel: str = "") -> list[dict[str, int]]:
+        """Extra search shapes from the tester role (validated; never held-out shapes).
+
+        Args:
+            spec: the kernel's spec, or what to load it from (reference, library name).
+            kernel: the kernel's name in the run, for the call record (default: the spec's).
+        """
+        spec = spec if isinstance(spec, KernelSpec) else _load_spec(spec)
+        kernel = kernel or spec.name
         shapes, record, rejected = tester.propose_shapes(self.client, self.config.role("tester"), spec)
-        record = {**record, "call_id": uuid.uuid4().hex, "kernel": spec.name,
+        record = {**record, "call_id": uuid.uuid4().hex, "kernel": kernel,
                   "accepted_shapes": shapes, "rejected_shapes": rejected}
         self.tester_calls.append(record)
-        self.ledger.add(record, spec.name)
+        self.ledger.add(record, kernel)
         return shapes
 
     def propose(self, ctx: AgentContext) -> Sequence[Proposal]:
-        spec = _load_spec(ctx.kernel)
-        values = context_values(ctx, self.config.history_chars)
+        spec = _load_spec(ctx.kernel_source)
+        # Prompts name the entry point, which is the spec's name (the run's name for the
+        # kernel may carry a digest suffix).
+        values = {**context_values(ctx, self.config.history_chars), "kernel": spec.name}
         if self.config.mode == "single":
             proposals = self._run_parallel(
                 [lambda i=i: self._single(ctx, spec, values, i) for i in range(ctx.n_variants)]

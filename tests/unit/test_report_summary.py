@@ -12,7 +12,9 @@ from typing import Any
 import polars as pl
 import pytest
 
+from kernels.folders import KernelRef
 from kernels.records import EvalRecord, Stage
+from kernels.spec import kernel_ref
 from kernels.variant import Variant
 from kernels.verdict import Evaluation, ShapeResult, Status
 from search.records import RunRecords
@@ -29,7 +31,7 @@ def _evaluation(status: Status = Status.OK) -> Evaluation:
 
 
 def _result(winner: Variant, **extra: Any) -> SimpleNamespace:
-    state = SimpleNamespace(name=K, dtype="float16", lineage=lambda vid: [
+    state = SimpleNamespace(name=K, dtype="float16", ref=kernel_ref(K), lineage=lambda vid: [
         {"id": vid, "author": "a", "note": "n", "transformation": ""}])
     peers = {"best": dict.fromkeys(LABELS, 0.5), "torch_compile": dict.fromkeys(LABELS, 0.6),
              "flashinfer": dict.fromkeys(LABELS, 0.4)}
@@ -55,6 +57,7 @@ def test_summary_counts_from_typed_records_and_ratios_from_the_loop(run_dir):
     path, winner = run_dir
     k = build_summary(path, [_result(winner)], {"run_id": "r"})["kernels"][0]
     assert (k["variants_evaluated"], k["trials_evaluated"], k["evaluations"]) == (2, 2, 3)
+    assert KernelRef.from_dict(k["kernel_ref"]) == kernel_ref(K)  # reports find the folder through it
     assert k["speedup_over_peers"] == {"torch_compile": pytest.approx(1.2), "flashinfer": pytest.approx(0.8)}
     assert k["peer_failures"] == {}
 
