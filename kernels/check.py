@@ -51,7 +51,8 @@ from kernels.records import atomic_write
 from kernels.spec import KernelSpec, KernelSpecError, Shape, list_kernels, load_kernel, shape_label
 
 HELDOUT_DRAW_SEEDS = (0, 1)  # draws checked: each run draws its own from its seed
-_DTYPE_MARK = "\0dtype\0"  # where a problem names the dtype it was found at
+# Where a problem names the dtype or the input case it was found at.
+_DTYPE_MARK, _CASE_MARK = "\0dtype\0", "\0case\0"
 
 
 class KernelCheckError(KernelSpecError):
@@ -131,6 +132,8 @@ def _shape_problems(spec: KernelSpec, which: str, shape: Shape, launch: LaunchSp
                 found["bytes"] = f"bytes_moved gives {moved!r} at {at} ({dtype}), not a positive int"
         except Exception as exc:
             found["bytes"] = f"bytes_moved fails at {at} ({dtype}): {describe_error(exc)}"
+        if "bytes" in found:
+            break
     try:
         flops = spec.flops(shape)
         if not isinstance(flops, int) or flops < 0:
@@ -170,18 +173,17 @@ def static_problems(spec: KernelSpec, sizes: dict[tuple[tuple[str, int], ...], i
     return problems
 
 
-def _merge_dtypes(found: dict[str, list[str]]) -> list[str]:
-    """Problems found at several dtypes alike, said once with the dtypes listed; of the
-    ``bytes_moved`` floors, only the first (the others follow from it)."""
+def _merge_runs(found: dict[str, tuple[list[str], list[str]]]) -> list[str]:
+    """Problems found alike at several dtypes or input cases, said once with the dtypes and
+    cases listed; of the ``bytes_moved`` floors, only the first (the others follow from it)."""
     merged, floor_said = [], False
-    for template, dtypes in found.items():
+    for template, (dtypes, cases) in found.items():
         if template.startswith("bytes_moved gives"):
             if floor_said:
                 continue
             floor_said = True
-        merged.append(template.replace(_DTYPE_MARK, ", ".join(dtypes)))
+        merged.append(template.replace(_DTYPE_MARK, ", ".join(dtypes)).replace(_CASE_MARK, ", ".join(cases)))
     return merged
-
 
 
 def check_spec(spec: KernelSpec, dtypes: Sequence[str] | None = None, compile_baseline: bool = True) -> list[str]:
@@ -190,17 +192,26 @@ def check_spec(spec: KernelSpec, dtypes: Sequence[str] | None = None, compile_ba
     sizes: dict[tuple[tuple[str, int], ...], int | str] = {}
     problems = static_problems(spec, sizes)
     shape = smallest_shape(spec, sizes)
-    found: dict[str, list[str]] = {}
+    found: dict[str, tuple[list[str], list[str]]] = {}
+
+    def note(message: str | None, dtype: str, case: str = "") -> None:
+        if not message:
+            return
+        template = re.sub(rf"(?<![A-Za-z0-9_]){dtype}(?![A-Za-z0-9_])", _DTYPE_MARK, message)
+        if case:
+            template = template.replace(f"(case {case},", f"(case {_CASE_MARK},")
+        seen_dtypes, seen_cases = found.setdefault(template, ([], []))
+        for value, seen in ((dtype, seen_dtypes), (case, seen_cases)):
+            if value and value not in seen:
+                seen.append(value)
+
     for dtype in dtypes or spec.dtypes:
-        mine = []
         if compile_baseline:
-            mine.append(compile_problem(spec.baseline_source(), spec.name, dtype))
+            note(compile_problem(spec.baseline_source(), spec.name, dtype), dtype)
         for case in ("random", *spec.edge_cases):
-            mine += run_case(spec, shape, dtype, case)
-        mark = re.compile(rf"(?<![A-Za-z0-9_]){dtype}(?![A-Za-z0-9_])")
-        for message in dict.fromkeys(m for m in mine if m):
-            found.setdefault(mark.sub(_DTYPE_MARK, message), []).append(dtype)
-    return list(dict.fromkeys(problems + _merge_dtypes(found)))
+            for message in run_case(spec, shape, dtype, case):
+                note(message, dtype, case)
+    return list(dict.fromkeys(problems + _merge_runs(found)))
 
 
 def check_folder(folder: Path, dtypes: Sequence[str] | None = None) -> tuple[KernelSpec | None, list[str]]:

@@ -234,8 +234,8 @@ def check_bytes_moved(spec: KernelSpec, shape: Shape, dtype: str, inputs: Mappin
     need = sum(floor.values())
     try:
         claimed = int(spec.bytes_moved(shape, dtype))
-    except Exception as exc:
-        return [f"bytes_moved fails at shape {shape_label(shape)} ({dtype}): {describe_error(exc)}"]
+    except Exception:  # said by the static checks, which call it at every shape
+        return []
     if claimed >= need:
         return []
     parts = ", ".join(f"{k} {v}" for k, v in floor.items() if v)
