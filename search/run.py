@@ -24,13 +24,14 @@ import os
 import secrets
 import shlex
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from agents.base import derive_seed
 from agents.factory import AgentConfigError, make_agent
@@ -41,10 +42,14 @@ from kernels.spec import KernelSpec, KernelSpecError, kernel_ref, list_kernels, 
 from search.config import ConfigError, RunConfig, dump_config, load_config, override
 from search.records import RunRecords
 
+if TYPE_CHECKING:
+    from search.cluster import Staged
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXTRA_SHAPES_FILE = "extra_shapes.json"
 HELDOUT_SHAPES_FILE = "heldout_shapes.json"
 SUMMARY_FILE = "summary.json"
+CLUSTER_FILE = "cluster.json"
 KERNELS_FILE = "kernels.json"
 
 
@@ -187,21 +192,39 @@ def check_local_gpu(config: RunConfig) -> None:
 
 
 def worker_runtime_env() -> dict[str, Any]:
-    """Ray's runtime_env for a local cluster: workers import this repository's packages, so
-    say where they are (before the caller's own PYTHONPATH)."""
+    """Ray's runtime_env for a local cluster: its workers share this machine's disk, so they
+    import this repository's packages where they are (before the caller's own PYTHONPATH) and
+    read kernel folders at their paths. A cluster gets :func:`search.cluster.runtime_env`."""
     path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     return {"env_vars": {"PYTHONPATH": path}}
 
 
-def start_ray(config: RunConfig) -> None:
+def start_ray(config: RunConfig, kernels: Sequence[KernelRef] = ()) -> Staged | None:
+    """Starts a local Ray cluster, or joins ``config.address`` with the project's packages and
+    the ``kernels``' folders shipped in the job's runtime environment; returns what was shipped
+    (None for a local cluster, or when Ray was already started by the caller).
+
+    Raises:
+        UsageError: the code and kernel folders cannot be shipped.
+    """
     import ray
 
     if ray.is_initialized():
-        return
-    if config.address:
-        ray.init(address=config.address)
-        return
-    ray.init(include_dashboard=False, runtime_env=worker_runtime_env(), log_to_driver=False)
+        return None
+    if not config.address:
+        ray.init(include_dashboard=False, runtime_env=worker_runtime_env(), log_to_driver=False)
+        return None
+    from search.cluster import StagingError, runtime_env, stage
+
+    # ray.init zips and uploads the working_dir before it returns, so the staged copy is only
+    # needed until then.
+    with tempfile.TemporaryDirectory(prefix="ksearch-stage-") as tmp:
+        try:
+            staged = stage(kernels, Path(tmp) / "job")
+        except StagingError as exc:
+            raise UsageError(str(exc)) from None
+        ray.init(address=config.address, runtime_env=runtime_env(staged))
+    return staged
 
 
 def start_peer_warmup(config: RunConfig, prep: Prepared) -> Any:
@@ -231,6 +254,24 @@ def evaluator_count(config: RunConfig) -> int:
     if wanted > available:
         raise UsageError(f"--gpus {wanted} but the Ray cluster has {available} GPU(s)")
     return wanted
+
+
+def write_placement(run_dir: Path, staged: Staged, where: list[list[Any]]) -> None:
+    """``cluster.json``: the cluster's nodes, what was shipped to them and where each evaluator
+    and agent actor ran and took the project and the kernel folders from."""
+    import ray
+    from ray.exceptions import RayError
+
+    from search.cluster import placement_record
+
+    def answer(ref: Any) -> dict[str, Any]:
+        try:  # answered long ago unless the actor died (then replaced): say so, the run goes on
+            return dict(ray.get(ref, timeout=60))
+        except (RayError, TimeoutError) as exc:
+            return {"error": " ".join(str(exc).split())[:300]}
+
+    evaluators, agents = ([answer(ref) for ref in refs] for refs in where)
+    atomic_write(run_dir / CLUSTER_FILE, json.dumps(placement_record(staged, evaluators, agents), indent=2))
 
 
 @dataclass
@@ -377,7 +418,7 @@ def _search(prep: Prepared, command: str, progress_cls: Any) -> dict[str, Any]:
     try:
         extra = tester_shapes(prep, records)
         heldout = drawn_heldout_shapes(prep)
-        start_ray(cfg)
+        staged = start_ray(cfg, [ref for _, ref in prep.kernels])
         n_gpus = evaluator_count(cfg)
     except BaseException:
         records.close()
@@ -395,8 +436,13 @@ def _search(prep: Prepared, command: str, progress_cls: Any) -> dict[str, Any]:
     progress = (progress_cls or Progress)(n_gpus=n_gpus, evaluator_kind=cfg.evaluator.kind)
     ctl = Controller(cfg, states, records, pool, agents, TuningStore(cfg.seed), progress, history,
                      on_tick=lambda: clock.tick(pool.busy_s))
+    # Asked now (behind each actor's start), read after the search: no wait before it starts.
+    where = None if staged is None else [[a.whereabouts.remote(staged.kernels) for a in actors]
+                                         for actors in (pool.actors, agents)]
     try:
         ctl.run()
+        if staged is not None and where is not None:
+            write_placement(prep.run_dir, staged, where)
         progress.finish()
         results, device = finalize(ctl, warmup)
     finally:
