@@ -95,7 +95,8 @@ class Signature:
                  dtypes: Sequence[str], align_bytes: int) -> None:
         self.kernel = kernel
         self.args = tuple(args)
-        self.dims = {name: tuple(rules) for name, rules in dims.items()}
+        # in argument order: a symbol is read off the first tensor that shows it
+        self.dims = {a.name: tuple(dims[a.name]) for a in args if a.kind == "tensor"}
         self.dtypes = tuple(dtypes)
         self.align_bytes = align_bytes
         self.tensors = tuple(a for a in self.args if a.kind == "tensor")
