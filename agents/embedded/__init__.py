@@ -1,22 +1,23 @@
 """The embedded (offline) agent: a rule-based planner and a source-transforming coder.
 
 It needs no network and no GPU: it reads the parent's evaluation and the lineage history,
-ranks plans by its seeded strategy, applies them as source transformations or family
-recipes, and proposes only variants that keep the signature, have a valid launch header on
+ranks plans by its seeded strategy, applies them as source transformations, family recipes
+or schedules generated from the spec's traced reference (:mod:`agents.embedded.codegen`), and proposes only variants that keep the signature, have a valid launch header on
 every shape, and compile with NVRTC.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 from agents.base import Agent, AgentContext, Attempt, Proposal, derive_seed
+from agents.embedded.codegen import schedules_for
 from agents.embedded.coder import Applied, apply_plan, check_variant
 from agents.embedded.planner import Signals, candidate_plans, learn, rank_plans
-from agents.embedded.recipes import recipes_for
-from agents.embedded.strategies import STRATEGIES, pick_strategy
+from agents.embedded.recipes import Recipe, recipes_for
+from agents.embedded.strategies import STRATEGIES, is_rewrite, pick_strategy
 from kernels.folders import KernelRef
 from kernels.spec import KernelSpec, load_kernel
 from kernels.variant import Variant, source_hash
@@ -29,6 +30,11 @@ def _spec(kernel: KernelRef | str) -> KernelSpec:
     # Specs hold functions from dynamically imported modules: cached per process, never
     # pickled. Keyed by the reference (folder and digest), never by the kernel's name alone.
     return load_kernel(kernel)
+
+
+def _fixed_source(source: str) -> Callable[[KernelSpec], str]:
+    """A recipe builder that returns an already generated source."""
+    return lambda _spec: source
 
 
 def _attempt_key(attempt: Attempt) -> tuple[str, str]:
@@ -69,6 +75,10 @@ class EmbeddedAgent(Agent):
         spec = _spec(ctx.kernel_source)
         history = self._history(ctx)
         recipes = {r.name: r for r in recipes_for(spec)}
+        # Schedules generated from the traced reference: whole-source rewrites like recipes,
+        # for any kernel whose op graph the generator classifies (none otherwise).
+        for name, schedule in schedules_for(spec).items():
+            recipes[name] = Recipe(name, "codegen", _fixed_source(schedule.source))
         applied = tuple(ctx.parent.meta.get("transformations", ()))
         speedups = {a.variant.id: a.evaluation.speedup for a in history
                     if a.evaluation is not None and a.evaluation.speedup is not None}
@@ -85,7 +95,7 @@ class EmbeddedAgent(Agent):
             knowledge,
             Signals.read(ctx.parent_eval),
             rng,
-            parent_is_recipe=any(s.startswith("recipe:") for s in applied),
+            parent_is_recipe=any(is_rewrite(s) for s in applied),
         )
         seen = {ctx.parent.id} | {a.variant.id for a in (*history, *ctx.elites)}
         out: list[Proposal] = []

@@ -1,7 +1,7 @@
 """The embedded planner: reads verdicts and lineage history, ranks the next plans.
 
-A plan is a short tuple of steps (generic transformations and family recipes) applied in
-order to the parent. The planner never proposes a plan that failed or gave nothing before,
+A plan is a short tuple of steps (generic transformations, family recipes and schedules
+generated from the traced reference) applied in order to the parent. The planner never proposes a plan that failed or gave nothing before,
 bans the steps a failure points at (wrong results after fast math, impossible launches
 after launch changes), and orders what is left by the agent's strategy, by what the
 parent's evaluation says (bandwidth fraction, spills) and by a seeded random jitter.
@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from agents.base import Attempt
-from agents.embedded.strategies import Strategy, group_of
+from agents.embedded.strategies import Strategy, group_of, is_rewrite
 from agents.embedded.transforms import GENERIC
 from kernels.verdict import Evaluation, Status
 
@@ -118,6 +118,11 @@ def candidate_plans(recipes: Sequence[str], applied: Sequence[str]) -> list[tupl
     singles = [(s,) for s in (*recipes, *GENERIC) if s not in done]
     combos: list[tuple[str, ...]] = []
     for r in recipes:
+        if r.startswith("codegen:"):
+            # Generated code follows the reference's exact fp32 ops: only the intrinsics (a
+            # few ulp) are worth a try, not the flag's approximate division.
+            combos.append((r, "fast_math_intrinsics"))
+            continue
         combos += [(r, "fast_math_intrinsics"), (r, "fast_math_flag"), (r, "fast_math_intrinsics", "fast_math_flag")]
     combos += [
         ("restrict", "launch_bounds"),
@@ -146,7 +151,7 @@ def rank_plans(
         score = max(strategy.rank(s) + signals.bonus.get(group_of(s), 0.0) for s in plan)
         if len(plan) > 1:  # combinations rank against singles by the strategy's taste
             score += strategy.combine - 1.0 - 0.3 * (len(plan) - 2)
-        if parent_is_recipe and plan[0].startswith("recipe:"):
+        if parent_is_recipe and is_rewrite(plan[0]):
             score -= 3.0  # the parent is already a recipe: refine it before replacing it
         score += rng.uniform(0.0, strategy.jitter)
         scored.append((score, plan))

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 # Groups of steps; a step's group decides where a strategy ranks it.
 GROUPS: dict[str, tuple[str, ...]] = {
-    "recipe": (),  # every ``recipe:*`` step (16-byte vectors, warp reductions, tunables)
+    "recipe": (),  # every ``recipe:*`` and ``codegen:*`` step (16-byte vectors, warp reductions, tunables)
     "launch": ("tunable_block", "launch_bounds", "grid_stride"),
     "fastmath": ("fast_math_intrinsics", "fast_math_flag"),
     "memory": ("restrict", "read_only_cache"),
@@ -18,8 +18,14 @@ GROUPS: dict[str, tuple[str, ...]] = {
 }
 
 
+def is_rewrite(step: str) -> bool:
+    """Steps that replace the whole source: family recipes and generated schedules."""
+    return step.startswith(("recipe:", "codegen:"))
+
+
 def group_of(step: str) -> str:
-    if step.startswith("recipe:"):
+    # Generated schedules rank with the recipes: both are complete fast kernels.
+    if is_rewrite(step):
         return "recipe"
     for group, steps in GROUPS.items():
         if step in steps:

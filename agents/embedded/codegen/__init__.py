@@ -1,0 +1,66 @@
+"""A code generator for kernels no recipe knows: trace the spec's torch reference, classify
+the op graph, emit CUDA from schedule templates.
+
+Nothing here knows a kernel by name: the graph alone decides (elementwise maps with
+broadcasting, row reductions followed by maps, gathers of rows or columns by index, 2-D
+transposes). A graph outside these kinds gives no schedules, and the agent goes on as before.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from agents.embedded.codegen.emit import Schedule, elementwise, rowwise, transpose
+from agents.embedded.codegen.ir import Program, read_program
+from agents.embedded.codegen.trace import Unsupported, trace_reference
+from kernels.spec import KernelSpec
+
+__all__ = ["Program", "Schedule", "Unsupported", "classify", "generate", "schedules_for"]
+
+
+def classify(spec: KernelSpec) -> Program:
+    """The reference's op graph as a program (kind, iteration space, expressions).
+
+    Raises:
+        Unsupported: the graph is outside the supported kinds.
+    """
+    return read_program(spec, trace_reference(spec, spec.dtypes[0]))
+
+
+def generate(spec: KernelSpec) -> list[Schedule]:
+    """Every schedule that applies to the kernel, best guess first.
+
+    Raises:
+        Unsupported: the graph is outside the supported kinds.
+    """
+    program = classify(spec)
+    out: list[Schedule] = []
+    if program.kind == "transpose":
+        return [transpose(spec, program)]
+    if program.kind == "elementwise":
+        for flat in (True, False):
+            try:
+                out.append(elementwise(spec, program, flat))
+            except Unsupported:
+                continue
+        return out
+    return [rowwise(spec, program, per_warp=False), rowwise(spec, program, per_warp=True)]
+
+
+@lru_cache(maxsize=64)
+def _cached(key: tuple[str, str]) -> tuple[tuple[Schedule, ...], str]:
+    from kernels.spec import load_kernel
+
+    spec = load_kernel(key[0]) if key[1] == "name" else load_kernel(__import__("pathlib").Path(key[0]))
+    try:
+        return tuple(generate(spec)), ""
+    except Unsupported as exc:
+        return (), str(exc)
+
+
+def schedules_for(spec: KernelSpec) -> dict[str, Schedule]:
+    """The generated schedules by plan name (empty for an unsupported graph). Traced once per
+    kernel folder and process."""
+    key = (str(spec.directory), "dir") if spec.directory is not None else (spec.name, "name")
+    schedules, _ = _cached(key)
+    return {s.name: s for s in schedules}

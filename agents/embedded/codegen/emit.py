@@ -1,0 +1,625 @@
+"""CUDA from a :class:`~agents.embedded.codegen.ir.Program`, by schedule templates.
+
+Schedules (each choice a ``// tune:`` parameter):
+
+- ``elementwise/rows``: blocks over (row, column chunk); 16-byte vector loads and stores of
+  every tensor when the row length, strides, offsets and pointers allow it, else scalar code;
+  a scalar tail for the last partial vector. ``elementwise/flat``: the same over one flat row
+  of R*C elements, when every access is contiguous.
+- ``rows/warp`` (one row per warp, ROWS rows per block) and ``rows/block`` (one row per block,
+  the block sized to the row): one pass over the row per level of dependent reductions, the
+  first ITEMS vectors of each thread kept in registers between passes, the rest re-read;
+  fp32 accumulation, warp shuffles then shared memory across warps.
+- ``transpose/tiled``: TILE x TILE tiles through shared memory (padded against bank
+  conflicts), coalesced reads and writes.
+
+All offsets are 64-bit. The entry point has the spec's exact name and argument list.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from agents.embedded.codegen.ir import (
+    BOOL,
+    COMPARE,
+    FLOAT,
+    INT,
+    UNARY,
+    AtColumn,
+    Const,
+    Load,
+    Op,
+    Param,
+    Program,
+    Reduce,
+    ctype_of,
+    walk,
+)
+from agents.embedded.codegen.trace import Unsupported
+from kernels.spec import _C_TYPES, SCALAR, KernelSpec
+
+_PRELUDE = """\
+constexpr int VEC = 16 / sizeof(scalar_t);
+
+// V elements of T, aligned for one (or, past 16 bytes, several) wide loads.
+template <typename T, int V>
+struct alignas(sizeof(T) * V >= 16 ? 16 : sizeof(T) * V) Pack {
+    T v[V];
+};
+
+// Maximum and minimum that keep NaN, as torch does (fmaxf would drop it).
+__device__ __forceinline__ float cg_max(float a, float b) { return (a != a || b != b) ? a + b : fmaxf(a, b); }
+__device__ __forceinline__ float cg_min(float a, float b) { return (a != a || b != b) ? a + b : fminf(a, b); }
+__device__ __forceinline__ float cg_relu(float a) { return a != a ? a : fmaxf(a, 0.0f); }
+
+__device__ __forceinline__ bool cg_aligned(const void* p, unsigned bytes) {
+    return (reinterpret_cast<unsigned long long>(p) & (bytes - 1)) == 0;
+}
+
+template <int OP>
+__device__ __forceinline__ float cg_combine(float a, float b) {
+    return OP == 0 ? a + b : (OP == 1 ? cg_max(a, b) : cg_min(a, b));
+}
+
+template <int OP>
+__device__ __forceinline__ float cg_warp_reduce(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = cg_combine<OP>(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Reduces over the blockDim.x threads of one row (threadIdx.y): every thread gets the result.
+// Called by every thread of the block (rows past the end too), so the barriers are uniform.
+template <int OP>
+__device__ __forceinline__ float cg_group_reduce(float v, float identity) {
+    __shared__ float part[32][33];
+    v = cg_warp_reduce<OP>(v);
+    if (blockDim.x > 32) {
+        const int lane = threadIdx.x & 31;
+        __syncthreads();  // the previous reduction's reads of part are done
+        if (lane == 0) part[threadIdx.y][threadIdx.x >> 5] = v;
+        __syncthreads();
+        v = lane < static_cast<int>(blockDim.x >> 5) ? part[threadIdx.y][lane] : identity;
+        v = cg_warp_reduce<OP>(v);
+    }
+    return v;
+}
+"""
+
+_POS_INF = "__int_as_float(0x7f800000)"
+_NEG_INF = "__int_as_float(0xff800000)"
+_IDENTITY = {"sum": "0.0f", "max": _NEG_INF, "min": _POS_INF}
+_OPCODE = {"sum": 0, "max": 1, "min": 2}
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One generated variant: its plan name and its source."""
+
+    name: str
+    source: str
+
+
+def c_size(expr: str) -> str:
+    """A launch-style size expression (``2 * d``) as 64-bit C."""
+    terms = [f"{t}LL" if t.isdigit() else f"static_cast<long long>({t})" for t in expr.split(" * ")]
+    return "(" + " * ".join(terms) + ")"
+
+
+def _float_literal(x: float) -> str:
+    if math.isnan(x):
+        return "__int_as_float(0x7fffffff)"
+    if math.isinf(x):
+        return _POS_INF if x > 0 else _NEG_INF
+    return f"{float(x)!r}f".replace("inf", "INF")
+
+
+class _Emitter:
+    """Writes statements for the expressions of one program."""
+
+    def __init__(self, spec: KernelSpec, program: Program) -> None:
+        self.spec = spec
+        self.p = program
+        self.cols = c_size(program.cols)
+        self.rows = c_size(program.rows)
+        self.dtypes = program.dtypes
+        self.names: dict[int, str] = {}
+        self.counter = 0
+        self.row_lines: list[str] = []
+        self.row_done: dict[int, str] = {}
+        self.full_leaves: list[Load] = []
+        for node in walk(program.all_roots()):
+            if isinstance(node, Load) and node.access in ("full", "gather") and node not in self.full_leaves:
+                self.full_leaves.append(node)
+        self.row_loads: list[Load] = [n for n in walk(program.all_roots()) if isinstance(n, Load) and n.access in ("row", "scalar")]
+        self._row_only: dict[int, bool] = {}
+
+    # ---- types
+    def c_type(self, arg: str) -> str:
+        d = self.dtypes[arg]
+        return "scalar_t" if d == SCALAR else _C_TYPES[d]
+
+    def is_float_arg(self, arg: str) -> bool:
+        return self.dtypes[arg] in (SCALAR, "float32", "float16", "bfloat16")
+
+    def kind(self, node: object) -> str:
+        k = ctype_of(node)
+        if k == "load":
+            assert isinstance(node, Load)
+            return FLOAT if self.is_float_arg(node.arg) else INT
+        return k
+
+    def c_kind(self, kind: str) -> str:
+        return {FLOAT: "float", INT: "long long", BOOL: "bool"}[kind]
+
+    # ---- spaces
+    def row_only(self, node: object) -> bool:
+        """True when the value depends on the row alone (computed once per row)."""
+        key = id(node)
+        if key not in self._row_only:
+            if isinstance(node, Load):
+                res = node.access in ("row", "scalar")
+            elif isinstance(node, Reduce | AtColumn | Const | Param):
+                res = True
+            elif isinstance(node, Op):
+                res = all(self.row_only(a) for a in node.args)
+            else:
+                res = True
+            self._row_only[key] = res
+        return self._row_only[key]
+
+    def fresh(self) -> str:
+        self.counter += 1
+        return f"cg_t{self.counter}"
+
+    # ---- leaves
+    def leaf_base(self, leaf: Load) -> str:
+        i = self.full_leaves.index(leaf)
+        return f"cg_base{i}"
+
+    def leaf_bases(self, row: str) -> list[str]:
+        """Per full leaf, its row's first element (64-bit)."""
+        out = []
+        for i, leaf in enumerate(self.full_leaves):
+            stride = self.cols if leaf.row_stride == "C" else c_size(leaf.row_stride)
+            if leaf.access == "gather":
+                idx = self.row_expr(leaf.index)
+                out.append(f"const long long cg_base{i} = static_cast<long long>({idx}) * {stride};")
+            else:
+                out.append(f"const long long cg_base{i} = {row} * {stride} + {c_size(leaf.offset)};")
+        return out
+
+    # ---- row values
+    def row_expr(self, node: object) -> str:
+        """The C name or literal of a row-only value, defining it in ``row_lines`` once."""
+        if isinstance(node, Const):
+            return self.literal(node)
+        if isinstance(node, Param):
+            return "static_cast<float>(" + self.cols + ")" if node.name == "__cols" else node.name
+        key = id(node)
+        if key in self.row_done:
+            return self.row_done[key]
+        if isinstance(node, Reduce):
+            return f"cg_red{node.index}"
+        if isinstance(node, Load):
+            value = f"{node.arg}[{'cg_row' if node.access == 'row' else '0'}]"
+            text = self.convert_load(node.arg, value)
+        elif isinstance(node, AtColumn):
+            col = self.row_expr(node.column)
+            name = self.fresh() + "_col"
+            self.row_lines.append(f"const long long {name} = static_cast<long long>({col});")
+            text = self.scalar_expr(node.body, name)
+        else:
+            assert isinstance(node, Op)
+            text = self.op_text(node, [self.row_expr(a) for a in node.args])
+        name = self.fresh()
+        self.row_lines.append(f"const {self.c_kind(self.kind(node))} {name} = {text};")
+        self.row_done[key] = name
+        return name
+
+    def scalar_expr(self, node: object, col: str) -> str:
+        """A full expression at one column (a gather by index), with scalar loads."""
+        if self.row_only(node):
+            return self.row_expr(node)
+        if isinstance(node, Load):
+            if node.access == "col":
+                return self.convert_load(node.arg, f"{node.arg}[{col}]")
+            return self.convert_load(node.arg, f"{node.arg}[{self.leaf_base(node)} + {col}]")
+        assert isinstance(node, Op)
+        return self.op_text(node, [self.scalar_expr(a, col) for a in node.args])
+
+    def convert_load(self, arg: str, value: str) -> str:
+        kind = "float" if self.is_float_arg(arg) else "long long"
+        return f"static_cast<{kind}>({value})"
+
+    def literal(self, c: Const) -> str:
+        if c.ctype == BOOL:
+            return "true" if c.value else "false"
+        if c.ctype == INT:
+            return f"{int(c.value)}LL"
+        return _float_literal(float(c.value))
+
+    def op_text(self, node: Op, args: list[str]) -> str:
+        name = node.name
+        kinds = [self.kind(a) for a in node.args]
+        if name == "pow":
+            exponent = node.args[1]
+            if isinstance(exponent, Const) and float(exponent.value) == 2.0:
+                return f"({args[0]} * {args[0]})"
+            if isinstance(exponent, Const) and float(exponent.value) == 0.5:
+                return f"sqrtf({args[0]})"
+            if isinstance(exponent, Const) and float(exponent.value) == 1.0:
+                return args[0]
+            return f"powf({args[0]}, static_cast<float>({args[1]}))"
+        if name in UNARY:
+            return UNARY[name].format(*args)
+        if name == "gelu":
+            return f"(0.5f * {args[0]} * (1.0f + erff({args[0]} * 0.70710678118654752f)))"
+        if name == "gelu_tanh":
+            a = args[0]
+            return f"(0.5f * {a} * (1.0f + tanhf(0.7978845608028654f * ({a} + 0.044715f * {a} * {a} * {a}))))"
+        if name in ("add", "sub", "mul", "div"):
+            sym = {"add": "+", "sub": "-", "mul": "*", "div": "/"}[name]
+            if node.ctype == FLOAT or FLOAT in kinds:
+                return f"(static_cast<float>({args[0]}) {sym} static_cast<float>({args[1]}))"
+            return f"({args[0]} {sym} {args[1]})"
+        if name in ("maximum", "minimum"):
+            fn = "cg_max" if name == "maximum" else "cg_min"
+            return f"{fn}(static_cast<float>({args[0]}), static_cast<float>({args[1]}))"
+        if name == "atan2":
+            return f"atan2f({args[0]}, {args[1]})"
+        if name in COMPARE:
+            if FLOAT in kinds:
+                return f"(static_cast<float>({args[0]}) {COMPARE[name]} static_cast<float>({args[1]}))"
+            return f"({args[0]} {COMPARE[name]} {args[1]})"
+        if name == "not":
+            return f"(!{args[0]})"
+        if name in ("and", "or"):
+            return f"({args[0]} {'&&' if name == 'and' else '||'} {args[1]})"
+        if name == "where":
+            t = self.c_kind(node.ctype)
+            return f"({args[0]} ? static_cast<{t}>({args[1]}) : static_cast<{t}>({args[2]}))"
+        if name == "tofloat":
+            return f"static_cast<float>({args[0]})"
+        if name == "round_to":
+            return f"static_cast<float>(static_cast<{node.extra[0]}>({args[0]}))"
+        if name == "tobool":
+            return f"({args[0]} != 0)"
+        if name == "toint":
+            return f"static_cast<long long>(static_cast<{node.extra[0]}>(static_cast<long long>({args[0]})))"
+        raise Unsupported(f"no C for op {name}")
+
+    # ---- element bodies
+    def element_expr(self, node: object, leaf: dict[int, str], lines: list[str], memo: dict[int, str]) -> str:
+        """A full expression for element ``e`` of the current vector, as statements in ``lines``."""
+        if self.row_only(node):
+            return self.row_expr(node)
+        key = id(node)
+        if key in memo:
+            return memo[key]
+        if isinstance(node, Load):
+            text = leaf[key]
+        else:
+            assert isinstance(node, Op)
+            args = [self.element_expr(a, leaf, lines, memo) for a in node.args]
+            name = self.fresh()
+            lines.append(f"const {self.c_kind(node.ctype)} {name} = {self.op_text(node, args)};")
+            text = name
+        memo[key] = text
+        return text
+
+    def store_value(self, arg: str, value: str, kind: str) -> str:
+        ct = self.c_type(arg)
+        if ct in ("scalar_t", "__half", "__nv_bfloat16", "float"):
+            return f"static_cast<{ct}>(static_cast<float>({value}))"
+        if kind == FLOAT:
+            return f"static_cast<{ct}>(static_cast<long long>({value}))"
+        return f"static_cast<{ct}>({value})"
+
+    def col_leaves(self) -> list[Load]:
+        return [n for n in walk(self.p.all_roots()) if isinstance(n, Load) and n.access == "col"]
+
+    def vector_ok(self, full_outputs: list[str]) -> str:
+        """The run-time condition for the V-wide path (row length, strides, offsets, pointers)."""
+        conds = [f"{self.cols} % VEC == 0"]
+        for leaf in self.full_leaves:
+            if leaf.row_stride != "C":
+                conds.append(f"{c_size(leaf.row_stride)} % VEC == 0")
+            if leaf.offset != "0":
+                conds.append(f"{c_size(leaf.offset)} % VEC == 0")
+        ptrs = {leaf.arg for leaf in self.full_leaves} | {leaf.arg for leaf in self.col_leaves()} | set(full_outputs)
+        for arg in sorted(ptrs):
+            conds.append(f"cg_aligned({arg}, sizeof({self.c_type(arg)}) * VEC >= 16 ? 16 : sizeof({self.c_type(arg)}) * VEC)")
+        return " && ".join(conds)
+
+    def chunk_body(self, exprs: list[tuple[str, object]], cached: set[int], fill: set[int],
+                   col0: str, slot: str | None) -> list[str]:
+        """Statements for one V-wide chunk at column ``col0``: loads (or register reads),
+        then per element either a reduction update (``("red:K", body)``) or an output store
+        (``("out:NAME", expr)``). Cached leaves in ``fill`` are loaded and kept in registers
+        (slot ``slot``); other cached leaves are read from there."""
+        lines: list[str] = []
+        leaf_text: dict[int, str] = {}
+        needed = [n for _, e in exprs for n in walk([e]) if isinstance(n, Load) and not self.row_only(n)]
+        by_value: dict[Load, str] = {}  # equal loads reached through two paths are one load
+        for leaf in needed:
+            if leaf in by_value:
+                leaf_text[id(leaf)] = by_value[leaf]
+                continue
+            self._leaf_code(leaf, cached, fill, col0, slot, lines, leaf_text)
+            by_value[leaf] = leaf_text[id(leaf)]
+        return self._element_loop(exprs, lines, leaf_text, col0)
+
+    def _leaf_code(self, leaf: Load, cached: set[int], fill: set[int], col0: str, slot: str | None,
+                   lines: list[str], leaf_text: dict[int, str]) -> None:
+        """Loads one leaf's V elements (or reads them from registers) and names element e."""
+        if leaf.access == "col":
+            i = self.col_leaves().index(leaf)
+            lines.append(f"const Pack<{self.c_type(leaf.arg)}, V> cg_c{i} = *reinterpret_cast<const Pack<{self.c_type(leaf.arg)}, V>*>({leaf.arg} + {col0});")
+            leaf_text[id(leaf)] = self.convert_load(leaf.arg, f"cg_c{i}.v[e]")
+            return
+        i = self.full_leaves.index(leaf)
+        if i in cached and slot is not None and i not in fill:
+            leaf_text[id(leaf)] = f"cg_cache{i}[{slot}][e]"
+            return
+        lines.append(f"const Pack<{self.c_type(leaf.arg)}, V> cg_p{i} = *reinterpret_cast<const Pack<{self.c_type(leaf.arg)}, V>*>({leaf.arg} + cg_base{i} + {col0});")
+        leaf_text[id(leaf)] = self.convert_load(leaf.arg, f"cg_p{i}.v[e]")
+        if i in cached and slot is not None:
+            lines.append(f"#pragma unroll\nfor (int e = 0; e < V; ++e) cg_cache{i}[{slot}][e] = {leaf_text[id(leaf)]};")
+            leaf_text[id(leaf)] = f"cg_cache{i}[{slot}][e]"
+
+    def _element_loop(self, exprs: list[tuple[str, object]], lines: list[str], leaf_text: dict[int, str],
+                      col0: str) -> list[str]:
+        """The per-element loop over the chunk: reduction updates and output stores."""
+        outs = [(what, e) for what, e in exprs if what.startswith("out:")]
+        for what, _ in outs:
+            arg = what[4:]
+            lines.append(f"Pack<{self.c_type(arg)}, V> cg_o_{arg};")
+        lines.append("#pragma unroll")
+        lines.append("for (int e = 0; e < V; ++e) {")
+        memo: dict[int, str] = {}
+        body: list[str] = []
+        for what, expr in exprs:
+            value = self.element_expr(expr, leaf_text, body, memo)
+            if what.startswith("red:"):
+                r = self.p.reductions[int(what[4:])]
+                body.append(f"cg_acc{r.index} = cg_combine<{_OPCODE[r.kind]}>(cg_acc{r.index}, static_cast<float>({value}));")
+            else:
+                arg = what[4:]
+                body.append(f"cg_o_{arg}.v[e] = {self.store_value(arg, value, self.kind(expr))};")
+        lines += ["    " + b for b in body]
+        lines.append("}")
+        for what, _ in outs:
+            arg = what[4:]
+            lines.append(f"*reinterpret_cast<Pack<{self.c_type(arg)}, V>*>({arg} + cg_obase + {col0}) = cg_o_{arg};")
+        return lines
+
+
+def _params(spec: KernelSpec) -> str:
+    out = []
+    for a, (ctype, is_ptr) in zip(spec.args, spec.c_signature(), strict=True):
+        if is_ptr:
+            const = "const " if a.role == "in" else ""
+            # inout tensors may be read and written through two names: no __restrict__ there.
+            restrict = " __restrict__" if a.role != "inout" else ""
+            out.append(f"{const}{ctype}*{restrict} {a.name}")
+        else:
+            out.append(f"{ctype} {a.name}")
+    return ", ".join(out)
+
+
+def _arg_names(spec: KernelSpec) -> str:
+    return ", ".join(a.name for a in spec.args)
+
+
+def _header(grid: str, block: str, tune: Mapping[str, tuple[int, ...]], what: str, spec: KernelSpec) -> str:
+    lines = [f"// {spec.name}: generated from the traced reference ({what})."]
+    lines.append(f"// launch: grid={grid} block={block} smem=0")
+    lines += [f"// tune: {k}=" + ",".join(str(v) for v in vals) for k, vals in tune.items()]
+    lines += [f"#ifndef {k}\n#define {k} {vals[0]}\n#endif" for k, vals in tune.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _entry(spec: KernelSpec, bound: str, cond: str, call: str) -> str:
+    return (
+        f'extern "C" __global__ void __launch_bounds__({bound}) {spec.name}({_params(spec)}) {{\n'
+        f"    if ({cond}) {{\n        {call.format(v='VEC')};\n    }} else {{\n        {call.format(v='1')};\n    }}\n}}\n"
+    )
+
+
+# ---------------------------------------------------------------- elementwise
+
+
+def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
+    em = _Emitter(spec, program)
+    outputs = list(program.outputs)
+    if flat:
+        if any(leaf.access == "gather" or leaf.row_stride != "C" or leaf.offset != "0" for leaf in em.full_leaves) \
+                or em.col_leaves() or any(n.access == "row" for n in em.row_loads):
+            raise Unsupported("the flat schedule needs contiguous accesses only")
+        em.cols = f"({em.rows} * {em.cols})"
+        rows_launch, cols_launch = "1", f"{program.rows} * {program.cols}"
+    else:
+        rows_launch, cols_launch = program.rows, program.cols
+    bases = em.leaf_bases("cg_row")  # a gathered row's index is a row value: defined first
+    index_defs, em.row_lines = list(em.row_lines), []
+    body = em.chunk_body([(f"out:{n}", e) for n, (_, e) in program.outputs.items()], set(), set(), "cg_c", None)
+    bases, row_defs = index_defs + bases, list(em.row_lines)
+    args = _arg_names(spec)
+    text = [
+        _PRELUDE,
+        "// One V-wide chunk of one row at column cg_c (V = 1 for tails and unaligned data).",
+        f"template <int V>\n__device__ __forceinline__ void cg_chunk_at({_params(spec)}, long long cg_row, long long cg_c) {{",
+        f"    const long long cg_obase = cg_row * {em.cols};",
+        *("    " + b for b in bases),
+        *("    " + d for d in row_defs),
+        *("    " + b for b in body),
+        "}",
+        "",
+        f"template <int V>\n__device__ __forceinline__ void cg_run({_params(spec)}) {{",
+        f"    const long long cg_cols = {em.cols};",
+        "    const long long cg_size = static_cast<long long>(BLOCK) * 8 * ITEMS;",
+        "    const long long cg_chunks = (cg_cols + cg_size - 1) / cg_size;",
+        "    const long long cg_row = static_cast<long long>(blockIdx.x) / cg_chunks;",
+        "    const long long cg_begin = static_cast<long long>(blockIdx.x) % cg_chunks * cg_size;",
+        "    const long long cg_end = min(cg_cols, cg_begin + cg_size);",
+        "    // Whole vectors, then what is left past the last whole vector one element at a time.",
+        "    const long long cg_vend = cg_begin + (cg_end - cg_begin) / V * V;",
+        "    for (long long cg_c = cg_begin + static_cast<long long>(threadIdx.x) * V; cg_c < cg_vend;",
+        "         cg_c += static_cast<long long>(BLOCK) * V) {",
+        f"        cg_chunk_at<V>({args}, cg_row, cg_c);",
+        "    }",
+        "    for (long long cg_c = cg_vend + threadIdx.x; cg_c < cg_end; cg_c += BLOCK) {",
+        f"        cg_chunk_at<1>({args}, cg_row, cg_c);",
+        "    }",
+        "}",
+    ]
+    grid = f"(cdiv({cols_launch}, BLOCK * 8 * ITEMS),)" if flat else f"({rows_launch} * cdiv({cols_launch}, BLOCK * 8 * ITEMS),)"
+    tune = {"BLOCK": (256, 128, 512), "ITEMS": (2, 1, 4)}
+    name = "elementwise/flat" if flat else "elementwise/rows"
+    head = _header(grid, "(BLOCK,)", tune, f"{name}: 16-byte vectors with a scalar tail, fp32 math", spec)
+    call = "cg_run<{v}>(" + args + ")"
+    return Schedule("codegen:" + name, head + "\n".join(text) + "\n" + _entry(spec, "BLOCK", em.vector_ok(outputs), call))
+
+
+# ---------------------------------------------------------------- row reductions
+
+
+def _levels(program: Program) -> list[list[Reduce]]:
+    """Reductions grouped so that each group depends only on earlier groups (one pass each)."""
+    level: dict[int, int] = {}
+    for r in program.reductions:  # in creation order: dependencies come first
+        inner = [n for n in walk([r.body]) if isinstance(n, Reduce) and n is not r]
+        level[r.index] = 1 + max((level[n.index] for n in inner), default=-1)
+    out: list[list[Reduce]] = [[] for _ in range(max(level.values(), default=-1) + 1)]
+    for r in program.reductions:
+        out[level[r.index]].append(r)
+    return out
+
+
+def _pass(em: _Emitter, exprs: list[tuple[str, object]], cached: set[int], fill: set[int]) -> list[str]:
+    """One pass over the row: the first ITEMS vectors of each thread (kept in registers), then
+    the rest of the row, re-read."""
+    regs = em.chunk_body(exprs, cached, fill, "cg_c", "cg_j")
+    rest = em.chunk_body(exprs, cached, set(), "cg_c", None)
+    return [
+        "#pragma unroll",
+        "for (int cg_j = 0; cg_j < ITEMS; ++cg_j) {",
+        "    const long long cg_i = cg_lane + static_cast<long long>(cg_j) * cg_g;",
+        "    if (cg_active && cg_i < cg_nvec) {",
+        "        const long long cg_c = cg_i * V;",
+        *("        " + b for b in regs),
+        "    }",
+        "}",
+        "for (long long cg_i = cg_lane + static_cast<long long>(ITEMS) * cg_g; cg_active && cg_i < cg_nvec; cg_i += cg_g) {",
+        "    const long long cg_c = cg_i * V;",
+        *("    " + b for b in rest),
+        "}",
+    ]
+
+
+def rowwise(spec: KernelSpec, program: Program, per_warp: bool) -> Schedule:
+    em = _Emitter(spec, program)
+    float_leaves = {i for i, leaf in enumerate(em.full_leaves) if em.is_float_arg(leaf.arg)}
+    # Registers kept per thread: cached leaves x ITEMS x 8 floats, at most 64.
+    items = tuple(v for v in (4, 2, 8, 1) if max(1, len(float_leaves)) * v * 8 <= 64) or (1,)
+    cached = float_leaves
+    lines: list[str] = []
+    bases = em.leaf_bases("cg_row")
+    lines += em.row_lines + bases
+    em.row_lines = []
+    lines += [f"float cg_cache{i}[ITEMS][V];" for i in sorted(cached)]
+    filled: set[int] = set()
+    for group in _levels(program):
+        exprs: list[tuple[str, object]] = [(f"red:{r.index}", r.body) for r in group]
+        used = {em.full_leaves.index(n) for _, e in exprs for n in walk([e]) if isinstance(n, Load) and n in em.full_leaves}
+        fill = (used & cached) - filled
+        body = _pass(em, exprs, cached, fill)
+        filled |= fill
+        lines += em.row_lines
+        em.row_lines = []
+        lines += [f"float cg_acc{r.index} = {_IDENTITY[r.kind]};" for r in group]
+        lines += body
+        lines += [f"const float cg_red{r.index} = cg_group_reduce<{_OPCODE[r.kind]}>(cg_acc{r.index}, {_IDENTITY[r.kind]});"
+                  for r in group]
+    full_out = [(f"out:{n}", e) for n, (space, e) in program.outputs.items() if space == "full"]
+    if full_out:
+        used = {em.full_leaves.index(n) for _, e in full_out for n in walk([e]) if isinstance(n, Load) and n in em.full_leaves}
+        body = _pass(em, full_out, cached, (used & cached) - filled)
+        lines += em.row_lines
+        em.row_lines = []
+        lines += body
+    row_out = [(n, e) for n, (space, e) in program.outputs.items() if space != "full"]
+    if row_out:
+        stores = []
+        for name, expr in row_out:
+            value = em.row_expr(expr)
+            stores.append(f"{name}[cg_row] = {em.store_value(name, value, em.kind(expr))};")
+        lines += ["if (cg_active && threadIdx.x == 0) {", *("    " + x for x in em.row_lines + stores), "}"]
+        em.row_lines = []
+    text = [
+        _PRELUDE,
+        f"template <int V>\n__device__ __forceinline__ void cg_run({_params(spec)}) {{",
+        f"    const long long cg_cols = {em.cols};",
+        "    const long long cg_r = static_cast<long long>(blockIdx.x) * blockDim.y + threadIdx.y;",
+        "    // Threads of rows past the end still take part in the block's barriers.",
+        f"    const bool cg_active = cg_r < {em.rows};",
+        "    const long long cg_row = cg_active ? cg_r : 0;",
+        "    const long long cg_obase = cg_row * cg_cols;",
+        "    const long long cg_nvec = cg_cols / V;",
+        "    const int cg_lane = threadIdx.x;",
+        "    const int cg_g = blockDim.x;",
+        *("    " + x for x in lines),
+        "}",
+    ]
+    outputs = [n for n, (space, _) in program.outputs.items() if space == "full"]
+    call = "cg_run<{v}>(" + _arg_names(spec) + ")"
+    if per_warp:
+        grid, block, bound = f"(cdiv({program.rows}, ROWS),)", "(32, ROWS)", "32 * ROWS"
+        tune = {"ROWS": (4, 2, 8, 1), "ITEMS": items}
+        name, what = "rows/warp", "one row per warp, ROWS rows per block"
+    else:
+        grid = f"({program.rows},)"
+        block = f"(min(512, max(32, 32 * cdiv({program.cols}, 256 * ITEMS))),)"
+        bound, tune = "512", {"ITEMS": items}
+        name, what = "rows/block", "one row per block, the block sized to the row"
+    head = _header(grid, block, tune, f"{name}: {what}; ITEMS vectors per thread kept in registers between passes, fp32 accumulation", spec)
+    return Schedule("codegen:" + name, head + "\n".join(text) + "\n" + _entry(spec, bound, em.vector_ok(outputs), call))
+
+
+# ---------------------------------------------------------------- transpose
+
+
+def transpose(spec: KernelSpec, program: Program) -> Schedule:
+    assert program.transposed is not None
+    arg, rows, cols = program.transposed
+    out = next(iter(program.outputs))
+    em = _Emitter(spec, program)
+    ct_in, ct_out = em.c_type(arg), em.c_type(out)
+    text = [
+        f"__device__ __forceinline__ void cg_run({_params(spec)}) {{",
+        f"    __shared__ {ct_in} tile[TILE][TILE + 1];  // +1: a column of the tile spans all banks",
+        f"    const long long cg_rows = {c_size(rows)};",
+        f"    const long long cg_cols = {c_size(cols)};",
+        "    const long long cg_tiles_x = (cg_cols + TILE - 1) / TILE;",
+        "    const long long cg_i0 = static_cast<long long>(blockIdx.x) / cg_tiles_x * TILE;",
+        "    const long long cg_j0 = static_cast<long long>(blockIdx.x) % cg_tiles_x * TILE;",
+        "    for (int k = threadIdx.y; k < TILE; k += blockDim.y) {",
+        "        const long long i = cg_i0 + k, j = cg_j0 + threadIdx.x;",
+        f"        if (i < cg_rows && j < cg_cols) tile[k][threadIdx.x] = {arg}[i * cg_cols + j];",
+        "    }",
+        "    __syncthreads();",
+        "    for (int k = threadIdx.y; k < TILE; k += blockDim.y) {",
+        "        const long long j = cg_j0 + k, i = cg_i0 + threadIdx.x;",
+        f"        if (i < cg_rows && j < cg_cols) {out}[j * cg_rows + i] = static_cast<{ct_out}>(tile[threadIdx.x][k]);",
+        "    }",
+        "}",
+    ]
+    grid = f"(cdiv({cols}, TILE) * cdiv({rows}, TILE),)"
+    tune = {"TILE": (32, 64), "TY": (8, 4, 16)}
+    head = _header(grid, "(TILE, TY)", tune, "transpose/tiled: TILE x TILE tiles through shared memory, coalesced both ways", spec)
+    entry = f'extern "C" __global__ void __launch_bounds__(1024) {spec.name}({_params(spec)}) {{\n    cg_run({_arg_names(spec)});\n}}\n'
+    return Schedule("codegen:transpose/tiled", head + "\n".join(text) + "\n" + entry)

@@ -1,0 +1,502 @@
+"""The op graph read as a program over a [R, C] iteration space, and its classification.
+
+Every value of the traced graph is given a *space* from its shape: ``full`` (varies along the
+rows and the columns: the shape of the largest computed value, collapsed to [R, C] with C its
+last dimension), ``row`` (one value per row: [rows..., 1] or [rows...]), ``col`` (one value per
+column, broadcast over rows: [C]) or ``scalar``. A value is an expression tree over the
+element (r, c): loads of tensor arguments (contiguous, a slice of the last dimension, or a row
+picked by an index), constants, the kernel's float arguments, elementwise ops, per-row
+reductions over the columns, and the value of a full expression at one column per row
+(``gather`` by index). A 2-D permuted copy is read as a transpose instead.
+
+Anything else (reductions over other dimensions, partial broadcasts, data-dependent sizes,
+ops not listed in :data:`UNARY` / :data:`BINARY`) raises :class:`Unsupported`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from agents.embedded.codegen.trace import Trace, Unsupported, fit_size
+from kernels.spec import SCALAR, KernelSpec
+
+FLOAT, INT, BOOL = "float", "int", "bool"
+
+# aten op -> C expression template over the operand(s) ({0}, {1}); results are fp32 unless typed.
+UNARY: dict[str, str] = {
+    "neg": "(-{0})", "abs": "fabsf({0})", "exp": "expf({0})", "log": "logf({0})", "sqrt": "sqrtf({0})",
+    "rsqrt": "rsqrtf({0})", "sigmoid": "(1.0f / (1.0f + expf(-{0})))", "tanh": "tanhf({0})",
+    "erf": "erff({0})", "reciprocal": "(1.0f / {0})", "exp2": "exp2f({0})", "log2": "log2f({0})",
+    "expm1": "expm1f({0})", "log1p": "log1pf({0})", "sin": "sinf({0})", "cos": "cosf({0})",
+    "floor": "floorf({0})", "ceil": "ceilf({0})", "trunc": "truncf({0})", "round": "rintf({0})",
+    "relu": "cg_relu({0})", "silu": "({0} / (1.0f + expf(-{0})))",
+}
+BINARY: dict[str, str] = {
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})",
+    "maximum": "cg_max({0}, {1})", "minimum": "cg_min({0}, {1})", "pow": "powf({0}, {1})",
+    "atan2": "atan2f({0}, {1})",
+}
+COMPARE: dict[str, str] = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "eq": "==", "ne": "!="}
+_VIEWS = {"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "expand", "clone", "alias",
+          "contiguous", "lift_fresh_copy", "detach"}
+_TORCH_TO_C = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float", "int32": "int",
+               "int64": "long long", "uint8": "unsigned char", "int8": "signed char", "bool": "bool"}
+
+
+@dataclass(frozen=True)
+class Load:
+    """Element (r, c) of a tensor argument: at ``r * row_stride + offset + c`` (``full``), at
+    ``c`` (``col``), ``r`` (``row``), 0 (``scalar``), or at ``index * row_stride + c`` with
+    ``index`` a row expression (``gather``)."""
+
+    arg: str
+    access: str
+    row_stride: str = "C"
+    offset: str = "0"
+    index: Any = None
+
+
+@dataclass(frozen=True)
+class Const:
+    value: float | int | bool
+    ctype: str
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    args: tuple[Any, ...]
+    ctype: str
+    extra: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True)
+class Reduce:
+    """A reduction over the columns of one row: ``sum``, ``max`` or ``min`` of ``body``."""
+
+    kind: str
+    body: Any
+    index: int
+
+
+@dataclass(frozen=True)
+class AtColumn:
+    """``body`` (a full expression) evaluated at column ``column`` (a row expression)."""
+
+    body: Any
+    column: Any
+
+
+@dataclass
+class Program:
+    """What the emitter needs.
+
+    Attributes:
+        kind: ``elementwise``, ``rowwise`` or ``transpose``.
+        rows, cols: R and C as launch expressions over the shape symbols.
+        outputs: written argument -> (space, expression).
+        reductions: in dependency order.
+        dtypes: tensor argument -> torch dtype name (``scalar`` for the run's type).
+        transposed: for ``transpose``, the permuted argument and its [rows, cols] expressions.
+    """
+
+    kind: str
+    rows: str
+    cols: str
+    outputs: dict[str, tuple[str, Any]]
+    reductions: list[Reduce] = field(default_factory=list)
+    dtypes: dict[str, str] = field(default_factory=dict)
+    transposed: tuple[str, str, str] | None = None
+
+    @property
+    def has_gather(self) -> bool:
+        return any(isinstance(n, Load) and n.access == "gather" for n in walk(self.all_roots()))
+
+    def all_roots(self) -> list[Any]:
+        return [e for _, e in self.outputs.values()] + [r.body for r in self.reductions]
+
+
+def walk(roots: list[Any]) -> list[Any]:
+    """Every node reachable from ``roots`` (each once), reductions' bodies included."""
+    seen: dict[int, Any] = {}
+    stack = list(roots)
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen[id(node)] = node
+        if isinstance(node, Op):
+            stack.extend(node.args)
+        elif isinstance(node, Reduce):
+            stack.append(node.body)
+        elif isinstance(node, AtColumn):
+            stack.extend((node.body, node.column))
+        elif isinstance(node, Load) and node.index is not None:
+            stack.append(node.index)
+    return list(seen.values())
+
+
+def ctype_of(node: Any) -> str:
+    if isinstance(node, Load):
+        return "load"
+    if isinstance(node, Const):
+        return node.ctype
+    if isinstance(node, Param | Reduce):
+        return FLOAT
+    if isinstance(node, AtColumn):
+        return ctype_of(node.body)
+    return node.ctype
+
+
+def _kind_of_dtype(dtype: Any) -> str:
+    import torch
+
+    if dtype == torch.bool:
+        return BOOL
+    return FLOAT if dtype.is_floating_point else INT
+
+
+@dataclass
+class _Val:
+    """A graph value: its expression (None for an argument not yet read) and shapes at both probes."""
+
+    expr: Any
+    shape: tuple[int, ...]
+    shape_b: tuple[int, ...]
+    arg: str | None = None  # a tensor argument, read lazily so slices and gathers see it whole
+    dtype: Any = None
+
+
+class _Reader:
+    def __init__(self, spec: KernelSpec, trace: Trace) -> None:
+        self.spec = spec
+        self.trace = trace
+        self.reductions: list[Reduce] = []
+        self.dtypes = {a.name: a.dtype for a in spec.args if a.kind == "tensor"}
+        self.full: tuple[int, ...] = ()
+        self.full_b: tuple[int, ...] = ()
+
+    # ---- spaces
+    def space(self, shape: tuple[int, ...]) -> str:
+        s = list(shape)
+        while s and s[0] == 1 and len(s) > len(self.full):
+            s.pop(0)
+        if math.prod(s) == 1:
+            return "scalar"
+        rows = list(self.full[:-1])
+        if s == list(self.full):
+            return "full"
+        if s == rows + [1] or (s == rows and rows):
+            return "row"
+        stripped = list(s)
+        while stripped and stripped[0] == 1:
+            stripped.pop(0)
+        if stripped == [self.full[-1]]:
+            return "col"
+        raise Unsupported(f"a value of shape {list(shape)} does not broadcast simply against {list(self.full)}")
+
+    def size_expr(self, a: int, b: int) -> str:
+        return fit_size(a, b, self.trace.probes)
+
+    # ---- reading arguments
+    def read(self, v: _Val) -> Any:
+        if v.expr is not None:
+            return v.expr
+        assert v.arg is not None
+        space = self.space(v.shape)
+        if space == "full":
+            return Load(v.arg, "full", row_stride="C")
+        return Load(v.arg, space)
+
+    def constant(self, x: Any) -> Any:
+        if isinstance(x, bool):
+            return Const(x, BOOL)
+        if isinstance(x, int):
+            return Const(x, INT)
+        if isinstance(x, float):
+            for name, value in self.spec.constants.items():
+                if value == x or (math.isnan(value) and math.isnan(x)):
+                    return Param(name)
+            return Const(x, FLOAT)
+        raise Unsupported(f"constant {x!r}")
+
+    def operand(self, env: dict[Any, _Val], x: Any) -> Any:
+        return self.read(env[x]) if hasattr(x, "op") else self.constant(x)
+
+    # ---- the graph
+    def run(self) -> Program:
+        import torch
+
+        ga, gb = self.trace.graphs
+        nodes_a, nodes_b = list(ga.nodes), list(gb.nodes)
+        computed = [n for n in nodes_a if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor)]
+        permutes = [n for n in computed if _opname(n) in ("permute", "transpose", "t")]
+        if permutes:
+            return self.transpose(nodes_a, nodes_b, permutes)
+        if not computed:
+            raise Unsupported("the reference computes nothing")
+        # The iteration space: the largest value the graph computes, not an argument merely cast
+        # or sliced (a gated activation's input row is twice its output row).
+        lazy = {"_to_copy", "slice", *_VIEWS}
+        work = [n for n in computed if _opname(n) not in lazy] or computed
+        big = max(range(len(nodes_a)), key=lambda i: _numel(nodes_a[i]) if nodes_a[i] in work else -1)
+        self.full = tuple(nodes_a[big].meta["val"].shape)
+        self.full_b = tuple(nodes_b[big].meta["val"].shape)
+        if len(self.full) == 0:
+            raise Unsupported("no tensor dimension to iterate over")
+        rows = self.size_expr(math.prod(self.full[:-1]), math.prod(self.full_b[:-1]))
+        cols = self.size_expr(self.full[-1], self.full_b[-1])
+        env: dict[Any, _Val] = {}
+        placeholders = iter(self.trace.inputs)
+        outputs: dict[str, tuple[str, Any]] = {}
+        for na, nb in zip(nodes_a, nodes_b, strict=True):
+            if na.op == "placeholder":
+                name = next(placeholders)
+                val = na.meta["val"]
+                env[na] = _Val(None, tuple(val.shape), tuple(nb.meta["val"].shape), arg=name, dtype=val.dtype)
+            elif na.op == "call_function":
+                env[na] = self.node(env, na, nb)
+            elif na.op == "output":
+                results = na.args[0]
+                for name, res in zip(self.trace.outputs, results, strict=True):
+                    v = env[res]
+                    space = self.space(v.shape)
+                    if space == "col" or (space == "scalar" and math.prod(self.full[:-1]) != 1):
+                        raise Unsupported(f"output {name} is not one value per element or per row")
+                    outputs[name] = (space, self.read(v))
+        kind = "rowwise" if self.reductions or _has_at_column(outputs) else "elementwise"
+        if kind == "elementwise" and any(s != "full" for s, _ in outputs.values()):
+            raise Unsupported("an elementwise graph with per-row outputs")
+        return Program(kind, rows, cols, outputs, self.reductions, self.dtypes)
+
+    def node(self, env: dict[Any, _Val], na: Any, nb: Any) -> _Val:
+        import torch
+
+        name = _opname(na)
+        val = na.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            raise Unsupported(f"{name} returns no single tensor")
+        shape, shape_b = tuple(val.shape), tuple(nb.meta["val"].shape)
+        kind = _kind_of_dtype(val.dtype)
+        args = na.args
+        first = env.get(args[0]) if args and hasattr(args[0], "op") else None
+
+        def out(expr: Any) -> _Val:
+            return _Val(expr, shape, shape_b, dtype=val.dtype)
+
+        if name in _VIEWS:
+            assert first is not None
+            if first.expr is None:  # an argument seen through a view: still read lazily
+                return _Val(None, shape, shape_b, arg=first.arg, dtype=first.dtype)
+            self.space(shape)
+            return out(first.expr)
+        if name == "_to_copy":
+            assert first is not None
+            src = self.read(first) if first.expr is not None else None
+            if src is None:
+                # A cast of an argument: read it lazily still (the cast happens at the load).
+                if _kind_of_dtype(val.dtype) == FLOAT and first.dtype.is_floating_point:
+                    if val.dtype.itemsize >= first.dtype.itemsize or val.dtype == torch.float32:
+                        return _Val(None, shape, shape_b, arg=first.arg, dtype=first.dtype)
+                src = self.read(first)
+            return out(_cast(src, val.dtype, first.dtype))
+        if name == "slice":
+            return self.slice(first, na, nb, shape, shape_b)
+        if name in ("index", "embedding"):
+            return self.gather_rows(env, na, name, shape, shape_b)
+        if name in ("scalar_tensor", "full", "full_like", "zeros_like", "ones_like"):
+            value = {"zeros_like": 0, "ones_like": 1}.get(name, args[0] if name == "scalar_tensor" else args[1] if len(args) > 1 else 0)
+            return out(_as_kind(self.constant(value), kind))
+        if name in UNARY:
+            return out(Op(name, (self.read(first),), FLOAT))  # type: ignore[arg-type]
+        if name == "gelu":
+            approx = na.kwargs.get("approximate", "none")
+            return out(Op("gelu_tanh" if approx == "tanh" else "gelu", (self.read(first),), FLOAT))  # type: ignore[arg-type]
+        if name in ("logical_not", "bitwise_not") and kind == BOOL:
+            return out(Op("not", (self.read(first),), BOOL))  # type: ignore[arg-type]
+        if name in BINARY:
+            a, b = (self.operand(env, x) for x in args[:2])
+            if len(args) > 2 or "alpha" in na.kwargs:
+                alpha = na.kwargs.get("alpha", args[2] if len(args) > 2 else 1)
+                b = Op("mul", (b, self.constant(alpha)), FLOAT)
+            return out(Op(name, (a, b), kind))
+        if name in COMPARE:
+            a, b = (self.operand(env, x) for x in args[:2])
+            return out(Op(name, (a, b), BOOL))
+        if name in ("logical_and", "logical_or", "bitwise_and", "bitwise_or") and kind == BOOL:
+            a, b = (self.operand(env, x) for x in args[:2])
+            return out(Op("and" if name.endswith("and") else "or", (a, b), BOOL))
+        if name == "where":
+            c, a, b = (self.operand(env, x) for x in args[:3])
+            return out(Op("where", (c, a, b), kind))
+        if name in ("clamp", "clamp_min", "clamp_max"):
+            lo = args[1] if name != "clamp_max" and len(args) > 1 else None
+            hi = args[2] if name == "clamp" and len(args) > 2 else (args[1] if name == "clamp_max" else None)
+            lo = na.kwargs.get("min", lo)
+            hi = na.kwargs.get("max", hi)
+            expr = self.read(first)  # type: ignore[arg-type]
+            if lo is not None:
+                expr = Op("maximum", (expr, self.constant(float(lo))), FLOAT)
+            if hi is not None:
+                expr = Op("minimum", (expr, self.constant(float(hi))), FLOAT)
+            return out(expr)
+        if name == "masked_fill":
+            return out(Op("where", (self.operand(env, args[1]), self.operand(env, args[2]), self.read(first)), kind))  # type: ignore[arg-type]
+        if name in ("sum", "amax", "amin", "mean", "linalg_vector_norm", "_log_softmax", "_softmax", "logsumexp"):
+            return out(self.reduction(name, first, na))
+        if name == "gather":
+            return self.at_column(env, na, first, shape, shape_b)
+        raise Unsupported(f"aten op {name} is not supported")
+
+    def slice(self, first: _Val | None, na: Any, nb: Any, shape: tuple[int, ...], shape_b: tuple[int, ...]) -> _Val:
+        assert first is not None
+        dim = na.args[1] if len(na.args) > 1 else 0
+        step = na.args[4] if len(na.args) > 4 else 1
+        if first.expr is not None or step != 1 or dim not in (-1, len(first.shape) - 1):
+            raise Unsupported("a slice other than a contiguous range of an argument's last dimension")
+        start_a, start_b = (n.args[2] if len(n.args) > 2 else 0 for n in (na, nb))
+        start_a, start_b = max(0, start_a), max(0, start_b)
+        parent = self.size_expr(first.shape[-1], first.shape_b[-1])
+        if self.space(shape) != "full" or len(first.shape) != len(shape):
+            raise Unsupported("a slice that is not the iteration space's row")
+        expr = Load(first.arg or "", "full", row_stride=parent, offset=self.size_expr(start_a, start_b))
+        return _Val(expr, shape, shape_b, dtype=first.dtype)
+
+    def gather_rows(self, env: dict[Any, _Val], na: Any, name: str, shape: tuple[int, ...], shape_b: tuple[int, ...]) -> _Val:
+        table, idx = (na.args[0], na.args[1][0]) if name == "index" else (na.args[0], na.args[1])
+        if name == "index" and len(na.args[1]) != 1:
+            raise Unsupported("indexing by several tensors")
+        t = env[table]
+        if t.expr is not None or len(t.shape) != 2:
+            raise Unsupported("a gather from something other than a 2-D argument")
+        index = self.read(env[idx])
+        if self.space(shape) != "full" or self.space(env[idx].shape) != "row":
+            raise Unsupported("a gather whose rows are not the iteration space's rows")
+        stride = self.size_expr(t.shape[-1], t.shape_b[-1])
+        return _Val(Load(t.arg or "", "gather", row_stride=stride, index=index), shape, shape_b, dtype=t.dtype)
+
+    def reduction(self, name: str, first: _Val | None, na: Any) -> Any:
+        assert first is not None
+        if name == "linalg_vector_norm":
+            order = na.args[1] if len(na.args) > 1 else 2
+            dims = na.args[2] if len(na.args) > 2 else None
+            if order != 2:
+                raise Unsupported("a vector norm other than L2")
+        else:
+            dims = na.args[1] if len(na.args) > 1 else None
+        if isinstance(dims, int):
+            dims = [dims]
+        if not dims or len(dims) != 1 or dims[0] not in (-1, len(first.shape) - 1):
+            raise Unsupported(f"{name} over dimensions {dims}, not the last one")
+        if self.space(first.shape) != "full":
+            raise Unsupported(f"{name} of a value that is not one per element")
+        x = self.read(first)
+        cols = Param("__cols")
+        if name == "sum":
+            return self.reduce("sum", x)
+        if name == "amax":
+            return self.reduce("max", x)
+        if name == "amin":
+            return self.reduce("min", x)
+        if name == "mean":
+            return Op("div", (self.reduce("sum", x), Op("tofloat", (cols,), FLOAT)), FLOAT)
+        if name == "linalg_vector_norm":
+            return Op("sqrt", (self.reduce("sum", Op("mul", (x, x), FLOAT)),), FLOAT)
+        m = self.reduce("max", x)
+        # A row of -inf only: torch gives NaN; subtracting a max of -inf gives NaN too.
+        shifted = Op("sub", (x, m), FLOAT)
+        total = self.reduce("sum", Op("exp", (shifted,), FLOAT))
+        if name == "_softmax":
+            return Op("div", (Op("exp", (shifted,), FLOAT), total), FLOAT)
+        if name == "_log_softmax":
+            return Op("sub", (shifted, Op("log", (total,), FLOAT)), FLOAT)
+        return Op("add", (Op("log", (total,), FLOAT), m), FLOAT)  # logsumexp
+
+    def reduce(self, kind: str, body: Any) -> Reduce:
+        r = Reduce(kind, body, len(self.reductions))
+        self.reductions.append(r)
+        return r
+
+    def at_column(self, env: dict[Any, _Val], na: Any, first: _Val | None, shape: tuple[int, ...], shape_b: tuple[int, ...]) -> _Val:
+        assert first is not None
+        dim = na.args[1]
+        idx = env[na.args[2]]
+        if dim not in (-1, len(first.shape) - 1) or self.space(first.shape) != "full" or self.space(idx.shape) != "row":
+            raise Unsupported("a gather that does not pick one column per row")
+        if shape[-1] != 1:
+            raise Unsupported("a gather of several columns per row")
+        return _Val(AtColumn(self.read(first), self.read(idx)), shape, shape_b, dtype=na.meta["val"].dtype)
+
+    def transpose(self, nodes_a: list[Any], nodes_b: list[Any], permutes: list[Any]) -> Program:
+        if len(permutes) != 1 or len(self.trace.outputs) != 1:
+            raise Unsupported("more than one permute, or several outputs, around a transpose")
+        p = permutes[0]
+        order = p.args[1] if _opname(p) == "permute" else [1, 0]
+        src = p.args[0]
+        while src.op == "call_function" and _opname(src) in ("_to_copy", *_VIEWS):
+            src = src.args[0]
+        if src.op != "placeholder" or list(order) != [1, 0] or len(src.meta["val"].shape) != 2:
+            raise Unsupported("a permute other than a 2-D transpose of an argument")
+        arg = self.trace.inputs[[n for n in nodes_a if n.op == "placeholder"].index(src)]
+        i = nodes_a.index(src)
+        rows = self.size_expr(src.meta["val"].shape[0], nodes_b[i].meta["val"].shape[0])
+        cols = self.size_expr(src.meta["val"].shape[1], nodes_b[i].meta["val"].shape[1])
+        allowed = {"_to_copy", "permute", "transpose", "t", "clone", *_VIEWS}
+        if any(_opname(n) not in allowed for n in nodes_a if n.op == "call_function"):
+            raise Unsupported("a transpose with other ops around it")
+        out = self.trace.outputs[0]
+        return Program("transpose", cols, rows, {out: ("full", Load(arg, "full"))}, [], self.dtypes, (arg, rows, cols))
+
+
+def _has_at_column(outputs: dict[str, tuple[str, Any]]) -> bool:
+    return any(isinstance(n, AtColumn) for n in walk([e for _, e in outputs.values()]))
+
+
+def _opname(node: Any) -> str:
+    target = node.target
+    name = getattr(target, "__name__", str(target))
+    return name.split(".")[0]
+
+
+def _numel(node: Any) -> int:
+    val = node.meta.get("val")
+    return int(val.numel()) if val is not None and hasattr(val, "numel") else -1
+
+
+def _as_kind(c: Any, kind: str) -> Any:
+    if isinstance(c, Const):
+        return Const(bool(c.value) if kind == BOOL else (int(c.value) if kind == INT else float(c.value)), kind)
+    return c
+
+
+def _cast(src: Any, to: Any, frm: Any) -> Any:
+    import torch
+
+    kind = _kind_of_dtype(to)
+    if to in (torch.float16, torch.bfloat16):
+        return Op("round_to", (src,), FLOAT, (_TORCH_TO_C[str(to).split(".")[1]],))
+    if kind == FLOAT:
+        return Op("tofloat", (src,), FLOAT)
+    if kind == BOOL:
+        return Op("tobool", (src,), BOOL)
+    return Op("toint", (src,), INT, (_TORCH_TO_C.get(str(to).split(".")[1], "long long"),))
+
+
+def read_program(spec: KernelSpec, trace: Trace) -> Program:
+    """The traced graph as a :class:`Program`.
+
+    Raises:
+        Unsupported: the graph is outside the supported kinds.
+    """
+    program = _Reader(spec, trace).run()
+    for name in program.outputs:
+        if program.dtypes.get(name) not in (SCALAR, "float32", "uint8", "int32", "int64", "float16", "bfloat16"):
+            raise Unsupported(f"output {name} of type {program.dtypes.get(name)}")
+    return program

@@ -1,0 +1,120 @@
+"""Tracing a spec's torch reference into an aten op graph, on the meta device.
+
+The reference is traced twice, at two probe shapes whose symbols are distinct odd primes
+times each symbol's promised multiple, so that every size in the graph can be written back
+as an expression over the shape symbols (:func:`fit_size`): a size seen as 40 at one probe
+and 152 at the other, with ``vocab`` 40 and 152, is ``vocab``. The two traces must have the
+same ops in the same order: a reference whose graph depends on the shape's values (Python
+branches on a size) is not one graph, and is refused.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from kernels.spec import KernelSpec
+
+_PRIMES_A = (3, 5, 7, 11, 13, 17, 19)
+_PRIMES_B = (23, 29, 31, 37, 41, 43, 47)
+
+
+class Unsupported(ValueError):
+    """The reference is outside what the generator handles; the message says what."""
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Two traces of one reference and the probe shapes they were taken at.
+
+    Attributes:
+        graphs: the fx graphs at probe A and probe B (same ops, same order).
+        probes: the two shapes.
+        inputs: tensor argument names in placeholder order.
+        outputs: written argument names in the order the graph returns them.
+    """
+
+    graphs: tuple[Any, Any]
+    probes: tuple[dict[str, int], dict[str, int]]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+def probe_shapes(spec: KernelSpec) -> tuple[dict[str, int], dict[str, int]]:
+    """Two shapes with every symbol at its multiple times a distinct odd prime.
+
+    Raises:
+        Unsupported: a symbol may be 0 (a flag): a branch on it would be traced one way only.
+    """
+    ints = [a for a in spec.args if a.kind == "int"]
+    if len(ints) > len(_PRIMES_A):
+        raise Unsupported(f"more than {len(_PRIMES_A)} shape symbols")
+    if any(a.min_value < 1 for a in ints):
+        raise Unsupported("a shape symbol may be 0 (a flag): the graph may branch on it")
+    a = {arg.name: arg.multiple_of * p for arg, p in zip(ints, _PRIMES_A, strict=False)}
+    b = {arg.name: arg.multiple_of * p for arg, p in zip(ints, _PRIMES_B, strict=False)}
+    return a, b
+
+
+def _trace_at(spec: KernelSpec, shape: dict[str, int], dtype: str) -> tuple[Any, tuple[str, ...], tuple[str, ...]]:
+    import torch
+    from torch._decomp import core_aten_decompositions
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    meta = torch.device("meta")
+    try:
+        made = spec.make_inputs(shape, getattr(torch, dtype), torch.Generator(), "random", meta)
+    except Exception as exc:  # noqa: BLE001 - any failure of user code means "cannot trace"
+        raise Unsupported(f"make_inputs fails on the meta device: {exc}") from None
+    names = tuple(a.name for a in spec.args if a.kind == "tensor")
+    outputs = tuple(a.name for a in spec.written_args)
+
+    def fn(*tensors: Any) -> tuple[Any, ...]:
+        result = spec.reference(dict(zip(names, tensors, strict=True)), dict(shape), dict(spec.constants))
+        return tuple(result[n] for n in outputs)
+
+    try:
+        graph = make_fx(fn, decomposition_table=dict(core_aten_decompositions()), tracing_mode="real")(
+            *(made[n] for n in names))
+    except Exception as exc:  # noqa: BLE001
+        raise Unsupported(f"the reference does not trace: {type(exc).__name__}: {exc}") from None
+    return graph.graph, names, outputs
+
+
+def trace_reference(spec: KernelSpec, dtype: str = "float16") -> Trace:
+    """Traces ``spec.reference`` at the two probe shapes.
+
+    Raises:
+        Unsupported: it does not trace, or the two graphs differ.
+    """
+    a, b = probe_shapes(spec)
+    ga, names, outputs = _trace_at(spec, a, dtype)
+    gb, _, _ = _trace_at(spec, b, dtype)
+    ops_a = [(n.op, str(n.target)) for n in ga.nodes]
+    ops_b = [(n.op, str(n.target)) for n in gb.nodes]
+    if ops_a != ops_b:
+        raise Unsupported("the reference's graph depends on the shape's values")
+    return Trace((ga, gb), (a, b), names, outputs)
+
+
+def fit_size(value_a: int, value_b: int, probes: tuple[dict[str, int], dict[str, int]]) -> str:
+    """The expression ``c * s1 * s2 ...`` over the shape symbols that gives ``value_a`` at
+    probe A and ``value_b`` at probe B (fewest symbols first).
+
+    Raises:
+        Unsupported: no such product of at most three symbols.
+    """
+    if value_a == value_b:
+        return str(value_a)
+    names = sorted(probes[0])
+    for k in (1, 2, 3):
+        for combo in itertools.combinations(names, k):
+            pa = math.prod(probes[0][s] for s in combo)
+            pb = math.prod(probes[1][s] for s in combo)
+            if pa and value_a % pa == 0 and value_a // pa * pb == value_b and value_a // pa > 0:
+                c = value_a // pa
+                terms = ([str(c)] if c != 1 else []) + list(combo)
+                return " * ".join(terms)
+    raise Unsupported(f"a size ({value_a} / {value_b} at the probes) is not a product of shape symbols")
