@@ -98,3 +98,20 @@ def test_two_libraries_with_one_kernel_name_load_side_by_side(tmp_path: Path) ->
     modules = {spec_a.reference.__module__, spec_b.reference.__module__}
     assert len(modules) == 2 and all(sys.modules[m].SPEC.directory in (spec_a.directory, spec_b.directory)
                                      for m in modules)
+
+
+def test_one_evaluator_judges_each_reference_against_its_own_spec(tmp_path: Path, compile_cache: Path) -> None:
+    from evaluators.api import EvalRequest
+    from evaluators.standin import StandinEvaluator
+    from kernels.variant import Variant
+    from tests.unit.kernel_folders import BASELINE
+
+    lib_a, lib_b = write_libraries(tmp_path)
+    evaluator = StandinEvaluator()
+    variant = Variant("scale_rows", BASELINE)
+    shapes = {}
+    for lib, folder in (("a", lib_a), ("b", lib_b)):
+        ev = evaluator.evaluate(EvalRequest(kernel_ref(folder / "scale_rows"), variant, dtype="float32"))
+        assert ev.status.is_ok, ev.message
+        shapes[lib] = [s.shape for s in ev.shapes]
+    assert shapes == {"a": [{"n": 4096}, {"n": 65536}], "b": [{"n": 1024}, {"n": 16384}, {"n": 262144}]}
