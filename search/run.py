@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import secrets
 import shlex
@@ -197,6 +198,29 @@ def worker_runtime_env() -> dict[str, Any]:
     read kernel folders at their paths. A cluster gets :func:`search.cluster.runtime_env`."""
     path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     return {"env_vars": {"PYTHONPATH": path}}
+
+
+# Ray (2.5x and later) turns token authentication on for every local cluster it starts and
+# logs so, as a warning, on every start. The notice is only about its own default, which
+# stays as it is: setting RAY_AUTH_MODE ourselves to silence it changed what later clusters in
+# the same process expected (in-process test clusters failed to start with InvalidAuthToken),
+# so the one log line is filtered instead; Ray's other authentication messages still show.
+RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+RAY_AUTH_NOTICE = "Token authentication is enabled for this Ray cluster"
+
+
+class RayAuthNoticeFilter(logging.Filter):
+    """Drops Ray's notice that it enabled token authentication by default (nothing else)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(RAY_AUTH_NOTICE)
+
+
+def quiet_ray_auth_notice() -> None:
+    """Installs :class:`RayAuthNoticeFilter` on Ray's authentication logger, once."""
+    logger = logging.getLogger(RAY_AUTH_LOGGER)
+    if not any(isinstance(f, RayAuthNoticeFilter) for f in logger.filters):
+        logger.addFilter(RayAuthNoticeFilter())
 
 
 def start_ray(config: RunConfig, kernels: Sequence[KernelRef] = ()) -> Staged | None:
@@ -418,6 +442,7 @@ def _search(prep: Prepared, command: str, progress_cls: Any) -> dict[str, Any]:
     try:
         extra = tester_shapes(prep, records)
         heldout = drawn_heldout_shapes(prep)
+        quiet_ray_auth_notice()
         staged = start_ray(cfg, [ref for _, ref in prep.kernels])
         n_gpus = evaluator_count(cfg)
     except BaseException:

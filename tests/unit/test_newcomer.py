@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import io
 import json
+import logging
 import os
 import re
 import subprocess
@@ -20,6 +21,7 @@ import pytest
 
 from experiments import bench_library
 from search.progress import Progress
+from search.run import RAY_AUTH_LOGGER, RAY_AUTH_NOTICE, RayAuthNoticeFilter, quiet_ray_auth_notice
 from search.sweep import SweepProgress
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -193,4 +195,39 @@ def test_standin_run_says_evaluator_busy(tmp_path):
            "--kernel", "silu_and_mul", "--out", str(tmp_path)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "evaluator busy" in proc.stderr and "gpu busy" not in proc.stderr
+    assert "evaluator busy" in proc.stderr and "gpu busy" not in (proc.stderr + proc.stdout).lower()
+    assert "Token authentication" not in proc.stderr  # Ray's notice about its own default
+
+
+def test_only_rays_notice_about_its_default_is_filtered():
+    notice = logging.LogRecord(RAY_AUTH_LOGGER, logging.WARNING, "", 0, RAY_AUTH_NOTICE + ". Set ...", None, None)
+    other = logging.LogRecord(RAY_AUTH_LOGGER, logging.WARNING, "", 0,
+                              "Token authentication is disabled for this Ray cluster. Anyone ...", None, None)
+    assert not RayAuthNoticeFilter().filter(notice) and RayAuthNoticeFilter().filter(other)
+    quiet_ray_auth_notice()
+    quiet_ray_auth_notice()
+    filters = logging.getLogger(RAY_AUTH_LOGGER).filters
+    assert sum(isinstance(f, RayAuthNoticeFilter) for f in filters) == 1
+
+
+@pytest.mark.slow
+def test_a_cluster_started_after_a_run_in_the_same_process_starts(tmp_path):
+    # What setting RAY_AUTH_MODE ourselves once broke: the run starts (and ends) its own local
+    # cluster in this process; a test cluster started afterwards must come up and run tasks.
+    import ray
+
+    from search import run
+
+    if ray.is_initialized():
+        ray.shutdown()
+    args = ["--evaluator", "standin", "--rounds", "1", "--population", "1", "--variants", "1", "--trials", "1",
+            "--kernel", "silu_and_mul", "--out", str(tmp_path)]
+    try:
+        assert run.main(args) == 0
+    finally:
+        ray.shutdown()
+    ray.init(num_cpus=1, include_dashboard=False, runtime_env=run.worker_runtime_env(), log_to_driver=False)
+    try:
+        assert ray.get(ray.remote(lambda: 7).remote()) == 7
+    finally:
+        ray.shutdown()
