@@ -1,0 +1,91 @@
+"""GPU tests of the generated kernels: for every kernel of ``experiments/unseen``, each schedule
+the embedded agent's generator writes, at its default tuning and at another point of its grid,
+is validated by the evaluator against the reference on the search and held-out shapes in every
+dtype; then the default is timed beside the peers and the times are printed (not asserted).
+
+Run on an H200: ``python -m pytest -m gpu tests/gpu/test_codegen_gpu.py -s``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from agents.embedded.codegen import generate
+from evaluators.api import EvalRequest
+from kernels.launch import parse_launch_header
+from kernels.spec import load_kernel, shape_label
+from kernels.variant import Variant
+from kernels.verdict import Status
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+UNSEEN = Path(__file__).resolve().parents[2] / "experiments" / "unseen"
+FOLDERS = sorted(p.parent for p in UNSEEN.glob("*/spec.py"))
+
+
+@pytest.fixture(scope="module")
+def evaluator():
+    from evaluators.gpu import GpuEvaluator
+
+    ev = GpuEvaluator(step_timeout_s=60.0)
+    yield ev
+    ev.close()
+
+
+def _settings(source: str) -> list[dict[str, int]]:
+    """The default tuning and the grid point with every parameter at its last value."""
+    launch = parse_launch_header(source)
+    default = launch.default_params()
+    last = {k: v[-1] for k, v in launch.tune.items()}
+    return [default] if last == default else [default, last]
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=[f.name for f in FOLDERS])
+def test_generated_schedules_are_correct_on_every_shape(evaluator, folder):
+    spec = load_kernel(folder)
+    schedules = generate(spec)
+    assert schedules, f"{spec.name}: no schedule generated"
+    failures = []
+    for schedule in schedules:
+        variant = Variant(spec.name, schedule.source, author="codegen")
+        for params in _settings(schedule.source):
+            for dtype in spec.dtypes:
+                for shape_set in ("search", "heldout"):
+                    ev = evaluator.evaluate(EvalRequest(str(folder), variant, params=params, dtype=dtype,
+                                                        shape_set=shape_set, time=False))
+                    if ev.status is not Status.OK:
+                        failures.append(f"{schedule.name} {params} {dtype} {shape_set}: {ev.status.value} {ev.message}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=[f.name for f in FOLDERS])
+def test_generated_schedules_timed_beside_torch_compile(evaluator, folder):
+    spec = load_kernel(folder)
+    variants = {s.name: (s.source, parse_launch_header(s.source).default_params()) for s in generate(spec)}
+    variants["baseline"] = (spec.baseline_source(), {})
+    reply = evaluator.time_peers_full(str(folder), "float16", "search", variants, repetitions=20)
+    peers = reply["peers"]
+    compiled = peers.get("torch_compile", {})
+    print(f"\n{spec.name} (float16, ms; ratio = torch.compile time / ours)")
+    ratios: dict[str, list[float]] = {name: [] for name in variants}
+    for shape in spec.search_shapes:
+        label = shape_label(shape)
+        row = [f"{label:>22}", f"compile {compiled.get(label, float('nan')):.4f}"]
+        for name in variants:
+            ms = peers.get(name, {}).get(label)
+            if ms and compiled.get(label):
+                ratios[name].append(compiled[label] / ms)
+            row.append(f"{name} {ms if ms is not None else float('nan'):.4f}")
+        print("  ".join(row))
+    for name, values in ratios.items():
+        if values:
+            print(f"  geomean vs torch.compile, {name}: {math.exp(sum(map(math.log, values)) / len(values)):.3f}x")
+    if reply.get("errors"):
+        print("  errors:", reply["errors"])

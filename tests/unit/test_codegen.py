@@ -1,0 +1,312 @@
+"""The embedded agent's code generator on the CPU.
+
+Every kernel of ``experiments/unseen`` and a few library kernels are traced and classified;
+the program read from the graph is evaluated here with torch (an interpreter of the IR written
+for this test) and must agree with the spec's reference on every dtype and input case; the
+generated sources pass admission (NVRTC) in every dtype; a kernel written in this test, which
+nothing in the generator has seen, gets the same treatment; unsupported graphs give no
+schedule and the agent proposes as before.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from agents.base import AgentContext
+from agents.embedded import EmbeddedAgent
+from agents.embedded.codegen import Unsupported, classify, generate, schedules_for
+from agents.embedded.codegen.ir import AtColumn, Const, Load, Op, Param, Program, Reduce
+from evaluators.admit import Refusal, admit
+from evaluators.compile import compile_variant
+from kernels.launch import parse_launch_header
+from kernels.spec import KernelSpec, load_kernel
+from kernels.variant import Variant
+
+ROOT = Path(__file__).resolve().parents[2]
+UNSEEN = sorted(p.parent for p in (ROOT / "experiments" / "unseen").glob("*/spec.py"))
+
+# What each benchmark kernel's graph is, read from its description (test data, not product).
+EXPECTED_KIND = {
+    "log_softmax_rows": "rowwise",
+    "logits_mask_fill": "elementwise",
+    "minmax_quant_u8": "rowwise",
+    "l2norm_rows": "rowwise",
+    "cross_entropy_rows": "rowwise",
+    "embedding_gather": "elementwise",
+    "transpose_2d": "transpose",
+    "bias_gelu": "elementwise",
+}
+
+
+def _tiny(spec: KernelSpec) -> dict[str, int]:
+    """A small shape at each symbol's multiple times an odd number (tails included)."""
+    ints = [a for a in spec.args if a.kind == "int"]
+    return {a.name: a.multiple_of * (2 * i + 3) for i, a in enumerate(ints)}
+
+
+# ---------------------------------------------------------------- an interpreter of the IR
+
+
+def _evaluate(program: Program, spec: KernelSpec, inputs: dict[str, Any], shape: dict[str, int]) -> dict[str, Any]:
+    rows = eval(program.rows, {}, dict(shape))  # noqa: S307 - products of shape symbols
+    cols = eval(program.cols, {}, dict(shape))  # noqa: S307
+    r = torch.arange(rows).reshape(-1, 1)
+    c = torch.arange(cols).reshape(1, -1)
+    memo: dict[int, Any] = {}
+
+    def size(expr: str) -> int:
+        return cols if expr == "C" else int(eval(expr, {}, dict(shape)))  # noqa: S307
+
+    def load(node: Load) -> Any:
+        flat = inputs[node.arg].reshape(-1)
+        flat = flat.float() if flat.is_floating_point() else flat.long()
+        if node.access == "full":
+            return flat[r * size(node.row_stride) + size(node.offset) + c]
+        if node.access == "gather":
+            return flat[ev(node.index).long() * size(node.row_stride) + c]
+        return {"col": lambda: flat[c], "row": lambda: flat[r], "scalar": lambda: flat[0]}[node.access]()
+
+    def ev(node: Any) -> Any:
+        if id(node) in memo:
+            return memo[id(node)]
+        if isinstance(node, Load):
+            out = load(node)
+        elif isinstance(node, Const):
+            out = torch.tensor(node.value, dtype={"float": torch.float32, "int": torch.int64, "bool": torch.bool}[node.ctype])
+        elif isinstance(node, Param):
+            out = torch.tensor(float(cols) if node.name == "__cols" else spec.constants[node.name])
+        elif isinstance(node, Reduce):
+            body = torch.broadcast_to(ev(node.body).float(), (rows, cols))
+            out = {"sum": lambda: body.sum(1, keepdim=True), "max": lambda: body.amax(1, keepdim=True),
+                   "min": lambda: body.amin(1, keepdim=True)}[node.kind]()
+        elif isinstance(node, AtColumn):
+            body = torch.broadcast_to(ev(node.body), (rows, cols))
+            out = body.gather(1, torch.broadcast_to(ev(node.column).long(), (rows, 1)))
+        else:
+            out = _op(node, [ev(a) for a in node.args])
+        memo[id(node)] = out
+        return out
+
+    results = {}
+    for name, (space, expr) in program.outputs.items():
+        value = torch.broadcast_to(ev(expr), (rows, cols) if space == "full" else (rows, 1))
+        results[name] = value.reshape(inputs[name].shape)
+    return results
+
+
+def _op(node: Op, a: list[Any]) -> Any:
+    f = {
+        "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
+        "rsqrt": torch.rsqrt, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "erf": torch.erf,
+        "reciprocal": torch.reciprocal, "round": torch.round, "relu": torch.relu,
+        "gelu": torch.nn.functional.gelu, "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+        "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "pow": torch.pow,
+        "maximum": lambda x, y: torch.maximum(torch.as_tensor(x).float(), torch.as_tensor(y).float()),
+        "minimum": lambda x, y: torch.minimum(torch.as_tensor(x).float(), torch.as_tensor(y).float()),
+        "gt": torch.gt, "ge": torch.ge, "lt": torch.lt, "le": torch.le, "eq": torch.eq, "ne": torch.ne,
+        "not": torch.logical_not, "and": torch.logical_and, "or": torch.logical_or, "where": torch.where,
+        "tofloat": lambda x: x.float(), "tobool": lambda x: x != 0,
+    }
+    if node.name == "round_to":
+        return a[0].to({"__half": torch.float16, "__nv_bfloat16": torch.bfloat16}[node.extra[0]]).float()
+    if node.name == "toint":
+        ctype = {"unsigned char": torch.uint8, "int": torch.int32, "long long": torch.int64}[node.extra[0]]
+        return a[0].to(torch.int64).to(ctype).long() if a[0].is_floating_point() else a[0].to(ctype).long()
+    if node.name in ("add", "sub", "mul", "div") and any(torch.as_tensor(x).is_floating_point() for x in a):
+        a = [torch.as_tensor(x).float() for x in a]
+    return f[node.name](*a)
+
+
+def _check_against_reference(spec: KernelSpec) -> None:
+    program = classify(spec)
+    shape = _tiny(spec)
+    for dtype in spec.dtypes:
+        for case in ("random", *spec.edge_cases):
+            inputs = spec.make_inputs(shape, getattr(torch, dtype), torch.Generator().manual_seed(1), case, "cpu")
+            expected = spec.reference(inputs, shape, spec.constants)
+            if program.kind == "transpose":
+                arg = program.transposed[0] if program.transposed else ""
+                got = {n: inputs[arg].float().t() for n in program.outputs}
+            else:
+                got = _evaluate(program, spec, inputs, shape)
+            for name, want in expected.items():
+                have = got[name].to(want.dtype) if not want.is_floating_point() else got[name].float()
+                torch.testing.assert_close(have, want, rtol=1e-5, atol=1e-5, equal_nan=True,
+                                           msg=lambda m, n=name, d=dtype, k=case: f"{spec.name} {n} {d} {k}: {m}")
+
+
+# ---------------------------------------------------------------- classification
+
+
+@pytest.mark.parametrize("folder", UNSEEN, ids=[f.name for f in UNSEEN])
+def test_every_unseen_kernel_is_classified(folder):
+    spec = load_kernel(folder)
+    program = classify(spec)
+    assert program.kind == EXPECTED_KIND[spec.name]
+    assert set(program.outputs) == {a.name for a in spec.written_args}
+    if spec.name == "embedding_gather":
+        assert program.has_gather
+    if spec.name in ("log_softmax_rows", "cross_entropy_rows", "minmax_quant_u8"):
+        assert len(program.reductions) == 2
+
+
+@pytest.mark.parametrize("name", ["rmsnorm", "fused_add_rmsnorm", "silu_and_mul", "gelu_tanh_and_mul"])
+def test_library_kernels_are_classified(name):
+    program = classify(load_kernel(name))
+    assert program.kind == ("elementwise" if name.endswith("_and_mul") else "rowwise")
+    if name.endswith("_and_mul"):  # the two halves of each row: slices of one argument
+        loads = {(n.row_stride, n.offset) for n in _walk_loads(program)}
+        assert loads == {("2 * d", "0"), ("2 * d", "d")}
+
+
+def _walk_loads(program: Program) -> list[Load]:
+    from agents.embedded.codegen.ir import walk
+
+    return [n for n in walk(program.all_roots()) if isinstance(n, Load)]
+
+
+@pytest.mark.parametrize("name", ["topk_softmax", "rotary_embedding_neox", "merge_attn_states_multi"])
+def test_unsupported_graphs_give_no_schedule(name):
+    spec = load_kernel(name)
+    with pytest.raises(Unsupported):
+        generate(spec)
+    assert schedules_for(spec) == {}
+
+
+# ---------------------------------------------------------------- semantics on the CPU
+
+
+@pytest.mark.parametrize("folder", UNSEEN, ids=[f.name for f in UNSEEN])
+def test_the_program_read_from_the_graph_computes_the_reference(folder):
+    _check_against_reference(load_kernel(folder))
+
+
+@pytest.mark.parametrize("name", ["rmsnorm", "silu_and_mul"])
+def test_library_programs_compute_their_reference(name):
+    _check_against_reference(load_kernel(name))
+
+
+# ---------------------------------------------------------------- generated sources
+
+
+def _admits_everywhere(spec: KernelSpec, cache: Path) -> list[str]:
+    names = []
+    for schedule in generate(spec):
+        names.append(schedule.name)
+        launch = parse_launch_header(schedule.source)
+        last = {k: v[-1] for k, v in launch.tune.items()}
+        for dtype in spec.dtypes:
+            outcome = admit(spec, schedule.source, dtype)
+            assert not isinstance(outcome, Refusal), f"{spec.name} {schedule.name} {dtype}: {outcome.message}"
+            result = compile_variant(schedule.source, spec.name, dtype, last, cache_dir=cache)
+            assert result.ok, f"{spec.name} {schedule.name} {dtype} {last}:\n{result.log}"
+            assert result.spill_bytes == 0, f"{spec.name} {schedule.name} {dtype} {last} spills"
+    return names
+
+
+@pytest.mark.parametrize("folder", UNSEEN, ids=[f.name for f in UNSEEN])
+def test_generated_sources_pass_admission_in_every_dtype(folder, tmp_path):
+    spec = load_kernel(folder)
+    names = _admits_everywhere(spec, tmp_path)
+    assert names, "no schedule"
+    for schedule in generate(spec):
+        assert spec.name not in schedule.source.split("extern", 1)[0].split("\n", 1)[1], \
+            "only the entry point and the header comment name the kernel"
+
+
+# ---------------------------------------------------------------- a kernel nobody has seen
+
+_NEW_SPEC = '''
+from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    n, w = shape["n"], shape["width"]
+    return {
+        "y": torch.empty(n, w, device=device, dtype=dtype),
+        "centre": torch.empty(n, device=device, dtype=torch.float32),
+        "a": (torch.randn(n, w, generator=generator, device=device) * 4).to(dtype),
+        "gain": torch.rand(w, generator=generator, device=device).to(dtype),
+    }
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    a = inputs["a"].float()
+    mu = a.mean(dim=-1, keepdim=True)
+    y = torch.tanh((a - mu) * constants["alpha"]) * inputs["gain"].float() + torch.clamp(a, min=0.0)
+    return {"y": y, "centre": mu.squeeze(-1)}
+
+
+SPEC = KernelSpec(
+    name="centred_tanh",
+    description="y = tanh((a - mean(a)) * alpha) * gain + relu(a) per row; centre = mean(a).",
+    args=(Arg("y", "tensor", role="out"), Arg("centre", "tensor", dtype="float32", role="out"),
+          Arg("a", "tensor"), Arg("gain", "tensor"), Arg("n", "int"), Arg("width", "int", multiple_of=4),
+          Arg("alpha", "float")),
+    search_shapes=({"n": 64, "width": 1024},),
+    heldout_shapes=({"n": 7, "width": 36},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: 4 * s["n"] * s["width"],
+    flops=lambda s: 8 * s["n"] * s["width"],
+    constants={"alpha": 0.75},
+)
+'''
+_NEW_BASELINE = '''// launch: grid=(n,) block=(1,) smem=0
+extern "C" __global__ void centred_tanh(scalar_t* y, float* centre, const scalar_t* a, const scalar_t* gain,
+                                        int n, int width, float alpha) {
+    const long long r = blockIdx.x;
+    float s = 0.0f;
+    for (int i = 0; i < width; ++i) s += static_cast<float>(a[r * width + i]);
+    const float mu = s / width;
+    centre[r] = mu;
+    for (int i = 0; i < width; ++i) {
+        const float v = static_cast<float>(a[r * width + i]);
+        y[r * width + i] = static_cast<scalar_t>(tanhf((v - mu) * alpha) * static_cast<float>(gain[i]) + fmaxf(v, 0.0f));
+    }
+}
+'''
+
+
+def test_a_kernel_written_here_gets_generated_schedules(tmp_path):
+    folder = tmp_path / "centred_tanh"
+    folder.mkdir()
+    (folder / "spec.py").write_text(_NEW_SPEC)
+    (folder / "baseline.cu").write_text(_NEW_BASELINE)
+    spec = load_kernel(folder)
+    program = classify(spec)
+    assert program.kind == "rowwise" and program.cols == "width" and program.rows == "n"
+    assert {n: s for n, (s, _) in program.outputs.items()} == {"y": "full", "centre": "row"}
+    _check_against_reference(spec)
+    assert set(_admits_everywhere(spec, tmp_path / "cache")) == {"codegen:rows/block", "codegen:rows/warp"}
+
+
+# ---------------------------------------------------------------- the agent
+
+
+def _context(spec: KernelSpec) -> AgentContext:
+    base = Variant(spec.name, spec.baseline_source(), author="baseline")
+    return AgentContext(kernel=str(spec.directory), description=spec.description, signature="",
+                        shapes=tuple(spec.search_shapes), dtype="float16", parent=base, parent_eval=None,
+                        n_variants=4, seed=5)
+
+
+@pytest.mark.parametrize("folder", UNSEEN, ids=[f.name for f in UNSEEN])
+def test_the_default_agent_proposes_a_generated_variant(folder, compile_cache):
+    spec = load_kernel(folder)
+    steps = [p.transformation for seed in (0, 1) for p in EmbeddedAgent(seed).propose(_context(spec))]
+    assert any(s.startswith("codegen:") for s in steps), steps
+
+
+def test_an_unsupported_kernel_still_gets_proposals(compile_cache):
+    spec = load_kernel("topk_softmax")
+    proposals = EmbeddedAgent(1).propose(_context(spec))
+    assert proposals and not any("codegen:" in p.transformation for p in proposals)
