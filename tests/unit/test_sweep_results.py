@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from experiments.explore_recipes import candidates, table
 from experiments.sweep_results import check_targets, kernel_entry, main
-from kernels.spec import load_kernel, shape_label
+from kernels.folders import KERNEL_ROOT_VAR, KernelRef
+from kernels.spec import kernel_ref, load_kernel, shape_label
+from tests.unit.kernel_folders import write_libraries
 
 
-def _kernel(name: str, vs_baseline: float, vs_tc: float | None, heldout: str = "OK", loop_scale: float = 1.0) -> dict:
-    spec = load_kernel(name)
+def _kernel(name: str, vs_baseline: float, vs_tc: float | None, heldout: str = "OK", loop_scale: float = 1.0,
+            ref: KernelRef | None = None) -> dict:
+    spec = load_kernel(ref or name)
     shapes = []
     for s in spec.shapes("search"):
         best = spec.bytes_moved(s, "float16") / 2e12 * 1e3  # 2 TB/s, in ms
@@ -24,7 +28,19 @@ def _kernel(name: str, vs_baseline: float, vs_tc: float | None, heldout: str = "
     return {"kernel": name, "dtype": "float16", "winner": "abc", "params": {}, "speedup_search": vs_baseline,
             "heldout_status": heldout, "speedup_heldout": vs_baseline, "shapes": shapes, "speedup_over_peers": over,
             "variants_evaluated": 3, "evaluations": 9, "sanitizer_status": "CLEAN",
-            "lineage": [{"note": "embedded: x"}], "peer_errors": {"flashinfer": "ImportError: no module"}}
+            "lineage": [{"note": "embedded: x"}], "peer_errors": {"flashinfer": "ImportError: no module"},
+            **({"kernel_ref": ref.to_dict()} if ref else {})}
+
+
+def test_an_external_kernel_is_found_through_its_reference(tmp_path: Path, monkeypatch):
+    # Two same-named kernels of a run, one of them now only staged under KSEARCH_KERNEL_ROOT.
+    lib_a, lib_b = write_libraries(tmp_path / "libs")
+    ref_a, ref_b = (kernel_ref(lib / "scale_rows", "scale_rows@x") for lib in (lib_a, lib_b))
+    monkeypatch.setenv(KERNEL_ROOT_VAR, str(tmp_path / "root"))
+    shutil.move(lib_b / "scale_rows", tmp_path / "root" / ref_b.digest)
+    for ref, shapes in ((ref_a, ["[4096]", "[65536]"]), (ref_b, ["[1024]", "[16384]", "[262144]"])):
+        entry = kernel_entry(_kernel("scale_rows@x", 2.0, 1.2, ref=ref))
+        assert entry["kernel"] == "scale_rows@x" and entry["largest_shape"] == shapes[-1]
 
 
 def test_targets_median_heldout_and_slower_than_baseline():
