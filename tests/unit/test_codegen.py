@@ -310,3 +310,22 @@ def test_an_unsupported_kernel_still_gets_proposals(compile_cache):
     spec = load_kernel("topk_softmax")
     proposals = EmbeddedAgent(1).propose(_context(spec))
     assert proposals and not any("codegen:" in p.transformation for p in proposals)
+
+
+# ---------------------------------------------------------------- a stand-in sweep
+
+
+def test_a_standin_sweep_over_the_unseen_library_takes_generated_winners(local_ray, tmp_path):
+    import polars as pl
+
+    from search.sweep import main
+
+    out = tmp_path / "runs"
+    args = ["--evaluator", "standin", "--library", str(ROOT / "experiments" / "unseen"), "--kernel", "l2norm_rows",
+            "--kernel", "bias_gelu", "--population", "2", "--budget-rounds", "1", "--variants", "2", "--trials", "1",
+            "--out", str(out)]
+    assert main(args) == 0
+    table = pl.read_parquet(next(out.glob("*/sweep.parquet")))
+    assert sorted(table["kernel"].to_list()) == ["bias_gelu", "l2norm_rows"]
+    records = "".join(p.read_text() for p in out.rglob("*.jsonl"))
+    assert "codegen:rows/" in records and "codegen:elementwise/" in records
