@@ -300,3 +300,32 @@ def test_another_architecture_ships_as_a_fresh_compile(runs: list[Path], tmp_pat
     manifest = json.loads((tmp_path / "other_arch" / "manifest.json").read_text())
     build = manifest["kernels"]["silu_and_mul"]["builds"]["float16"]
     assert manifest["arch"] == "sm_80" and build["binary_as_evaluated"] is False
+
+
+@pytest.mark.parametrize("decode", [True, False], ids=["decode", "prefill"])
+def test_the_benchmark_decoder_runs_in_torch_and_traces_with_the_shipped_ops(pkg: Any, decode: bool):
+    from experiments.model_decoder import (
+        ModelShape,
+        ShippedOps,
+        StepInputs,
+        TorchOps,
+        make_inputs,
+        make_weights,
+        step,
+    )
+
+    shape = ModelShape(hidden=64, heads=4, kv_heads=2, head_dim=32, intermediate=96, layers=2, max_position=128)
+    layers, cos_sin = make_weights(shape, torch.float32, "cpu")
+    inp = make_inputs(shape, 3, 16, decode, torch.float32, "cpu")
+    x, residual = step(TorchOps(), layers, cos_sin, inp, shape)
+    assert x.shape == residual.shape == (3, 64) and bool(x.isfinite().all())
+    meta_layers = [type(w)(*(t.to("meta", torch.bfloat16) for t in vars(w).values())) for w in layers]
+    def meta(t: torch.Tensor) -> torch.Tensor:
+        return t.to("meta", torch.bfloat16 if t.is_floating_point() else t.dtype)
+
+    meta_inp = StepInputs(meta(inp.x), meta(inp.residual), meta(inp.positions),
+                          [(meta(k), meta(v)) for k, v in inp.caches])
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    out = compiled(ShippedOps(pkg), meta_layers, cos_sin.to("meta"), meta_inp, shape)
+    assert [tuple(t.shape) for t in out] == [(3, 64), (3, 64)]
