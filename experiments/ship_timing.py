@@ -1,0 +1,103 @@
+"""``python -m experiments.ship_timing --package DIR``: shipped ops timed beside the run's own times.
+
+For every op and dtype of a shipped package and every shape its evidence lists, the op is
+captured in a CUDA graph (one launch through the package's driver-API path) and timed the way
+the evaluator times kernels: the L2 flushed before each repetition, CUDA events around one
+replay, median of 100 repetitions after 20 warm-ups. Beside each time stands the evaluator's
+time of the same kernel from the run (``best_ms``); their ratio should sit within the run's
+noise of 1.0. A stand-in run's times are synthetic: the ratio then means nothing, and the
+table says so.
+
+Writes ``OUT/ship-timing.json`` and ``.md`` (OUT defaults to a new ``runs/bench-<time>/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from experiments.bench_library import default_out, exit_without_gpu
+from kernels.spec import load_kernel, shape_label
+from search.report import git_commit
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+FLUSH_BYTES = 256 * 2**20
+
+
+def time_op(pkg: Any, kernel: str, dtype: str, shape: dict[str, int], warmup: int = 20, reps: int = 100) -> float:
+    """Median milliseconds of one graph-captured launch of the op at ``shape``, L2 flushed."""
+    import torch
+
+    spec = load_kernel(kernel)
+    inputs = spec.make_inputs(shape, getattr(torch, dtype), torch.Generator(device="cuda").manual_seed(0),
+                              "random", torch.device("cuda"))
+    args = [inputs[a.name] for a in spec.args if a.kind == "tensor"]
+    op = getattr(pkg, kernel)
+    op(*args)  # loads the cubin outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        op(*args)
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    times = []
+    for i in range(warmup + reps):
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        if i >= warmup:
+            times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments.ship_timing", description=__doc__.split("\n\n")[0])
+    p.add_argument("--package", type=Path, required=True)
+    p.add_argument("--name", default="kernel_ops")
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+    code = exit_without_gpu("ship_timing")
+    if code is not None:
+        return code
+    import torch
+
+    sys.path.insert(0, str(args.package.resolve()))
+    pkg = __import__(args.name)
+    rows = []
+    for kernel, entry in pkg.MANIFEST["kernels"].items():
+        for dtype, build in entry["builds"].items():
+            ev = build["evidence"]
+            for s in ev["shapes"]:
+                ms = time_op(pkg, kernel, dtype, s["shape"])
+                rows.append({"kernel": kernel, "dtype": dtype, "shape": shape_label(s["shape"]), "op_ms": ms,
+                             "evaluator_ms": s["best_ms"], "ratio": ms / s["best_ms"] if s["best_ms"] else None,
+                             "synthetic": ev["synthetic"]})
+                print(f"{kernel} {dtype} {rows[-1]['shape']}: op {ms:.4f} ms, evaluator {s['best_ms']:.4f} ms")
+    meta = {"command": "python -m experiments.ship_timing " + " ".join(sys.argv[1:] if argv is None else argv),
+            "git_commit": git_commit(REPO_ROOT), "gpu": torch.cuda.get_device_name(),
+            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
+    out = args.out or default_out("ship-timing").parent
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ship-timing.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    lines = [f"# Shipped ops vs the evaluator's times ({meta['gpu']})", "", f"- command: `{meta['command']}`",
+             f"- git commit: {meta['git_commit']}; date: {meta['date']}",
+             "- op: one CUDA-graph replay of the op, L2 flushed, CUDA events, median of 100 after 20 warm-ups",
+             "", "| kernel | dtype | shape | op ms | evaluator ms | op / evaluator |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        note = " (evaluator times synthetic)" if r["synthetic"] else ""
+        lines.append(f"| {r['kernel']} | {r['dtype']} | {r['shape']} | {r['op_ms']:.4f} | {r['evaluator_ms']:.4f} | "
+                     f"{r['ratio']:.3f}{note} |")
+    (out / "ship-timing.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out / 'ship-timing.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
