@@ -9,7 +9,7 @@ parameters)`` into an :class:`Artifact` or a :class:`Refusal` here and nowhere e
 2. the entry point keeps the spec's C signature;
 3. the launch resolves on every shape the spec lists within the device's limits;
 4. the source passes the static checks (includes, flags, every preprocessor route to the
-   file system: :mod:`evaluators.compile_checks`);
+   file system: :mod:`kernels.compile_checks`);
 5. NVRTC compiles it in a bounded sandbox (:mod:`evaluators.compile_sandbox`: no secrets in
    its environment, wall-clock and memory limits; cached on disk by everything that changes
    the binary), and the binary holds the entry, calls no device-runtime service (printf,

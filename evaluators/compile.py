@@ -2,9 +2,9 @@
 
 No GPU is needed: NVRTC compiles device code only, so compiling fans out over CPU workers
 and is tested in CI. The options, the prelude and the NVRTC call itself are the plain ones of
-:mod:`kernels.nvrtc`; this module adds what untrusted sources need (the static checks, the
-bounded sandbox process, checks of the binary) and the disk cache, whose key covers
-everything that changes the binary: the full source after the prelude, the options (macros
+:mod:`kernels.nvrtc`; this module adds what untrusted sources need (the static
+checks of :mod:`kernels.compile_checks` on source and binary, the bounded sandbox process) and
+the disk cache, whose key covers everything that changes the binary: the full source after the prelude, the options (macros
 included), the target architecture and the NVRTC version.
 """
 
@@ -17,28 +17,30 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evaluators.compile_checks import (
+from evaluators.compile_sandbox import CompileLimits, SandboxOutcome, sandbox_compile
+from kernels import nvrtc
+from kernels.compile_checks import (
     ALLOWED_INCLUDES,
     CompileRefused,
     binary_stack_bytes,
     check_services,
     check_source_routes,
 )
-from evaluators.compile_sandbox import CompileLimits, SandboxOutcome, sandbox_compile
-from kernels import nvrtc
 from kernels.nvrtc import (
     ALLOWED_FLAGS,
     DEFAULT_ARCH,
-    NvrtcOptionError,
+    build_options,
     entry_compiled,
     full_source,
     nvrtc_version,
+    variant_flags,
 )
 from kernels.records import atomic_write
 
 __all__ = [
     "ALLOWED_FLAGS", "ALLOWED_INCLUDES", "DEFAULT_ARCH", "CompileLimits", "CompileRefused", "CompileResult",
     "build_options", "cache_key", "check_includes", "compile_variant", "nvrtc_version", "target_arch",
+    "variant_flags",
 ]
 
 
@@ -95,40 +97,14 @@ def target_arch() -> str:
     return DEFAULT_ARCH
 
 
-def variant_flags(source: str) -> list[str]:
-    """The ``// flags:`` of a variant, each checked against the allowed list.
-
-    Raises:
-        CompileRefused: a flag outside :data:`ALLOWED_FLAGS`.
-    """
-    try:
-        return nvrtc.variant_flags(source)
-    except NvrtcOptionError as exc:
-        raise CompileRefused(str(exc)) from None
-
-
 def check_includes(source: str) -> None:
     """Refuses every preprocessor route to the file system (see
-    :func:`evaluators.compile_checks.check_source_routes`).
+    :func:`kernels.compile_checks.check_source_routes`).
 
     Raises:
         CompileRefused: a forbidden header, directive, pragma, identifier or character.
     """
     check_source_routes(source)
-
-
-def build_options(
-    source: str, dtype: str, defines: Mapping[str, int], arch: str = DEFAULT_ARCH
-) -> list[str]:
-    """NVRTC options: target, C++ standard, resource report, the variant's flags and macros.
-
-    Raises:
-        CompileRefused: an unknown dtype or a flag outside the allowed list.
-    """
-    try:
-        return nvrtc.build_options(source, dtype, defines, arch)
-    except NvrtcOptionError as exc:
-        raise CompileRefused(str(exc)) from None
 
 
 def cache_key(source: str, options: Sequence[str], entry: str) -> str:

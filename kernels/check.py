@@ -30,6 +30,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from kernels.check_run import describe_error, run_case, smallest_shape
+from kernels.compile_checks import CompileRefused, check_services, check_source_routes
 from kernels.launch import (
     DeviceLimits,
     LaunchSpec,
@@ -39,7 +40,6 @@ from kernels.launch import (
 )
 from kernels.nvrtc import (
     DEFAULT_ARCH,
-    NvrtcOptionError,
     build_options,
     cache_root,
     compile_program,
@@ -76,16 +76,19 @@ def _first_error(log: str) -> str:
 
 
 def compile_problem(source: str, entry: str, dtype: str, arch: str = DEFAULT_ARCH) -> str | None:
-    """Why the baseline does not compile for ``dtype`` at its default parameters, or None.
+    """Why the baseline would not pass admission for ``dtype`` at its default parameters, or
+    None: the static checks of its source (includes, directives, flags), the NVRTC compile,
+    and its binary (the entry kernel, no device printf, heap or assert).
 
     Outcomes are cached on disk (under the compile cache's ``check/``) by everything that
     changes them, so checking an unchanged library again costs no compile.
     """
     try:
+        check_source_routes(source)
         defines = parse_launch_header(source).default_params()
         options = build_options(source, dtype, defines, arch)
-    except (LaunchSpecError, NvrtcOptionError) as exc:
-        return str(exc)
+    except (LaunchSpecError, CompileRefused) as exc:
+        return f"baseline refused before compiling: {' '.join(str(exc).split())}"
     h = hashlib.sha256()
     for part in (full_source(source), "\0".join(o for o in options if not o.startswith("-I")), entry, nvrtc_version()):
         h.update(part.encode() + b"\1")
@@ -99,6 +102,11 @@ def compile_problem(source: str, entry: str, dtype: str, arch: str = DEFAULT_ARC
         problem = f"baseline does not compile for {dtype}: {_first_error(out.log)}"
     elif not entry_compiled(out.log, out.cubin, entry):
         problem = f'baseline compiles for {dtype} but holds no kernel named {entry} (extern "C" __global__)'
+    else:
+        try:
+            check_services(out.cubin)
+        except CompileRefused as exc:
+            problem = f"baseline refused for {dtype}: {exc}"
     atomic_write(path, json.dumps({"problem": problem}).encode())
     return problem
 

@@ -2,8 +2,9 @@
 
 NVRTC compiles device code on the CPU, so everything here works without a GPU. The search
 compiles untrusted variants through the evaluators' sandbox and disk cache
-(:mod:`evaluators.compile`), which build on this module; ``python -m kernels.check`` compiles
-a spec author's own baseline with it directly.
+(:mod:`evaluators.compile`), which build on this module and on the static checks of
+:mod:`kernels.compile_checks`; ``python -m kernels.check`` compiles a spec author's own
+baseline with it directly.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from kernels.compile_checks import CompileRefused
+
 DEFAULT_ARCH = "sm_90"  # the H200
 # Compiler flags a variant may ask for with '// flags: ...'.
 ALLOWED_FLAGS = re.compile(
@@ -24,10 +27,6 @@ ALLOWED_FLAGS = re.compile(
 SCALAR_TYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float"}
 _PRELUDE = "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n#include <cuda_fp8.h>\n"
 _FLAGS_RE = re.compile(r"^\s*//\s*flags\s*:(.*)$", re.MULTILINE)
-
-
-class NvrtcOptionError(ValueError):
-    """A compile that cannot be asked for: a flag outside the allowed list, an unknown dtype."""
 
 
 @dataclass(frozen=True)
@@ -83,13 +82,13 @@ def variant_flags(source: str) -> list[str]:
     """The ``// flags:`` of a variant, each checked against the allowed list.
 
     Raises:
-        NvrtcOptionError: a flag outside :data:`ALLOWED_FLAGS`.
+        CompileRefused: a flag outside :data:`ALLOWED_FLAGS`.
     """
     flags: list[str] = []
     for line in _FLAGS_RE.findall(source):
         for flag in line.split():
             if not ALLOWED_FLAGS.match(flag):
-                raise NvrtcOptionError(
+                raise CompileRefused(
                     f"compiler flag {flag!r} is not allowed; allowed: --use_fast_math, -ftz=, "
                     "-prec-div=, -prec-sqrt=, -fmad=, -maxrregcount=N, --extra-device-vectorization"
                 )
@@ -103,10 +102,10 @@ def build_options(
     """NVRTC options: target, C++ standard, resource report, the variant's flags and macros.
 
     Raises:
-        NvrtcOptionError: an unknown dtype or a flag outside the allowed list.
+        CompileRefused: an unknown dtype or a flag outside the allowed list.
     """
     if dtype not in SCALAR_TYPES:
-        raise NvrtcOptionError(f"unknown dtype {dtype!r}; expected one of {sorted(SCALAR_TYPES)}")
+        raise CompileRefused(f"unknown dtype {dtype!r}; expected one of {sorted(SCALAR_TYPES)}")
     opts = [f"--gpu-architecture={arch}", "-std=c++17", "--ptxas-options=-v", "-default-device"]
     opts += [f"-I{d}" for d in include_dirs()]
     opts += variant_flags(source)
@@ -161,7 +160,7 @@ def compile_variant_here(
     :mod:`evaluators.admit` instead.
 
     Raises:
-        NvrtcOptionError: an unknown dtype or a flag outside the allowed list.
+        CompileRefused: an unknown dtype or a flag outside the allowed list.
     """
     return compile_program(full_source(source), build_options(source, dtype, defines or {}, arch))
 

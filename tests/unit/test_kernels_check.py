@@ -78,6 +78,10 @@ BROKEN = [
     ("launch_names_unknown", "baseline.cu", "cdiv(n, 256)", "cdiv(size, 256)", "uses ['size']"),
     ("launch_too_large", "baseline.cu", "block=(256,)", "block=(2048,)", "2048 threads, more than 1024"),
     ("baseline_syntax_error", "baseline.cu", "if (i < n) out[i]", "if (i < n) out[i] +", "baseline does not compile"),
+    ("baseline_prints", "baseline.cu", "if (i < n) out[i]", 'if (i == 0) printf("%d", n);\n    if (i < n) out[i]',
+     "baseline refused for float16, bfloat16: the binary calls vprintf (device printf)"),
+    ("baseline_includes_a_file", "baseline.cu", "// launch:", '#include "../spec.py"\n// launch:',
+     'baseline refused before compiling: #include "../spec.py" is not allowed'),
     ("bytes_moved_too_small", "spec.py", 'lambda s, dt: 3 * s["n"]', 'lambda s, dt: 2 * s["n"]',
      "bytes_moved gives 4096 bytes at shape [1024] (float16, bfloat16), less than the 6144"),
     ("reads_its_out_buffer", "spec.py", 'return {"out": inputs["x"].float() * inputs["y"].float()}',
@@ -98,6 +102,11 @@ BROKEN = [
      "spec.py cannot be loaded: SyntaxError"),
     ("no_baseline", "baseline.cu", None, None, "missing"),
 ]
+
+
+def named(name: str) -> tuple[str, str, str | None, str | None, str]:
+    (case,) = [c for c in BROKEN if c[0] == name]
+    return case
 
 
 def write_kernel(folder: Path, spec: str = SPEC, baseline: str | None = BASELINE) -> Path:
@@ -147,7 +156,7 @@ def test_one_mistake_gives_its_one_line(case, tmp_path, compile_cache, capsys):
 
 def test_a_folder_of_folders_reports_each_kernel(tmp_path, compile_cache, capsys):
     write_kernel(tmp_path / "lib" / "good")
-    broken_kernel(tmp_path / "lib", BROKEN[0])  # lib/wrong_role/mul2: not directly under lib
+    broken_kernel(tmp_path / "lib", named("wrong_role"))  # lib/wrong_role/mul2: not directly under lib
     shutil.move(str(tmp_path / "lib" / "wrong_role" / "mul2"), str(tmp_path / "lib" / "bad"))
     assert sorted(p.name for p in kernel_folders(tmp_path / "lib")) == ["bad", "good"]
     assert main([str(tmp_path / "lib")]) == 1
@@ -187,7 +196,7 @@ def test_the_search_stops_on_a_broken_folder_with_one_line_before_ray(tmp_path, 
 
     library = tmp_path / "lib"
     write_kernel(library / "good")
-    broken = broken_kernel(tmp_path, BROKEN[10])  # baseline_syntax_error
+    broken = broken_kernel(tmp_path, named("baseline_syntax_error"))
     shutil.move(str(broken), str(library / "broken"))
     code = run_main(["--kernel-dir", str(library), "--evaluator", "standin", "--out", str(tmp_path / "runs")])
     assert code == 2
@@ -203,7 +212,7 @@ def test_the_sweep_stops_on_a_broken_folder_with_one_line(tmp_path, compile_cach
 
     library = tmp_path / "lib"
     library.mkdir()
-    broken = broken_kernel(tmp_path, BROKEN[11])  # bytes_moved_too_small
+    broken = broken_kernel(tmp_path, named("bytes_moved_too_small"))
     shutil.move(str(broken), str(library / "mul2"))
     code = sweep_main(["--library", str(library), "--evaluator", "standin", "--out", str(tmp_path / "runs")])
     assert code == 2
