@@ -5,9 +5,10 @@ each kernel: the spec loads (argument list, shape symbols with their ``min_value
 ``multiple_of``, held-out shapes apart from the search shapes, the baseline's launch header
 and signature); ``make_inputs`` sizes every shape on the meta device, drawn held-out shapes
 included; ``bytes_moved`` and ``flops`` give counts; the baseline's launch fits the device on
-every shape and it compiles with NVRTC for every run dtype (NVRTC runs on the CPU; results are
-cached); and the reference runs on the CPU at the smallest search shape for every input case
-(:mod:`kernels.check_run`). Output: one line per problem, ``<folder>: <problem>``, and exit
+every shape and, for every run dtype, the baseline passes what admission checks of a source
+and its binary (:mod:`kernels.compile_checks`) and compiles with NVRTC (which runs on the
+CPU; outcomes are cached); and the reference runs on the CPU at the smallest search shape for
+every input case (:mod:`kernels.check_run`). Output: one line per problem, ``<folder>: <problem>``, and exit
 1; or one OK line per kernel and exit 0.
 
 The search runs the same checks on its kernels before it starts (:func:`preflight`) and
@@ -194,7 +195,7 @@ def _merge_runs(found: dict[str, tuple[list[str], list[str]]]) -> list[str]:
     return merged
 
 
-def check_spec(spec: KernelSpec, dtypes: Sequence[str] | None = None, compile_baseline: bool = True) -> list[str]:
+def check_spec(spec: KernelSpec, dtypes: Sequence[str] | None = None) -> list[str]:
     """Every problem of a loaded spec, in order, each once (``dtypes``: the run dtypes to
     compile and run, default all the spec's)."""
     sizes: dict[tuple[tuple[str, int], ...], int | str] = {}
@@ -214,8 +215,7 @@ def check_spec(spec: KernelSpec, dtypes: Sequence[str] | None = None, compile_ba
                 seen.append(value)
 
     for dtype in dtypes or spec.dtypes:
-        if compile_baseline:
-            note(compile_problem(spec.baseline_source(), spec.name, dtype), dtype)
+        note(compile_problem(spec.baseline_source(), spec.name, dtype), dtype)
         for case in ("random", *spec.edge_cases):
             for message in run_case(spec, shape, dtype, case):
                 note(message, dtype, case)
