@@ -134,22 +134,39 @@ def time_interleaved(
     }
 
 
-def l2_persistence(stream_ptr: int) -> dict[str, int | str]:
+def l2_persistence(stream_ptr: int, clear: bool = True) -> dict[str, int | str]:
     """The persisting-L2 carve-out of the current device and the access-policy window of a
     stream, in bytes (both must be 0 for the L2 flush to evict everything the timed launch
-    reads); ``error`` instead when the runtime cannot be asked."""
+    reads); ``error`` instead when the runtime cannot be asked.
+
+    With ``clear``, a nonzero carve-out is set to 0 for this process's context first (the
+    limit belongs to the context, so nothing outlives the process): the H200 image was seen
+    starting contexts with an 11.25 MiB carve-out. What was found then stays on record as
+    ``persisting_l2_bytes_found``.
+    """
     try:
         from cuda.bindings import runtime as rt
     except ImportError as exc:  # the bindings are a dependency of the GPU extra
         return {"error": f"cuda.bindings missing: {exc}"}
-    err, carve_out = rt.cudaDeviceGetLimit(rt.cudaLimit.cudaLimitPersistingL2CacheSize)
+    limit = rt.cudaLimit.cudaLimitPersistingL2CacheSize
+    err, carve_out = rt.cudaDeviceGetLimit(limit)
     if err != rt.cudaError_t.cudaSuccess:
         return {"error": f"cudaDeviceGetLimit(cudaLimitPersistingL2CacheSize): {err}"}
+    state: dict[str, int | str] = {}
+    if carve_out and clear:
+        state["persisting_l2_bytes_found"] = int(carve_out)
+        (err,) = rt.cudaDeviceSetLimit(limit, 0)
+        if err != rt.cudaError_t.cudaSuccess:
+            return {**state, "error": f"cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 0): {err}"}
+        err, carve_out = rt.cudaDeviceGetLimit(limit)
+        if err != rt.cudaError_t.cudaSuccess:
+            return {**state, "error": f"cudaDeviceGetLimit(cudaLimitPersistingL2CacheSize): {err}"}
     attr = rt.cudaStreamAttrID(rt.cudaStreamAttributeAccessPolicyWindow)
     err, value = rt.cudaStreamGetAttribute(rt.cudaStream_t(stream_ptr), attr)
     if err != rt.cudaError_t.cudaSuccess:
-        return {"error": f"cudaStreamGetAttribute(cudaStreamAttributeAccessPolicyWindow): {err}"}
-    return {"persisting_l2_bytes": int(carve_out), "access_policy_window_bytes": int(value.accessPolicyWindow.num_bytes)}
+        return {**state, "error": f"cudaStreamGetAttribute(cudaStreamAttributeAccessPolicyWindow): {err}"}
+    return {"persisting_l2_bytes": int(carve_out),
+            "access_policy_window_bytes": int(value.accessPolicyWindow.num_bytes), **state}
 
 
 def l2_finding(state: dict[str, int | str]) -> str | None:
@@ -157,7 +174,7 @@ def l2_finding(state: dict[str, int | str]) -> str | None:
     or None when the carve-out and the window are both zero."""
     if "error" in state:
         return f"L2 persistence could not be checked: {state['error']}"
-    kept = {k: v for k, v in state.items() if v}
+    kept = {k: v for k, v in state.items() if v and k != "persisting_l2_bytes_found"}
     if kept:
         return "L2 persistence is set, so the flush does not evict everything: " + ", ".join(
             f"{k} = {v}" for k, v in kept.items())

@@ -221,7 +221,8 @@ class Call:
         method: ``evaluate``, ``time_peers`` or ``sanitize``.
         args: the method's arguments (object references among them are resolved by Ray).
         exclusive: takes the actor's turn (the GPU); False for sanitizer runs, which are
-            separate processes and may overlap on one actor.
+            separate processes and may overlap each other on one actor, but never an
+            exclusive call: a timed evaluation or peers' loop has its GPU to itself.
         what: a label for messages (kernel and variant).
         tries: retries used so far.
     """
@@ -269,9 +270,9 @@ class EvalPool:
         self.actors = [spawn_evaluator(kind, latency_s) for _ in range(size)]
         self._concurrency = 1
         self.idle = deque(range(size))
+        self.sharing = [0] * size  # non-exclusive calls in flight per actor
         self.queue: deque[Call] = deque()
         self.inflight: dict[Any, Call] = {}
-        self._next_slot = 0
         self.busy_s = 0.0
         self.replaced = 0
 
@@ -288,18 +289,29 @@ class EvalPool:
         waiting: deque[Call] = deque()
         while self.queue:
             call = self.queue.popleft()
+            slot = self._free_slot(call.exclusive)
+            if slot is None:
+                waiting.append(call)
+                continue
+            call.slot = slot
             if call.exclusive:
-                if not self.idle:
-                    waiting.append(call)
-                    continue
-                call.slot = self.idle.popleft()
-            else:  # spread over the actors, regardless of their exclusive turn
-                call.slot = self._next_slot % len(self.actors)
-                self._next_slot += 1
+                self.idle.remove(slot)
+            else:
+                self.sharing[slot] += 1
             call.actor = self.actors[call.slot]
             ref = getattr(call.actor, call.method).remote(*call.args)
             self.inflight[ref] = call
         self.queue = waiting
+
+    def _free_slot(self, exclusive: bool) -> int | None:
+        """An actor for the call, or None to wait. Sanitizer runs (non-exclusive) launch
+        instrumented kernels on the same GPU: were they to overlap a timed call, its times
+        would include their contention. So an exclusive call waits for an actor with nothing
+        in flight, and non-exclusive calls share an actor only with each other (the least
+        loaded one not running an exclusive call)."""
+        if exclusive:
+            return next((s for s in self.idle if self.sharing[s] == 0), None)
+        return min(self.idle, key=lambda s: self.sharing[s], default=None)
 
     def refs(self) -> list[Any]:
         return list(self.inflight)
@@ -338,9 +350,14 @@ class EvalPool:
         return Answer(call, value, busy)
 
     def _release(self, call: Call) -> None:
+        self._free(call)
+        self._dispatch()
+
+    def _free(self, call: Call) -> None:
         if call.exclusive:
             self.idle.append(call.slot)
-        self._dispatch()
+        else:
+            self.sharing[call.slot] -= 1
 
     def _replace(self, call: Call) -> None:
         slot = call.slot
@@ -348,8 +365,7 @@ class EvalPool:
             ray.kill(call.actor)
             self.actors[slot] = spawn_evaluator(self.kind, self.latency_s, self._concurrency)
             self.replaced += 1
-        if call.exclusive:
-            self.idle.append(slot)
+        self._free(call)
 
     def _failed(self, call: Call, message: str) -> Answer:
         print(f"!! {call.method} {call.what}: {message}", file=sys.stderr, flush=True)
@@ -367,6 +383,7 @@ class EvalPool:
         self._concurrency = max(1, max_concurrency)
         self.actors = [spawn_evaluator(self.kind, self.latency_s, self._concurrency) for _ in range(size)]
         self.idle = deque(range(size))
+        self.sharing = [0] * size
 
     def device_name(self) -> str:
         """The name of the device the first actor evaluates on."""
@@ -384,7 +401,7 @@ class EvalPool:
     def shutdown(self) -> None:
         for actor in self.actors:
             ray.kill(actor)
-        self.actors, self.idle = [], deque()
+        self.actors, self.idle, self.sharing = [], deque(), []
 
 
 def _first_line(exc: BaseException) -> str:

@@ -38,7 +38,9 @@ def test_the_loop_records_l2_persistence_off_and_the_winning_compilation(evaluat
     spec = load_kernel("silu_and_mul")
     reply = evaluator.time_peers_full("silu_and_mul", "float16", "search", {"baseline": (spec.baseline_source(), {})},
                                       repetitions=20, compile_trials=1)
-    assert reply["l2_persistence"] == {"persisting_l2_bytes": 0, "access_policy_window_bytes": 0}, reply
+    # Whatever carve-out the context started with, the timing process cleared it before timing.
+    l2 = reply["l2_persistence"]
+    assert (l2["persisting_l2_bytes"], l2["access_policy_window_bytes"]) == (0, 0), reply
     assert "l2_finding" not in reply
     labels = {shape_label(s) for s in spec.search_shapes}
     assert set(reply["peers"]["torch_compile"]) == labels, reply["errors"]
@@ -50,7 +52,8 @@ def test_the_loop_records_l2_persistence_off_and_the_winning_compilation(evaluat
 def test_the_evaluator_records_l2_persistence(evaluator: Any) -> None:
     ev = evaluator.evaluate(EvalRequest("silu_and_mul", _baseline("silu_and_mul"), timing=TimingConfig.full()))
     assert ev.status is Status.OK, ev.message
-    assert ev.extra["l2_persistence"] == {"persisting_l2_bytes": 0, "access_policy_window_bytes": 0}
+    l2 = ev.extra["l2_persistence"]
+    assert (l2["persisting_l2_bytes"], l2["access_policy_window_bytes"]) == (0, 0), l2
 
 
 def test_a_fresh_process_per_repetition_of_a_kernels_loop(evaluator: Any) -> None:
