@@ -90,7 +90,9 @@ class EvaluatorConfig:
         peers: time the production peers beside the winners at the end of the run.
         peer_runs: independent repetitions of that loop, each in a fresh sandbox process;
             every reported ratio is their median with its min-max.
-        compile_trials: fresh torch.compile compilations per mode in each of those loops.
+        compile_trials: fresh torch.compile compilations per mode in each of those loops
+            (1: each loop compiles each mode afresh, so with three loops every mode is
+            compiled three times and the spread over loops shows how much compilations vary).
         sanitize: run compute-sanitizer (memcheck, racecheck) on each winner before it is
             reported; a winner with findings is replaced by the baseline.
     """
@@ -102,7 +104,7 @@ class EvaluatorConfig:
     standin_latency_s: float = 0.0
     peers: bool = True
     peer_runs: int = 3
-    compile_trials: int = 2
+    compile_trials: int = 1
     sanitize: bool = True
 
     def __post_init__(self) -> None:
