@@ -3,6 +3,7 @@
 Layout of ``runs/<id>/``::
 
     config.yaml         the resolved configuration
+    kernels.json        each kernel's name in the run -> its folder reference (folder, digest)
     evaluations.jsonl   one line per evaluation (flushed and fsynced per line)
     proposals.jsonl     one line per proposal, failures included
     replies.jsonl       one line per agent reply (how many proposals; empty replies too)
@@ -11,7 +12,8 @@ Layout of ``runs/<id>/``::
     extra_shapes.json   the tester's extra search shapes (LLM runs)
     heldout_shapes.json the held-out shapes drawn for this run
     attempts.json       wall and busy seconds of each attempt at the run (first run, resumes)
-    best/<kernel>.cu    the winner, and best/<kernel>.json its evidence
+    best/<kernel>.cu    the winner, and best/<kernel>.json its evidence (<kernel>: the kernel's
+                        name in the run, ``name@digest-prefix`` when two kernels share a name)
     evaluations.parquet, best.parquet   written at the end (and on demand)
     summary.json        written last: its presence means the run finished
 

@@ -3,6 +3,7 @@ libraries' kernels of one name in one process without mixing them up."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -115,3 +116,26 @@ def test_one_evaluator_judges_each_reference_against_its_own_spec(tmp_path: Path
         assert ev.status.is_ok, ev.message
         shapes[lib] = [s.shape for s in ev.shapes]
     assert shapes == {"a": [{"n": 4096}, {"n": 65536}], "b": [{"n": 1024}, {"n": 16384}, {"n": 262144}]}
+
+
+def test_a_resumed_run_refuses_kernel_folders_that_changed(tmp_path: Path) -> None:
+    from search.run import KERNELS_FILE, UsageError, check_recorded_kernels, name_kernels
+
+    lib_a, lib_b = write_libraries(tmp_path / "libs")
+    folders = [lib_a / "scale_rows", lib_b / "scale_rows"]
+    kernels = name_kernels([(load_kernel(f), kernel_ref(f)) for f in folders])
+    names = [ref.name for _, ref in kernels]
+    assert names == [f"scale_rows@{kernel_ref(f).digest[:8]}" for f in folders]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    check_recorded_kernels(run_dir, kernels)
+    check_recorded_kernels(run_dir, kernels)  # the same folders with the same files: resumable
+    assert set(json.loads((run_dir / KERNELS_FILE).read_text())) == set(names)
+    (folders[1] / "spec.py").write_text((folders[1] / "spec.py").read_text() + "\n# edited\n")
+    changed = name_kernels([(load_kernel(f), kernel_ref(f)) for f in folders])
+    with pytest.raises(UsageError, match="changed since the run started"):
+        check_recorded_kernels(run_dir, changed)
+    with pytest.raises(UsageError, match="changed since the run started"):
+        check_recorded_kernels(run_dir, kernels[:1])  # a kernel left out is a different run too
+    with pytest.raises(UsageError, match="hold the same files"):
+        name_kernels([kernels[0], kernels[0]])
