@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kernels.spec import KernelSpec, list_kernels, load_kernel, shape_label
+from kernels.spec import KernelSpec, kernel_ref, list_kernels, load_kernel, shape_label
 from kernels.verdict import geomean
 from search.report import git_commit
 
@@ -205,7 +205,7 @@ def bench_kernel(evaluator: Any, name: str, dtype: str, shape_set: str, best_dir
         ours["best"] = (source.read_text(), dict(evidence.get("params") or {}))
         best = {"variant_id": evidence.get("variant", {}).get("id", ""), "source": str(source),
                 "params": evidence.get("params") or {}, "heldout_status": evidence.get("heldout_status")}
-    reply = evaluator.time_peers_full(spec.name, dtype, shape_set, ours, repetitions=repetitions,
+    reply = evaluator.time_peers_full(kernel_ref(name), dtype, shape_set, ours, repetitions=repetitions,
                                       graph_ours=graph_ours)
     return kernel_result(spec, dtype, shape_set, reply, best)
 
