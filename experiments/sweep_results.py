@@ -69,6 +69,7 @@ def kernel_entry(k: dict[str, Any]) -> dict[str, Any]:
     return {
         "kernel": k["kernel"], "dtype": k["dtype"], "winner": k["winner"], "params": k["params"],
         "speedup_vs_baseline": k["speedup_search"], "heldout_status": k["heldout_status"],
+        "vs_baseline_source": k.get("speedup_search_source", "evaluator"),
         "speedup_heldout": k["speedup_heldout"], "speedup_vs_torch_compile": over.get("torch_compile"),
         "speedup_vs_torch_eager": over.get("torch_eager"),
         "speedup_vs_production": {p: v for p, v in over.items() if p not in NOT_PEERS},
@@ -98,27 +99,57 @@ def _compiled_won(k: dict[str, Any]) -> dict[str, int]:
 def _ratio(e: dict[str, Any], peer: str, median: float | None) -> str:
     """A ratio with its spread over the loops (``1.12x [1.05-1.18] faster``), else the single figure."""
     ranged = e.get("spreads", {}).get(peer)
-    return spread.text(ranged) if ranged else _x(median)
+    if ranged:
+        return spread.text(ranged)
+    source = "evaluator" if peer == "baseline" and e.get("vs_baseline_source") == "evaluator" else "loop"
+    return "-" if median is None else f"{median:.3f}x (one {source} run, no spread)"
+
+
+def _spread_of(e: dict[str, Any], peer: str, median: float | None) -> spread.Spread | None:
+    """A kernel's ratio over ``peer`` as a spread: over the loops, else the one figure there is."""
+    ranged = spread.from_dict(e.get("spreads", {}).get(peer))
+    if ranged is not None:
+        return ranged
+    return None if median is None else spread.single(median)
 
 
 def check_targets(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The issue's targets over the sweep. Each figure over the kernels (median, geometric mean)
+    has a range from the kernels' ranges (:func:`search.spread.aggregate`); a target is ``met``
+    only when that whole range is at or above it (:func:`search.spread.against`)."""
+    tc_parts = {e["kernel"]: s for e in entries
+                if (s := _spread_of(e, "torch_compile", e["speedup_vs_torch_compile"])) is not None}
     tc = [e["speedup_vs_torch_compile"] for e in entries if e["speedup_vs_torch_compile"] is not None]
-    median = statistics.median(tc) if tc else None
-    lows = {e["kernel"]: e["spreads"]["torch_compile"]["low"] for e in entries
-            if "torch_compile" in e.get("spreads", {})}
-    astra = [e["spreads"]["flashinfer"]["median"] for e in entries
-             if e["kernel"] in ASTRA and "flashinfer" in e.get("spreads", {})]
+    median = spread.aggregate(list(tc_parts.values()), statistics.median)
+    gm = spread.aggregate(list(tc_parts.values()), geomean)
+    median_verdict = spread.against(TC_MEDIAN_TARGET, median)
+    # The geomean target also asks every kernel's whole range over torch.compile to be at or above 1.0.
+    geomean_verdict = spread.all_of([spread.against(TC_GEOMEAN_TARGET, gm),
+                                     *(spread.against(1.0, s) for s in tc_parts.values())])
+    astra_parts = [s for e in entries if e["kernel"] in ASTRA
+                   and (s := _spread_of(e, "flashinfer", e["speedup_vs_production"].get("flashinfer"))) is not None]
+    astra_in_sweep = [e["kernel"] for e in entries if e["kernel"] in ASTRA]
+    astra = spread.aggregate(astra_parts, geomean) if len(astra_parts) == len(ASTRA) else None
+    vs_baseline = {e["kernel"]: _spread_of(e, "baseline", e["speedup_vs_baseline"]) for e in entries}
     return {
-        "geomean_vs_torch_compile": geomean(tc) if tc else None, "geomean_target": TC_GEOMEAN_TARGET,
-        "below_one_vs_torch_compile": sorted(k for k, low in lows.items() if low < 1.0),
-        "verdicts_vs_torch_compile": {e["kernel"]: e["spreads"]["torch_compile"]["verdict"] for e in entries
-                                      if "torch_compile" in e.get("spreads", {})},
-        "geomean_vs_flashinfer_astra": geomean(astra) if len(astra) == len(ASTRA) else None,
+        "geomean_vs_torch_compile": gm.median if gm else None, "geomean_target": TC_GEOMEAN_TARGET,
+        "geomean_vs_torch_compile_range": gm.to_dict() if gm else None,
+        "geomean_verdict": geomean_verdict, "geomean_met": geomean_verdict == spread.MET,
+        "below_one_vs_torch_compile": sorted(k for k, s in tc_parts.items() if s.low < 1.0),
+        "verdicts_vs_torch_compile": {k: s.verdict for k, s in tc_parts.items()},
+        "geomean_vs_flashinfer_astra": astra.median if astra else None,
+        "geomean_vs_flashinfer_astra_range": astra.to_dict() if astra else None,
+        # not applicable when the sweep holds none of the Astra kernels (a library of other kernels)
+        "flashinfer_astra_verdict": (spread.against(ASTRA_FLASHINFER_TARGET, astra) if astra_in_sweep
+                                     else "not applicable"),
         "all_heldout_ok": all(e["heldout_status"] == "OK" for e in entries),
-        "median_vs_torch_compile": median, "median_target": TC_MEDIAN_TARGET,
-        "median_met": median is not None and median >= TC_MEDIAN_TARGET,
+        "median_vs_torch_compile": median.median if median else None, "median_target": TC_MEDIAN_TARGET,
+        "median_vs_torch_compile_range": median.to_dict() if median else None,
+        "median_verdict": median_verdict, "median_met": median_verdict == spread.MET,
         "kernels_with_torch_compile": len(tc),
-        "slower_than_baseline": [e["kernel"] for e in entries if e["speedup_vs_baseline"] < 1.0],
+        # slower only when the whole range is below 1.0; a range straddling it is a tie
+        "slower_than_baseline": sorted(k for k, s in vs_baseline.items() if s is not None and s.verdict == "slower"),
+        "tie_with_baseline": sorted(k for k, s in vs_baseline.items() if s is not None and s.verdict == "tie"),
         "below_roofline": below_roofline(entries),
     }
 
@@ -140,41 +171,65 @@ def _x(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}x"
 
 
+def _figure(value: float | None, ranged: dict[str, Any] | None) -> str:
+    """A figure over the kernels with its range (``1.160x [1.120-1.190]``), else the figure."""
+    r = spread.from_dict(ranged)
+    if r is None:
+        return _x(value)
+    one = ", one run" if r.runs == 1 else ""
+    return f"{r.median:.3f}x [{r.low:.3f}-{r.high:.3f}{one}]"
+
+
+def _loops(entries: list[dict[str, Any]]) -> str:
+    """How many end-of-run loops the ratios are medians of (``3``, or ``2-3`` when kernels differ)."""
+    counts = sorted({int(e.get("peer_runs") or 0) for e in entries}) or [0]
+    return str(counts[0]) if counts[0] == counts[-1] else f"{counts[0]}-{counts[-1]}"
+
+
 def to_markdown(summary: dict[str, Any], meta: dict[str, Any], entries: list[dict[str, Any]],
                 targets: dict[str, Any]) -> str:
     commands = "; ".join(f"`{a['command']}`" for a in meta.get("attempts", [])) or f"`{summary.get('command')}`"
+    loops = _loops(entries)
+    verdict = spread.verdict_text
     lines = [f"# Library sweep on {summary['gpu']}", "",
              f"- command: {commands}", f"- git commit: {summary.get('git_commit')}", f"- date: {summary.get('date')}",
              f"- evaluator: {summary.get('evaluator')}, GPUs: {summary.get('n_gpus')}, agents: embedded; wall "
              f"{summary['wall_s']:.0f} s, {busy_label(summary.get('evaluator', 'gpu')).replace('gpu', 'GPU')} "
              f"{summary['gpu_busy_fraction']:.0%}",
              "- times: kernel times; ours by CUDA events around one launch, peers by one CUDA-graph replay; L2 "
-             "flushed before every repetition; the winner, our baseline and the peers interleaved in one loop in a "
-             "fresh evaluator at the end of the sweep (100 repetitions after 20 warm-ups)",
-             "- speedup = other time / our best time, geometric mean over the search shapes; 'vs baseline' and "
-             "'held-out' come from the evaluator's full protocol (validated, with the replay and roofline guards), "
-             "the peer columns and the per-shape tables from the end-of-run loop", "",
+             "flushed before every repetition; the winner, our baseline and the peers interleaved in one loop on one "
+             f"working set (100 repetitions after 20 warm-ups), the loop repeated in {loops} fresh sandbox processes "
+             "at the end of the sweep",
+             "- speedup = other time / our best time, geometric mean over the search shapes within one loop; every "
+             f"ratio is the median over the {loops} loops [min-max], 'vs baseline' included; 'held-out' is the "
+             "evaluator's full protocol on the held-out shapes (one run, validated, with the replay and roofline "
+             "guards); the per-shape tables give each implementation's median time over the loops", "",
              "## Targets", "",
+             "A target is met only when the whole range is at or above it, not met when the whole range is below "
+             "it, and 'within range' (not met) when it straddles it; a figure over the kernels (median, geomean) "
+             "ranges from that figure of the kernels' lows to that of their highs.", "",
              f"- every kernel correct on its held-out shapes: {'yes' if targets['all_heldout_ok'] else 'NO'}",
              f"- median speedup over torch.compile across the {targets['kernels_with_torch_compile']} kernels it "
-             f"compiles: **{_x(targets['median_vs_torch_compile'])}** (target {targets['median_target']}x: "
-             f"{'met' if targets['median_met'] else 'NOT met'})",
-             f"- kernels slower than their baseline: {', '.join(targets['slower_than_baseline']) or 'none'}", ""]
-    gm, below = targets.get("geomean_vs_torch_compile"), targets.get("below_one_vs_torch_compile", [])
-    met = gm is not None and gm >= TC_GEOMEAN_TARGET and not below
-    lines.insert(len(lines) - 1, f"- geomean over torch.compile (best of its modes, median of the loops): **{_x(gm)}** "
-                 f"(target {TC_GEOMEAN_TARGET}x with every kernel's whole range at or above 1.0: "
-                 f"{'met' if met else 'NOT met'}; ranges below 1.0: {', '.join(below) or 'none'})")
-    fa = targets.get("geomean_vs_flashinfer_astra")
-    lines.insert(len(lines) - 1, f"- geomean over FlashInfer on {', '.join(ASTRA)}: **{_x(fa)}** "
-                 f"(target {ASTRA_FLASHINFER_TARGET}x: {'met' if fa is not None and fa >= ASTRA_FLASHINFER_TARGET else 'NOT met'})")
+             f"compiles: **{_figure(targets['median_vs_torch_compile'], targets.get('median_vs_torch_compile_range'))}"
+             f"** (target {targets['median_target']}x: {verdict(targets['median_verdict'])})",
+             f"- geomean over torch.compile (best of its modes): "
+             f"**{_figure(targets['geomean_vs_torch_compile'], targets.get('geomean_vs_torch_compile_range'))}** "
+             f"(target {TC_GEOMEAN_TARGET}x with every kernel's whole range at or above 1.0: "
+             f"{verdict(targets['geomean_verdict'])}; ranges below 1.0: "
+             f"{', '.join(targets['below_one_vs_torch_compile']) or 'none'})",
+             f"- geomean over FlashInfer on {', '.join(ASTRA)}: "
+             f"**{_figure(targets['geomean_vs_flashinfer_astra'], targets.get('geomean_vs_flashinfer_astra_range'))}"
+             f"** (target {ASTRA_FLASHINFER_TARGET}x: {verdict(targets['flashinfer_astra_verdict'])})",
+             f"- kernels slower than their baseline (whole range below 1.0x): "
+             f"{', '.join(targets['slower_than_baseline']) or 'none'}; tied with it: "
+             f"{', '.join(targets['tie_with_baseline']) or 'none'}", ""]
     if targets["below_roofline"]:
         lines += [f"**Not trusted: {len(targets['below_roofline'])} end-of-run loop time(s) beat the copy-bandwidth "
                   f"roofline ({ROOFLINE}x), which a kernel doing its work cannot:** "
                   + "; ".join(targets["below_roofline"]), ""]
     lines += [
-             "| kernel | vs baseline | held-out | vs torch.compile | vs production peer | vs torch eager | "
-             "copy bw, largest shape | variants | sanitizer |", "|---|---|---|---|---|---|---|---|---|"]
+             "| kernel | vs baseline | held-out (evaluator) | vs torch.compile | vs production peer | "
+             "vs torch eager | copy bw, largest shape | variants | sanitizer |", "|---|---|---|---|---|---|---|---|---|"]
     for e in entries:
         prod = ", ".join(f"{p} {_ratio(e, p, v)}" for p, v in sorted(e["speedup_vs_production"].items())) or "none"
         lines.append(f"| {e['kernel']} | {_ratio(e, 'baseline', e['speedup_vs_baseline'])} | {e['heldout_status']} "
@@ -182,8 +237,9 @@ def to_markdown(summary: dict[str, Any], meta: dict[str, Any], entries: list[dic
                      f"{prod} | {_ratio(e, 'torch_eager', e['speedup_vs_torch_eager'])} | "
                      f"{e['copy_bw_fraction_largest']:.0%} {e['largest_shape']} | "
                      f"{e['variants_evaluated']} | {e['sanitizer'] or '-'} |")
-    lines += ["", "Ratios: median over the repeated end-of-run loops [min-max]; faster only when the whole range is "
-              "above 1.0x, tie when it straddles 1.0x; 'vs baseline' comes from the same loops as the peers. "
+    lines += ["", f"Ratios: median over the {loops} end-of-run loops [min-max]; faster only when the whole range is "
+              "above 1.0x, slower only when it is below, a tie when it straddles 1.0x; 'vs baseline' comes from the "
+              "same loops as the peers; a ratio marked 'one run' had no repeated loops to give it a range. "
               "No production peer in reach (FlashInfer 0.2.14, Liger, torch): "
               + (", ".join(e["kernel"] for e in entries if not e["speedup_vs_production"]) or "none") + "."]
     for e in entries:

@@ -19,7 +19,6 @@ that kernel and the others finish.
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from kernels.verdict import Evaluation
 from search.controller import Controller
 from search.jobs import Job
 from search.selection import Scored
+from search.spread import median_times
 from search.state import KernelState
 
 LOOP_ERROR = "peers' loop"  # key of peer_errors when the whole loop could not run
@@ -103,17 +103,6 @@ def combine_runs(result: KernelResult, runs: list[dict[str, Any]]) -> None:
     # A kernel that failed verification in a loop gets no ratios from any of them.
     result.peer_runs = [] if failed else timed
     result.peers = {} if failed else median_times(timed)
-
-
-def median_times(runs: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
-    """Per implementation and shape label, the median over the loops that timed it."""
-    collected: dict[str, dict[str, list[float]]] = {}
-    for run in runs:
-        for impl, per_shape in run.items():
-            for label, ms in per_shape.items():
-                collected.setdefault(impl, {}).setdefault(label, []).append(ms)
-    return {impl: {label: statistics.median(v) for label, v in per_shape.items()}
-            for impl, per_shape in collected.items()}
 
 
 @dataclass

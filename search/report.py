@@ -39,6 +39,10 @@ def git_commit(repo: Path) -> str:
 
 
 OURS = spread.OURS  # our winner's name in the end-of-run loop; every ratio is taken against it
+TIMES = ("kernel times; evaluator: CUDA events around one launch of ours, L2 flushed before every repetition "
+         "(the per-shape table, held-out, noise floor); loop: our winner and baseline (CUDA events around one "
+         "launch) and the peers (one CUDA-graph replay each) interleaved on one working set, L2 flushed, repeated "
+         "in fresh sandbox processes (every 'vs' ratio)")
 
 
 def _peer_speedups(shapes: list[dict[str, Any]], peers: dict[str, dict[str, float]],
@@ -88,6 +92,10 @@ def kernel_summary(result: Any, records: list[EvalRecord]) -> dict[str, Any]:
     for s in shapes:
         loop = s["loop_ms"]
         s["loop_speedup"] = loop["baseline"] / loop[OURS] if loop.get("baseline") and loop.get(OURS) else None
+        # this shape's ratios over the loops (median [min-max]), as the headline's over all shapes
+        s["loop_spreads"] = ({} if OURS in failures else
+                             {p: v.to_dict() for p, v in spread.spreads(runs, exclude=list(failures),
+                                                                          labels=[s["label"]]).items()})
         s["compiled"] = [c[s["label"]] for c in extra.get("compiled", []) if s["label"] in c]
     fractions = [s["copy_bw_fraction"] for s in shapes if s["copy_bw_fraction"] > 0]
     return {
@@ -147,6 +155,14 @@ def _fmt(x: float | None, spec: str = ".3f", suffix: str = "x") -> str:
     return "-" if x is None else f"{x:{spec}}{suffix}"
 
 
+def _vs_baseline(k: dict[str, Any]) -> str:
+    """The headline speedup over our baseline, with its range and where it came from."""
+    ranged = k.get("spreads", {}).get("baseline")
+    if ranged:
+        return f"{spread.text(ranged)} (loop)"
+    return f"{_fmt(k['speedup_search'])} (evaluator, one run)"
+
+
 def print_summary(summary: dict[str, Any], out: TextIO | None = None) -> None:
     w = (out or sys.stdout).write
     if summary.get("warning"):
@@ -154,17 +170,24 @@ def print_summary(summary: dict[str, Any], out: TextIO | None = None) -> None:
     w(f"run {summary.get('run_id', '')} on {summary.get('gpu', '?')} ({summary.get('evaluator', '?')}), "
       f"wall {summary.get('wall_s', 0):.0f}s, {busy_label(summary.get('evaluator', ''))} "
       f"{summary.get('gpu_busy_fraction', 0):.0%}\n")
+    w(f"times: {TIMES}\n")
     for k in summary["kernels"]:
+        loops = k.get("peer_runs", 0)
         w(f"\n== {k['kernel']} ({k['dtype']}): winner {k['winner']} {k['params'] or ''}\n")
-        w(f"   {'shape':<22}{'baseline ms':>14}{'best ms':>12}{'speedup':>10}{'copy bw':>9}\n")
+        w(f"   evaluator (one run):\n   {'shape':<22}{'baseline ms':>14}{'best ms':>12}{'speedup':>10}{'copy bw':>9}\n")
         for s in k["shapes"]:
             w(f"   {s['label']:<22}{s['baseline_ms']:>14.4f}{s['best_ms']:>12.4f}{_fmt(s['speedup'], '.2f'):>10}"
               f"{s['copy_bw_fraction']:>9.0%}\n")
-        w(f"   geomean search {_fmt(k['speedup_search'])} | held-out {k['heldout_status']} "
-          f"{_fmt(k['speedup_heldout'])} | noise floor {_fmt(k['noise_floor'], '.3f', '')}\n")
+        w(f"   vs baseline (search shapes): {_vs_baseline(k)} | held-out {k['heldout_status']} "
+          f"{_fmt(k['speedup_heldout'])} (evaluator) | noise floor {_fmt(k['noise_floor'], '.3f', '')}\n")
+        if loops:
+            w(f"   ratios: median over {loops} end-of-run loop(s) [min-max], faster/slower only when the whole "
+              "range is above/below 1.0x\n")
         for peer, value in k["speedup_over_peers"].items():
+            if peer == "baseline":
+                continue  # printed above
             ranged = k.get("spreads", {}).get(peer)
-            w(f"   vs {peer}: {spread.text(ranged) if ranged else f'{value:.3f}x'}\n")
+            w(f"   vs {peer}: {spread.text(ranged) if ranged else f'{value:.3f}x (one run, no spread)'}\n")
         for finding in k.get("l2_findings", []):
             w(f"   !! {finding}\n")
         for peer, why in k.get("peer_errors", {}).items():

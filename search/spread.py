@@ -6,12 +6,17 @@ shapes of other time / our time); a headline is the median of those ratios with 
 and a kernel is called faster than another only when the whole range lies above 1.0, slower
 only when it lies below, and a tie otherwise. One loop gives a range of one value: its
 verdict says so.
+
+Targets follow the same rule: a target is met only when the whole range is at or above it,
+missed when the whole range lies below it, and otherwise the range straddles it ("within
+range"), which is not a target met. A figure over several kernels (a median or geometric
+mean) gets its range from the kernels' ranges (:func:`aggregate`).
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -80,6 +85,79 @@ def from_dict(d: Mapping[str, Any] | None) -> Spread | None:
     if not d:
         return None
     return Spread(float(d["median"]), float(d["low"]), float(d["high"]), int(d["runs"]))
+
+
+def single(value: float) -> Spread:
+    """A figure measured once (no repeated loops): a range of one value."""
+    return Spread(value, value, value, 1)
+
+
+def median_times(runs: Sequence[Times]) -> dict[str, dict[str, float]]:
+    """Per implementation and shape label, the median time over the loops that timed it."""
+    collected: dict[str, dict[str, list[float]]] = {}
+    for run in runs:
+        for impl, per_shape in run.items():
+            for label, ms in per_shape.items():
+                collected.setdefault(impl, {}).setdefault(label, []).append(ms)
+    return {impl: {label: statistics.median(v) for label, v in per_shape.items()}
+            for impl, per_shape in collected.items()}
+
+
+def aggregate(parts: Sequence[Spread], how: Callable[[Sequence[float]], float]) -> Spread | None:
+    """A figure over several kernels (``how``: a median, a geometric mean) with its range.
+
+    The figure is ``how`` of the kernels' medians; its range runs from ``how`` of their lows
+    to ``how`` of their highs. Both figures rise with every kernel's ratio, so this range
+    holds every value the figure takes for any choice of one loop per kernel (the loops of
+    two kernels are independent: there is no "same run" to pair them by). ``runs`` is the
+    fewest loops any kernel had.
+    """
+    if not parts:
+        return None
+    return Spread(how([p.median for p in parts]), how([p.low for p in parts]), how([p.high for p in parts]),
+                  min(p.runs for p in parts))
+
+
+MET, NOT_MET, WITHIN, NOT_MEASURED = "met", "not met", "within range", "not measured"
+_WORST_FIRST = (NOT_MET, NOT_MEASURED, WITHIN, MET)
+
+
+def against(target: float, measured: Spread | Mapping[str, Any] | float | None) -> str:
+    """Whether a measured ratio meets ``target``: ``met`` when its whole range is at or
+    above it, ``not met`` when its whole range is below it, ``within range`` when the range
+    straddles it; a single figure is a range of one value."""
+    if measured is None:
+        return NOT_MEASURED
+    if isinstance(measured, Spread):
+        s = measured
+    elif isinstance(measured, Mapping):
+        s = from_dict(measured) or single(float("nan"))
+    else:
+        s = single(float(measured))
+    if s.low >= target:
+        return MET
+    if s.high < target:
+        return NOT_MET
+    if s.low < target <= s.high:
+        return WITHIN
+    return NOT_MEASURED  # NaN: nothing to compare
+
+
+def all_of(verdicts: Sequence[str]) -> str:
+    """Several conditions of one target together: met only when every one is; the worst
+    verdict otherwise (not met, then not measured, then within range); no conditions at all
+    is nothing measured."""
+    if not verdicts:
+        return NOT_MEASURED
+    for worst in _WORST_FIRST:
+        if worst in verdicts:
+            return worst
+    return MET
+
+
+def verdict_text(verdict: str) -> str:
+    """A target verdict for a table: ``met``, ``NOT met``, ``within range (not met)``, ``not measured``."""
+    return {MET: "met", NOT_MET: "NOT met", WITHIN: "within range (not met by the whole range)"}.get(verdict, verdict)
 
 
 def text(d: Mapping[str, Any] | None) -> str:

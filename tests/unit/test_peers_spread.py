@@ -12,7 +12,8 @@ from evaluators.timing import l2_finding
 from kernels.peer import Peer, as_peer, call_once
 from kernels.spec import list_kernels, load_kernel
 from search import spread
-from search.finalize import KernelResult, combine_runs, median_times
+from search.finalize import KernelResult, combine_runs
+from search.spread import median_times
 
 
 def test_verdict_needs_the_whole_range_above_one() -> None:
@@ -44,6 +45,27 @@ def test_spreads_take_one_geomean_per_loop_over_the_shapes_shown() -> None:
     only_a = spread.spreads(runs, labels=["a"])
     assert only_a["baseline"].high == pytest.approx(4.0)
     assert "peer" not in spread.spreads(runs, exclude=["peer"])
+
+
+def test_a_target_is_met_only_by_the_whole_range() -> None:
+    assert spread.against(1.1, spread.of([1.1, 1.2, 1.3])) == spread.MET  # the low end at the target is enough
+    assert spread.against(1.1, spread.of([1.05, 1.2, 1.3])) == spread.WITHIN
+    assert spread.against(1.1, spread.of([0.9, 1.0, 1.09])) == spread.NOT_MET
+    assert spread.against(1.1, spread.of([1.0, 1.2]).to_dict()) == spread.WITHIN  # a written spread
+    assert spread.against(1.1, 1.2) == spread.MET and spread.against(1.1, 1.0) == spread.NOT_MET  # one figure
+    assert spread.against(1.1, None) == spread.NOT_MEASURED
+    assert spread.all_of([spread.MET, spread.WITHIN]) == spread.WITHIN
+    assert spread.all_of([spread.WITHIN, spread.NOT_MET, spread.MET]) == spread.NOT_MET
+    assert spread.all_of([spread.MET, spread.MET]) == spread.MET and spread.all_of([]) == spread.NOT_MEASURED
+
+
+def test_a_figure_over_kernels_ranges_from_its_lows_to_its_highs() -> None:
+    import statistics
+
+    parts = [spread.Spread(1.2, 1.0, 1.4, 3), spread.Spread(1.0, 0.9, 1.1, 3), spread.single(2.0)]
+    med = spread.aggregate(parts, statistics.median)
+    assert med is not None and (med.median, med.low, med.high, med.runs) == (1.2, 1.0, 1.4, 1)
+    assert spread.aggregate([], statistics.median) is None
 
 
 def _result() -> KernelResult:

@@ -94,3 +94,38 @@ def test_tables_come_from_typed_records(run_dir):
     assert table["status"].to_list() == ["OK", "INCORRECT", "OK"]
     assert table["stage"].to_list() == ["screen", "screen", "full"]
     assert table["speedup"].to_list()[0] == pytest.approx(2.0)
+
+
+def _loop(best: float, baseline: float, compiled: float) -> dict[str, dict[str, float]]:
+    return {"best": dict.fromkeys(LABELS, best), "baseline": dict.fromkeys(LABELS, baseline),
+            "torch_compile": dict.fromkeys(LABELS, compiled)}
+
+
+def test_three_loops_give_medians_ranges_per_kernel_and_per_shape_and_the_print_says_which_time(run_dir):
+    path, winner = run_dir
+    runs = [_loop(0.5, 1.0, 0.55), _loop(0.5, 1.1, 0.45), _loop(0.5, 0.9, 0.6)]  # vs torch.compile 1.1, 0.9, 1.2
+    summary = build_summary(path, [_result(winner, peer_runs=runs)], {"run_id": "r"})
+    k = summary["kernels"][0]
+    assert k["peer_runs"] == 3 and k["speedup_search_source"] == "loop"
+    assert k["speedup_search"] == pytest.approx(2.0)  # the median loop's baseline / best, not the evaluator's
+    tc = k["spreads"]["torch_compile"]
+    assert (tc["median"], tc["low"], tc["high"], tc["verdict"]) == (pytest.approx(1.1), pytest.approx(0.9),
+                                                                    pytest.approx(1.2), "tie")
+    for s in k["shapes"]:  # each shape carries its own ratios over the loops
+        assert s["loop_spreads"]["baseline"]["low"] == pytest.approx(1.8)
+        assert s["loop_spreads"]["torch_compile"]["verdict"] == "tie"
+    text = io.StringIO()
+    print_summary(summary, text)
+    out = text.getvalue()
+    assert "times: kernel times" in out and "CUDA-graph replay" in out and "evaluator (one run)" in out
+    assert "vs baseline (search shapes): 2.000x [1.800-2.200] faster (loop)" in out
+    assert "vs torch_compile: 1.100x [0.900-1.200] tie" in out
+    assert "median over 3 end-of-run loop(s)" in out
+
+
+def test_without_loops_the_print_says_the_ratio_is_the_evaluators_single_run(run_dir):
+    path, winner = run_dir
+    summary = build_summary(path, [_result(winner)], {})
+    text = io.StringIO()
+    print_summary(summary, text)
+    assert "(evaluator, one run)" in text.getvalue() and "(one run, no spread)" in text.getvalue()

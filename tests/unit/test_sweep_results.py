@@ -6,15 +6,19 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from experiments.explore_recipes import candidates, table
-from experiments.sweep_results import check_targets, kernel_entry, main
+from experiments.sweep_results import check_targets, kernel_entry, main, to_markdown
 from kernels.folders import KERNEL_ROOT_VAR, KernelRef
 from kernels.spec import kernel_ref, load_kernel, shape_label
+from search import spread
 from tests.unit.kernel_folders import write_libraries
 
 
 def _kernel(name: str, vs_baseline: float, vs_tc: float | None, heldout: str = "OK", loop_scale: float = 1.0,
-            ref: KernelRef | None = None) -> dict:
+            ref: KernelRef | None = None, ranges: dict[str, tuple[float, float, float]] | None = None) -> dict:
+    """A summary entry; ``ranges``: per peer, (median, low, high) over three loops, as search.report writes."""
     spec = load_kernel(ref or name)
     shapes = []
     for s in spec.shapes("search"):
@@ -29,7 +33,9 @@ def _kernel(name: str, vs_baseline: float, vs_tc: float | None, heldout: str = "
             "heldout_status": heldout, "speedup_heldout": vs_baseline, "shapes": shapes, "speedup_over_peers": over,
             "variants_evaluated": 3, "evaluations": 9, "sanitizer_status": "CLEAN",
             "lineage": [{"note": "embedded: x"}], "peer_errors": {"flashinfer": "ImportError: no module"},
-            **({"kernel_ref": ref.to_dict()} if ref else {})}
+            **({"kernel_ref": ref.to_dict()} if ref else {}),
+            **({"spreads": {p: spread.Spread(*r, runs=3).to_dict() for p, r in ranges.items()}, "peer_runs": 3,
+                "speedup_search_source": "loop"} if ranges else {})}
 
 
 def test_an_external_kernel_is_found_through_its_reference(tmp_path: Path, monkeypatch):
@@ -53,6 +59,50 @@ def test_targets_median_heldout_and_slower_than_baseline():
     assert t["below_roofline"] == []
 
 
+def _tc_entries(*ranges: tuple[float, float, float]) -> list[dict]:
+    names = ["silu_and_mul", "rmsnorm", "layernorm"]
+    return [kernel_entry(_kernel(n, 2.0, r[0], ranges={"baseline": (2.0, 1.9, 2.1), "torch_compile": r}))
+            for n, r in zip(names, ranges, strict=False)]
+
+
+def test_a_target_is_met_only_when_the_whole_range_meets_it():
+    # medians all 1.2x (above both torch.compile targets), but one kernel's range dips to 0.95x
+    t = check_targets(_tc_entries((1.2, 1.16, 1.25), (1.2, 0.95, 1.3), (1.2, 1.17, 1.22)))
+    assert t["median_vs_torch_compile"] == pytest.approx(1.2)
+    assert t["median_vs_torch_compile_range"]["low"] == pytest.approx(1.16)
+    assert t["median_verdict"] == "met" and t["median_met"]
+    assert t["geomean_vs_torch_compile"] == pytest.approx(1.2)
+    # rmsnorm's range straddles 1.0x: the condition "every kernel's whole range >= 1.0x" is not met by it
+    assert t["geomean_verdict"] == "within range" and not t["geomean_met"]
+    assert t["below_one_vs_torch_compile"] == ["rmsnorm"]
+    assert t["verdicts_vs_torch_compile"]["rmsnorm"] == "tie"
+
+
+def test_a_median_above_the_target_with_the_range_straddling_it_is_within_range():
+    t = check_targets(_tc_entries((1.12, 1.05, 1.2), (1.12, 1.08, 1.15), (1.2, 1.0, 1.3)))
+    assert t["median_vs_torch_compile"] >= t["median_target"]
+    assert t["median_verdict"] == "within range" and not t["median_met"]
+    assert t["geomean_vs_torch_compile"] < 1.15 < t["geomean_vs_torch_compile_range"]["high"]
+    assert t["geomean_verdict"] == "within range"  # every kernel's range is >= 1.0x, the geomean's straddles 1.15x
+    below = check_targets(_tc_entries((1.05, 1.0, 1.09), (1.0, 1.0, 1.02)))
+    assert below["median_verdict"] == "not met"
+    over = check_targets(_tc_entries((1.2, 1.16, 1.3), (1.25, 1.2, 1.3)))
+    assert over["median_verdict"] == "met" and over["geomean_verdict"] == "met"
+
+
+def test_within_range_is_said_in_the_markdown_and_astra_target_is_not_applicable_without_astra_kernels():
+    entries = [kernel_entry(_kernel("rmsnorm", 1.0, 1.12, ranges={"baseline": (1.0, 0.97, 1.04),
+                                                                  "torch_compile": (1.12, 1.05, 1.2)}))]
+    t = check_targets(entries)
+    assert t["flashinfer_astra_verdict"] == "not applicable"
+    assert t["slower_than_baseline"] == [] and t["tie_with_baseline"] == ["rmsnorm"]
+    summary = {"gpu": "G", "command": "c", "evaluator": "gpu", "n_gpus": 1, "wall_s": 1.0, "gpu_busy_fraction": 0.5}
+    text = to_markdown(summary, {}, entries, t)
+    assert "**1.120x [1.050-1.200]** (target 1.1x: within range (not met by the whole range))" in text
+    assert "(target 1.1x: not applicable)" in text
+    assert "tied with it: rmsnorm" in text
+
+
 def test_loop_times_faster_than_the_roofline_are_flagged():
     e = kernel_entry(_kernel("silu_and_mul", 2.0, 1.2, loop_scale=0.1))  # 10x faster than 50% of copy bw
     assert any(x.startswith("silu_and_mul best") for x in check_targets([e])["below_roofline"])
@@ -63,7 +113,9 @@ def test_main_writes_json_and_markdown_from_a_sweep_folder(tmp_path: Path):
     run.mkdir(parents=True)
     summary = {"gpu": "G", "command": "python -m search.sweep", "git_commit": "abc", "date": "d", "evaluator": "gpu",
                "n_gpus": 2, "wall_s": 10.0, "gpu_busy_fraction": 0.8,
-               "kernels": [_kernel("silu_and_mul", 2.0, 1.2), _kernel("topk_softmax", 1.2, None)]}
+               "kernels": [_kernel("silu_and_mul", 2.0, 1.2, ranges={"baseline": (2.0, 1.9, 2.1),
+                                                                      "torch_compile": (1.2, 1.15, 1.25)}),
+                           _kernel("topk_softmax", 1.2, None)]}
     (run / "summary.json").write_text(json.dumps(summary))
     (tmp_path / "sweep-x" / "sweep.json").write_text(json.dumps({"sweep_id": "x", "run_dir": "run", "skipped": {},
                                                                  "attempts": [{"command": "python -m search.sweep"}]}))
@@ -72,7 +124,10 @@ def test_main_writes_json_and_markdown_from_a_sweep_folder(tmp_path: Path):
     data = json.loads(out.with_suffix(".json").read_text())
     assert data["targets"]["kernels_with_torch_compile"] == 1 and data["targets"]["median_met"]
     text = out.with_suffix(".md").read_text()
-    assert "| silu_and_mul | 2.000x | OK 2.000x | 1.200x |" in text
+    assert "| silu_and_mul | 2.000x [1.900-2.100] faster | OK 2.000x | 1.200x [1.150-1.250] faster |" in text
+    # a ratio with no repeated loops behind it says so, and where it came from
+    assert "| topk_softmax | 1.200x (one evaluator run, no spread) |" in text
+    assert "median over the 0-3 end-of-run loops" in text
     assert "Not timed: flashinfer: ImportError" in text
 
 
