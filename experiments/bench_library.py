@@ -10,6 +10,12 @@ interleaved loop (:meth:`evaluators.gpu.GpuEvaluator.time_peers_full`), with the
 fraction of the measured copy bandwidth. Every figure is kernel time: CUDA events around one
 launch (ours) or one CUDA-graph replay (peers), L2 flushed before each repetition.
 
+The loop is repeated ``--repeats`` times (default 3) per kernel and dtype, each time in a fresh
+sandbox process (as the end of a search run does): every ratio is the median over the loops of
+that loop's ratio, printed with its min-max and the verdict of :mod:`search.spread` (faster or
+slower only when the whole range is above or below 1.0x, a tie otherwise); the per-shape tables
+give each implementation's median time over the loops.
+
 Writes OUT.json and OUT.md (command, git commit, GPU, date) and one PNG per kernel and dtype
 (OUT-<kernel>-<dtype>.png; needs matplotlib, the ``plots`` extra). OUT defaults to a new
 folder, ``runs/bench-<UTC time>/library``, so a run never overwrites the measured results kept
@@ -23,12 +29,15 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
+from evaluators.gpu import EvaluatorError
 from kernels.spec import KernelSpec, kernel_ref, list_kernels, load_kernel, shape_label
 from kernels.verdict import geomean
+from search import spread
 from search.report import git_commit
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +45,8 @@ TIMING = ("median of the repetitions after 20 warm-ups; CUDA events around one l
           "replay (peers); inputs restored and L2 flushed before every repetition; implementations interleaved "
           "in one loop, every implementation on one working set; torch_compile = the fastest per shape of fresh "
           "compilations (default and max-autotune-no-cudagraphs, each compiled twice, caches off) of the spec's "
-          "`compiled` program; peers that return new tensors are timed without a copy into the outputs")
+          "`compiled` program; peers that return new tensors are timed without a copy into the outputs; the "
+          "loop repeated in fresh sandbox processes, ratios the median over the loops [min-max]")
 PLOT_TITLE = "kernel time, CUDA events / graph replay, L2 flushed"
 OURS = ("baseline", "best")
 GRAPH_NOTE = ("; <name>@graph = the same kernel of ours captured in a CUDA graph and replayed, timed exactly as the "
@@ -55,6 +65,39 @@ def find_best(best_dir: Path | None, kernel: str) -> tuple[Path, dict[str, Any]]
     return None
 
 
+def combine_loops(replies: list[dict[str, Any]]) -> dict[str, Any]:
+    """One reply from the replies of one kernel's repeated loops (a reply is ``{"loop_error":
+    why}`` for a loop that could not run), for :func:`kernel_result`.
+
+    ``peers`` and ``iqr`` are the per-shape medians over the loops that timed them; ``runs``
+    keeps each loop's times for the ratios. A kernel of ours that failed verification in any
+    loop is failed in all of them: its times from the other loops are dropped too, so no ratio
+    is taken of a kernel that once gave a wrong output.
+    """
+    errors: dict[str, str] = {}
+    failed: dict[str, str] = {}
+    timed: list[dict[str, dict[str, float]]] = []
+    iqrs: list[dict[str, dict[str, float]]] = []
+    copy_bw: list[float] = []
+    for i, reply in enumerate(replies, 1):
+        if "loop_error" in reply:
+            errors[f"loop (run {i})"] = reply["loop_error"]
+            continue
+        for peer, why in reply.get("errors", {}).items():
+            errors.setdefault(peer, why)
+        for ours, why in reply.get("failed", {}).items():
+            failed.setdefault(ours, f"run {i}: {why}" if len(replies) > 1 else why)
+        timed.append(dict(reply.get("peers", {})))
+        iqrs.append(dict(reply.get("iqr", {})))
+        if reply.get("copy_bw_bytes_per_s"):
+            copy_bw.append(float(reply["copy_bw_bytes_per_s"]))
+    if not timed:  # every loop failed: their reasons, each once
+        raise EvaluatorError("; ".join(dict.fromkeys(r["loop_error"] for r in replies)))
+    runs = [{impl: t for impl, t in run.items() if impl not in failed} for run in timed]
+    return {"peers": spread.median_times(runs), "iqr": spread.median_times(iqrs), "errors": errors,
+            "failed": failed, "copy_bw_bytes_per_s": statistics.median(copy_bw) if copy_bw else 1.0, "runs": runs}
+
+
 def kernel_result(spec: KernelSpec, dtype: str, shape_set: str, reply: dict[str, Any],
                   best: dict[str, Any] | None) -> dict[str, Any]:
     """One kernel's entry of the results from a ``time_peers_full`` reply (no GPU needed).
@@ -64,8 +107,9 @@ def kernel_result(spec: KernelSpec, dtype: str, shape_set: str, reply: dict[str,
         dtype: the dtype timed.
         shape_set: ``search`` or ``heldout``.
         reply: ``{"peers": {impl: {label: ms}}, "iqr": ..., "errors": ..., "failed": ...,
-            "copy_bw_bytes_per_s": ...}``; our kernels in ``failed`` (wrong on a timed launch,
-            faster than the roofline, faulted) have no times and are listed with the reason.
+            "copy_bw_bytes_per_s": ...}``, and ``runs`` (each loop's ``peers``) when the loop
+            was repeated (:func:`combine_loops`); our kernels in ``failed`` (wrong on a timed
+            launch, faster than the roofline, faulted) have no times and are listed with the reason.
         best: what is known of the best kernel timed as ``best`` (variant id, source path), or None.
     """
     copy_bw = float(reply["copy_bw_bytes_per_s"])
@@ -81,27 +125,38 @@ def kernel_result(spec: KernelSpec, dtype: str, shape_set: str, reply: dict[str,
             impl[name] = {"median_us": ms * 1e3, "iqr_us": reply.get("iqr", {}).get(name, {}).get(label, 0.0) * 1e3,
                           "bandwidth_tb_s": bw / 1e12, "copy_bw_fraction": bw / copy_bw}
         rows.append({"shape": dict(shape), "label": label, "bytes_moved": nbytes, "impl": impl})
+    runs = list(reply.get("runs", []))
     return {"kernel": spec.name, "dtype": dtype, "shape_set": shape_set, "best": best, "rows": rows,
             "peer_errors": dict(reply.get("errors", {})), "copy_bw_tb_s": copy_bw / 1e12,
-            "ours_failed": dict(reply.get("failed", {})),
-            "summary": summarize(rows)}
+            "ours_failed": dict(reply.get("failed", {})), "loops": len(runs), "loop_runs_ms": runs,
+            "summary": summarize(rows, runs)}
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Geometric-mean speedups of our kernel (best, else baseline) over every other
-    implementation, on the shapes both have, and its copy-bandwidth fraction on the largest shape."""
+def summarize(rows: list[dict[str, Any]], runs: list[dict[str, dict[str, float]]] | None = None) -> dict[str, Any]:
+    """Speedups of our kernel (best, else baseline) over every other implementation, and its
+    copy-bandwidth fraction on the largest shape.
+
+    With ``runs`` (each loop's times), a speedup is the median over the loops of that loop's
+    geometric mean over the shapes, and ``spreads`` holds its min-max and verdict
+    (:mod:`search.spread`); without, it is the geometric mean of the rows' times (one loop).
+    """
     names = {n for r in rows for n in r["impl"]}
     ours = "best" if "best" in names else "baseline"
-    speedups = {}
-    for other in sorted(names - {ours}):
-        ratios = [r["impl"][other]["median_us"] / r["impl"][ours]["median_us"] for r in rows
-                  if other in r["impl"] and ours in r["impl"]]
-        if ratios:
-            speedups[other] = geomean(ratios)
+    speedups: dict[str, float] = {}
+    ranges: dict[str, dict[str, Any]] = {}
+    if runs:
+        for other, s in spread.spreads(runs, ours=ours, labels=[r["label"] for r in rows]).items():
+            speedups[other], ranges[other] = s.median, s.to_dict()
+    else:
+        for other in sorted(names - {ours}):
+            ratios = [r["impl"][other]["median_us"] / r["impl"][ours]["median_us"] for r in rows
+                      if other in r["impl"] and ours in r["impl"]]
+            if ratios:
+                speedups[other] = geomean(ratios)
     largest = max(rows, key=lambda r: r["bytes_moved"], default=None)
     fraction = largest["impl"].get(ours, {}).get("copy_bw_fraction") if largest else None
-    return {"ours": ours, "speedup_over": speedups, "largest_shape": largest["label"] if largest else None,
-            "copy_bw_fraction_largest": fraction}
+    return {"ours": ours, "speedup_over": speedups, "spreads": ranges,
+            "largest_shape": largest["label"] if largest else None, "copy_bw_fraction_largest": fraction}
 
 
 def implementations(results: list[dict[str, Any]]) -> list[str]:
@@ -125,9 +180,20 @@ def _x(v: float | None, spec: str = ".2f", suffix: str = "x") -> str:
     return "-" if v is None else f"{v:{spec}}{suffix}"
 
 
+def _ratio(summary: dict[str, Any], other: str) -> str:
+    """Our speedup over ``other`` with its range over the loops, or the one loop's figure."""
+    ranged = summary.get("spreads", {}).get(other)
+    if ranged:
+        return spread.text(ranged)
+    value = summary["speedup_over"].get(other)
+    return "-" if value is None else f"{value:.3f}x (one run, no spread)"
+
+
 def to_markdown(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
     """The summary table (one line per kernel and dtype) and a per-shape table per kernel."""
     peers = [n for n in implementations(results) if n not in OURS]
+    if any(r["summary"]["ours"] == "best" for r in results):
+        peers.insert(0, "baseline")  # our best kernel over our baseline, from the same loops
     lines = [f"# The kernel library beside its peers on {meta['gpu']}", "",
              f"- command: `{meta['command']}`", f"- git commit: {meta['git_commit']}", f"- date: {meta['date']}",
              f"- best kernels from: {meta.get('best_dir') or '- (baselines only)'}",
@@ -138,17 +204,22 @@ def to_markdown(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
                for name, why in sorted(r.get("ours_failed", {}).items())]
     if refused:
         lines += ["Failed verification in the loop (not timed): " + "; ".join(refused), ""]
-    lines += ["Speedup = peer time / our time (geometric mean over the shapes both ran); ours = the best kernel "
-             "found where there is one, else our baseline.", "",
-             "| kernel | dtype | ours | " + " | ".join(f"vs {p}" for p in peers) + " | copy bw (largest shape) |",
-             "|---|---|---|" + "---|" * len(peers) + "---|"]
+    lines += ["Speedup = peer time / our time, geometric mean over the shapes both ran within one loop; median "
+             "over the loops [min-max] (each loop in a fresh sandbox process); faster only when the whole range is "
+             "above 1.0x, slower only when it is below, a tie when it straddles 1.0x; a ratio marked 'one run' had "
+             "no repeated loops to give it a range. Ours = the best kernel found where there is one, else our "
+             "baseline.", "",
+             "| kernel | dtype | ours | loops | " + " | ".join(f"vs {p}" for p in peers)
+             + " | copy bw (largest shape) |",
+             "|---|---|---|---|" + "---|" * len(peers) + "---|"]
     for r in results:
         s = r["summary"]
         bw = "-" if s["copy_bw_fraction_largest"] is None else f"{s['copy_bw_fraction_largest']:.0%} {s['largest_shape']}"
-        lines.append(f"| {r['kernel']} | {r['dtype']} | {s['ours']} | "
-                     + " | ".join(_x(s["speedup_over"].get(p)) for p in peers) + f" | {bw} |")
+        lines.append(f"| {r['kernel']} | {r['dtype']} | {s['ours']} | {r.get('loops') or 1} | "
+                     + " | ".join(_ratio(s, p) for p in peers) + f" | {bw} |")
     for r in results:
-        lines += ["", f"## {r['kernel']} ({r['dtype']}, {r['shape_set']} shapes)", ""]
+        lines += ["", f"## {r['kernel']} ({r['dtype']}, {r['shape_set']} shapes)", "",
+                  f"median kernel time over {r.get('loops') or 1} loop(s), us (fraction of copy bandwidth)", ""]
         if r.get("best"):
             lines += [f"best: {r['best'].get('variant_id', '')} from {r['best'].get('source', '')}", ""]
         lines += shape_table(r)
@@ -192,9 +263,14 @@ def plot_kernel(result: dict[str, Any], path: Path, gpu: str = "") -> Path:
 
 
 def bench_kernel(evaluator: Any, name: str, dtype: str, shape_set: str, best_dir: Path | None,
-                 repetitions: int, graph_ours: bool = False) -> dict[str, Any]:
-    """Times one kernel and dtype on the GPU (``evaluator``: a GpuEvaluator); ``graph_ours``
-    also times our kernels through CUDA graphs (``baseline@graph``, ``best@graph``)."""
+                 repetitions: int, graph_ours: bool = False, repeats: int = 3) -> dict[str, Any]:
+    """Times one kernel and dtype on the GPU (``evaluator``: a GpuEvaluator) in ``repeats``
+    loops, each in a fresh sandbox process; ``graph_ours`` also times our kernels through CUDA
+    graphs (``baseline@graph``, ``best@graph``).
+
+    A loop that fails as a whole is recorded (``loop (run i)`` among the errors) and the others
+    are kept; only when none ran does the kernel fail (:class:`EvaluatorError`).
+    """
     spec = load_kernel(name)
     ours: dict[str, tuple[str, dict[str, int]]] = {"baseline": (spec.baseline_source(), {})}
     found, best = find_best(best_dir, spec.name), None
@@ -205,9 +281,17 @@ def bench_kernel(evaluator: Any, name: str, dtype: str, shape_set: str, best_dir
         ours["best"] = (source.read_text(), dict(evidence.get("params") or {}))
         best = {"variant_id": evidence.get("variant", {}).get("id", ""), "source": str(source),
                 "params": evidence.get("params") or {}, "heldout_status": evidence.get("heldout_status")}
-    reply = evaluator.time_peers_full(kernel_ref(name), dtype, shape_set, ours, repetitions=repetitions,
-                                      graph_ours=graph_ours)
-    return kernel_result(spec, dtype, shape_set, reply, best)
+    replies: list[dict[str, Any]] = []
+    for _ in range(repeats):
+        try:
+            # fresh_process: no loop of this kernel shares a CUDA context, allocations or
+            # compilations with another, so the loops are independent repetitions.
+            replies.append(evaluator.time_peers_full(kernel_ref(name), dtype, shape_set, ours,
+                                                     repetitions=repetitions, graph_ours=graph_ours,
+                                                     fresh_process=True))
+        except EvaluatorError as exc:
+            replies.append({"loop_error": " ".join(str(exc).split())[:500]})
+    return kernel_result(spec, dtype, shape_set, combine_loops(replies), best)
 
 
 def default_out(stem: str, now: dt.datetime | None = None) -> Path:
@@ -267,7 +351,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", action="append", help="dtypes (default: float16)")
     p.add_argument("--shapes", default="search", choices=("search", "heldout"))
     p.add_argument("--best", type=Path, help="sweep or run directory whose best/ kernels to time too")
-    p.add_argument("--repetitions", type=int, default=100)
+    p.add_argument("--repetitions", type=int, default=100, help="timed repetitions per shape within one loop")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="independent loops per kernel and dtype, each in a fresh sandbox process; every ratio is "
+                        "the median over them with its min-max (at least 3 for a headline)")
     p.add_argument("--out", type=Path, default=None,
                    help="writes OUT.json, OUT.md and OUT-<kernel>-<dtype>.png (default: a new folder, "
                         "runs/bench-<UTC time>/library; name experiments/results/... to replace kept results)")
@@ -278,18 +365,22 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.best is not None and not args.best.is_dir():
         p.error(f"--best {args.best} is not a directory")
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
     if (code := exit_without_gpu("experiments.bench_library")) is not None:
         return code
     if args.out is None:
         args.out = default_out("library")
-    from evaluators.gpu import EvaluatorError, GpuEvaluator
+    from evaluators.gpu import GpuEvaluator
 
     out_json = args.out.with_suffix(".json")
     old = json.loads(out_json.read_text())["results"] if args.merge and out_json.is_file() else []
     failed: dict[str, str] = {}
     meta: dict[str, Any] = {"command": "python -m experiments.bench_library " + " ".join(argv if argv is not None else sys.argv[1:]),
             "git_commit": git_commit(REPO_ROOT), "gpu": "", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "best_dir": str(args.best or ""), "timing": TIMING.replace("the repetitions", f"{args.repetitions} repetitions")
+            "best_dir": str(args.best or ""), "repeats": args.repeats,
+            "timing": TIMING.replace("the repetitions", f"{args.repetitions} repetitions").replace(
+                "fresh sandbox processes", f"{args.repeats} fresh sandbox processes")
             + (GRAPH_NOTE if args.graph_ours else ""),
             "failed": failed}
     evaluator = GpuEvaluator(step_timeout_s=60.0)
@@ -301,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name} {dtype} ...", flush=True)
                 try:
                     results.append(bench_kernel(evaluator, name, dtype, args.shapes, args.best, args.repetitions,
-                                                graph_ours=args.graph_ours))
+                                                graph_ours=args.graph_ours, repeats=args.repeats))
                 except EvaluatorError as exc:  # one kernel's failure must not lose the others' numbers
                     failed[f"{name} {dtype}"] = " ".join(str(exc).split())[:500]
                 # Written after every kernel: a run cut short keeps what it timed.

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from evaluators.gpu import EvaluatorError
+from experiments import bench_library
 from experiments.bench_library import (
     bench_kernel,
     find_best,
@@ -76,7 +78,9 @@ def test_markdown_names_the_run_and_every_implementation(result):
                  "2026-11-30", "vs torch_compile", "vs flashinfer", "Not timed: liger", "rmsnorm float16"):
         assert fact in md, fact
     summary_line = next(line for line in md.splitlines() if line.startswith("| silu_and_mul | float16"))
-    assert "| best |" in summary_line and "2.00x" in summary_line and "0.90x" in summary_line
+    # one loop: the figures say they have no spread
+    assert "| best | 1 |" in summary_line and "2.000x (one run, no spread)" in summary_line
+    assert "0.900x (one run, no spread)" in summary_line
     assert md.count("| [") == len(result["rows"])  # one line per shape
 
 
@@ -99,15 +103,99 @@ def test_find_best_reads_a_sweep_or_run_directory(tmp_path):
 
 
 class _RecordingTimer:
-    """Answers time_peers_full like the GPU evaluator would, and keeps what it was asked."""
+    """Answers time_peers_full like the GPU evaluator would, and keeps what it was asked.
 
-    def __init__(self) -> None:
+    ``loops``: what each successive call answers, as {implementation: us} on every shape, a
+    reply's ``failed`` entries as ``{"failed": {...}}`` merged in, or an exception to raise;
+    past the end, every implementation of ours and torch.compile at 10 us.
+    """
+
+    def __init__(self, loops: list[Any] | None = None) -> None:
         self.ours: dict[str, Any] = {}
+        self.loops = list(loops or [])
+        self.fresh: list[bool] = []
 
     def time_peers_full(self, kernel: str, dtype: str, shape_set: str, ours: dict[str, Any],
-                        repetitions: int = 100, graph_ours: bool = False) -> dict[str, Any]:
+                        repetitions: int = 100, graph_ours: bool = False, fresh_process: bool = False) -> dict[str, Any]:
         self.ours = ours
-        return _reply(dict.fromkeys(ours, 10.0))
+        self.fresh.append(fresh_process)
+        loop = self.loops.pop(0) if self.loops else {**dict.fromkeys(ours, 10.0), "torch_compile": 10.0}
+        if isinstance(loop, Exception):
+            raise loop
+        failed = loop.pop("failed", {})
+        return {**_reply(loop), "failed": failed}
+
+
+def _best_dir(tmp_path: Path) -> Path:
+    best = tmp_path / "best"
+    best.mkdir(exist_ok=True)
+    (best / "silu_and_mul.cu").write_text(load_kernel("silu_and_mul").baseline_source())
+    (best / "silu_and_mul.json").write_text(json.dumps({"dtype": "float16", "params": {}, "variant": {"id": "v9"}}))
+    return tmp_path
+
+
+def test_every_ratio_is_the_median_of_three_fresh_loops_with_its_range(tmp_path):
+    loops = [{"baseline": 30.0, "best": 10.0, "torch_compile": 11.0},
+             {"baseline": 33.0, "best": 11.0, "torch_compile": 9.9},
+             {"baseline": 24.0, "best": 8.0, "torch_compile": 9.6}]  # vs torch.compile 1.1, 0.9, 1.2
+    timer = _RecordingTimer(loops)
+    r = bench_kernel(timer, "silu_and_mul", "float16", "search", _best_dir(tmp_path), 100, repeats=3)
+    assert timer.fresh == [True, True, True]  # each loop in a fresh sandbox process
+    assert r["loops"] == 3 and len(r["loop_runs_ms"]) == 3
+    s = r["summary"]
+    assert s["speedup_over"]["baseline"] == pytest.approx(3.0)
+    tc = s["spreads"]["torch_compile"]
+    assert (tc["median"], tc["low"], tc["high"], tc["runs"], tc["verdict"]) == (
+        pytest.approx(1.1), pytest.approx(0.9), pytest.approx(1.2), 3, "tie")
+    assert s["speedup_over"]["torch_compile"] == pytest.approx(1.1)  # the median loop, not one loop's figure
+    assert r["rows"][0]["impl"]["best"]["median_us"] == pytest.approx(10.0)  # per shape: median time over loops
+    line = next(x for x in to_markdown(META, [r]).splitlines() if x.startswith("| silu_and_mul | float16"))
+    assert "| best | 3 |" in line and "1.100x [0.900-1.200] tie" in line and "3.000x [3.000-3.000] faster" in line
+
+
+def test_a_failed_loop_is_recorded_and_a_kernel_failing_in_any_loop_gets_no_times(tmp_path):
+    loops = [{"baseline": 30.0, "best": 10.0, "torch_compile": 20.0},
+             EvaluatorError("worker crashed"),
+             {"baseline": 30.0, "torch_compile": 20.0, "failed": {"best": "INCORRECT: out[3] differs"}}]
+    r = bench_kernel(_RecordingTimer(loops), "silu_and_mul", "float16", "search", _best_dir(tmp_path), 100)
+    assert r["peer_errors"]["loop (run 2)"] == "worker crashed"
+    assert r["ours_failed"] == {"best": "run 3: INCORRECT: out[3] differs"}
+    assert all("best" not in row["impl"] for row in r["rows"])  # its times of loop 1 are dropped too
+    assert r["summary"]["ours"] == "baseline" and r["loops"] == 2
+    assert r["summary"]["spreads"]["torch_compile"]["runs"] == 2
+
+
+def test_no_loop_at_all_fails_the_kernel(tmp_path):
+    with pytest.raises(EvaluatorError, match="worker crashed"):
+        bench_kernel(_RecordingTimer([EvaluatorError("worker crashed")] * 3), "silu_and_mul", "float16", "search",
+                     None, 100)
+
+
+def test_main_takes_repeats_and_writes_the_ranges(tmp_path, monkeypatch):
+    import evaluators.gpu
+
+    timers: list[_RecordingTimer] = []
+
+    class _Evaluator(_RecordingTimer):
+        def __init__(self, **_: object) -> None:
+            super().__init__()
+            timers.append(self)
+
+        def info(self) -> dict[str, str]:
+            return {"gpu": "test GPU"}
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(bench_library, "exit_without_gpu", lambda program: None)
+    monkeypatch.setattr(evaluators.gpu, "GpuEvaluator", _Evaluator)
+    out = tmp_path / "lib"
+    assert main(["--kernel", "silu_and_mul", "--repeats", "4", "--out", str(out), "--no-plots"]) == 0
+    assert timers[0].fresh == [True] * 4
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert data["meta"]["repeats"] == 4 and "4 fresh sandbox processes" in data["meta"]["timing"]
+    assert data["results"][0]["loops"] == 4
+    assert "[1.000-1.000] tie" in out.with_suffix(".md").read_text()
 
 
 @pytest.mark.parametrize("best_dtype, timed", [("float16", ["baseline", "best"]), ("bfloat16", ["baseline"])])
@@ -138,10 +226,13 @@ def test_plot_is_a_png_with_the_timing_in_its_title(tmp_path, result):
 @pytest.mark.gpu
 def test_bench_library_on_the_gpu(tmp_path):
     out = tmp_path / "bench"
-    assert main(["--kernel", "silu_and_mul", "--repetitions", "20", "--out", str(out)]) == 0
+    assert main(["--kernel", "silu_and_mul", "--repetitions", "20", "--repeats", "3", "--out", str(out)]) == 0
     data = json.loads(out.with_suffix(".json").read_text())
-    row = data["results"][0]["rows"][0]
+    result = data["results"][0]
+    row = result["rows"][0]
     assert {"baseline", "torch_eager", "torch_compile"} <= set(row["impl"])
+    assert result["loops"] == 3 and result["summary"]["spreads"]["torch_compile"]["runs"] == 3
+    print(to_markdown(data["meta"], data["results"]))
     assert data["meta"]["gpu"]
     try:
         import matplotlib  # noqa: F401
