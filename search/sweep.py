@@ -36,6 +36,7 @@ from agents.factory import AgentConfigError
 from kernels.check import preflight
 from kernels.records import EvalRecord, atomic_write, read_evaluations
 from kernels.spec import LIBRARY_DIR, KernelSpecError, list_kernels, load_kernel
+from search import spread
 from search.config import ConfigError, RunConfig, dump_config, load_config, override
 from search.progress import Progress, busy_fraction
 from search.proposal_records import read_calls
@@ -281,7 +282,15 @@ def to_markdown(table: pl.DataFrame, summary: dict[str, Any], meta: dict[str, An
              f"- git commit: {summary.get('git_commit', '')}", f"- date: {summary.get('date', '')}",
              f"- evaluator: {summary.get('evaluator')}, GPUs: {summary.get('n_gpus')}, dtype: {meta['dtype']}",
              "- times: kernel times (CUDA events around one launch; peers by CUDA-graph replay; L2 flushed "
-             "before every repetition); speedups are geometric means over the search shapes", ""]
+             "before every repetition); 'vs' ratios: geometric mean over the search shapes within one end-of-run "
+             "loop, median over the loops [min-max] (search.spread); held-out and the per-shape tables: the "
+             "evaluator's one run", ""]
+    ranges = {k["kernel"]: k.get("spreads", {}) for k in summary.get("kernels", [])}
+
+    def ratio(kernel: str, peer: str, value: float | None) -> str:
+        ranged = ranges.get(kernel, {}).get(peer)
+        return spread.text(ranged) if ranged else _f(value) + ("" if value is None else " (one run)")
+
     if summary.get("evaluator") == "standin":
         lines += [f"**{STANDIN_WARNING}**", ""]
     lines += ["| kernel | vs baseline | vs torch.compile | held-out | copy bw (largest shape) | variants | "
@@ -289,7 +298,8 @@ def to_markdown(table: pl.DataFrame, summary: dict[str, Any], meta: dict[str, An
     for r in table.iter_rows(named=True):
         tokens = (r["prompt_tokens"] or 0) + (r["completion_tokens"] or 0)
         bw = "-" if r["copy_bw_fraction_largest"] is None else f"{r['copy_bw_fraction_largest']:.0%} {r['largest_shape']}"
-        lines.append(f"| {r['kernel']} | {_f(r['speedup_vs_baseline'])} | {_f(r['speedup_vs_torch_compile'])} | "
+        lines.append(f"| {r['kernel']} | {ratio(r['kernel'], 'baseline', r['speedup_vs_baseline'])} | "
+                     f"{ratio(r['kernel'], 'torch_compile', r['speedup_vs_torch_compile'])} | "
                      f"{r['heldout_status'] or '-'} {_f(r['speedup_heldout'])} | {bw} | {r['variants_evaluated'] or 0} | "
                      f"{_f(r['wall_s'], '.0f', '')} | {_f(r['evaluator_busy_s'], '.1f', '')} | {tokens} | "
                      f"{(r['cost_usd'] or 0):.2f} | {r['note']} |")
@@ -297,7 +307,8 @@ def to_markdown(table: pl.DataFrame, summary: dict[str, Any], meta: dict[str, An
         if not r["shapes"]:
             continue
         lines += ["", f"## {r['kernel']} ({r['dtype']}): winner {r['winner']} {r['params']}", "",
-                  "| shape | baseline us | best us | speedup | copy bw |", "|---|---|---|---|---|"]
+                  "| shape | baseline us (evaluator) | best us (evaluator) | speedup (evaluator) | copy bw |",
+                  "|---|---|---|---|---|"]
         lines += [f"| {s['label']} | {s['baseline_ms'] * 1e3:.2f} | {s['best_ms'] * 1e3:.2f} | {s['speedup']:.3f}x | "
                   f"{s['copy_bw_fraction']:.0%} |" for s in r["shapes"]]
     return "\n".join(lines) + "\n"
