@@ -71,7 +71,9 @@ def to_markdown(meta: dict[str, Any], rows: list[dict[str, Any]], labels: list[s
              f"- command: `{meta['command']}`", f"- git commit: {meta['git_commit']}", f"- date: {meta['date']}",
              "- kernel times (us): CUDA events around one launch (ours) or one CUDA-graph replay (peers); L2 "
              f"flushed before every repetition; all interleaved in one loop; median of {meta['repetitions']}",
-             "- not validated here: a timing map, not a verdict", ""]
+             "- not validated here: a timing map, not a verdict; its 'vs' ratios come from this one loop and "
+             "carry no spread, so they rank candidates and are no headline (experiments.bench_library repeats "
+             "its loop in fresh processes for that)", ""]
     if meta.get("errors"):
         lines += ["Peers not timed: " + "; ".join(f"{k}: {v}" for k, v in meta["errors"].items()), ""]
     lines += ["| implementation | " + " | ".join(f"vs {p}" for p in peers) + " | " + " | ".join(labels) + " |",
