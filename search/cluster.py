@@ -137,14 +137,34 @@ def whereabouts(kernels: Mapping[str, str]) -> dict[str, Any]:
     }
 
 
-def placement_record(staged: Staged, evaluators: Sequence[dict[str, Any]],
-                     agents: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The content of ``cluster.json``: the cluster's nodes, what was shipped and where each
-    evaluator and agent actor ran (its :func:`whereabouts`)."""
+def compile_nodes(nodes: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """The nodes a cluster run sends its compile (admission) tasks to: node id -> CPUs, for
+    every alive node with at least one CPU and no GPU; empty when the cluster has none (then
+    compiles run wherever Ray puts them).
+
+    Args:
+        nodes: entries shaped like ``ray.nodes()`` (``NodeID``, ``Alive``, ``Resources``:
+            the node's total resources).
+    """
+    chosen: dict[str, float] = {}
+    for node in nodes:
+        resources = node.get("Resources") or {}
+        # A compile task asks for one whole CPU: a node with less could never run one.
+        if node.get("Alive") and resources.get("CPU", 0) >= 1 and not resources.get("GPU", 0):
+            chosen[str(node["NodeID"])] = float(resources["CPU"])
+    return chosen
+
+
+def placement_record(staged: Staged, evaluators: Sequence[dict[str, Any]], agents: Sequence[dict[str, Any]],
+                     compiles: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The content of ``cluster.json``: the cluster's nodes, the driver's node, what was
+    shipped, where each evaluator and agent actor ran (its :func:`whereabouts`) and where the
+    compile tasks were sent and ran (:meth:`search.pool.AdmissionTasks.record`)."""
     import ray
 
     nodes = [{"node_id": n["NodeID"], "address": n.get("NodeManagerAddress"),
               "resources": {k: v for k, v in n.get("Resources", {}).items() if k in ("CPU", "GPU")}}
              for n in ray.nodes() if n.get("Alive")]
-    return {"nodes": nodes, "staged_bytes": staged.size_bytes, "kernels": staged.kernels,
-            "evaluators": list(evaluators), "agents": list(agents)}
+    return {"nodes": nodes, "driver_node": ray.get_runtime_context().get_node_id(),
+            "staged_bytes": staged.size_bytes, "kernels": staged.kernels,
+            "evaluators": list(evaluators), "agents": list(agents), "compiles": dict(compiles or {})}

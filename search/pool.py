@@ -6,9 +6,10 @@ Ray's ``ActorPool`` pattern (submit, then wait for whichever finishes first), re
 actor that dies and retries its call, and turns a failure of the evaluator itself into a
 recorded verdict, so that no single evaluation, sanitizer run or peer timing ends a run.
 
-Admission (:func:`evaluators.admit.admit`) runs in a CPU task with two return objects: the
-small summary (:class:`~evaluators.admit.Admitted` or the :class:`~evaluators.admit.Refusal`)
-that the driver fetches, and the :class:`~evaluators.admit.Artifact` (the cubin) that it does
+Admission (:func:`evaluators.admit.admit`) runs in a CPU task (on a cluster's CPU-only nodes
+where it has some: :class:`AdmissionTasks`) with two return objects: the small summary
+(:class:`~evaluators.admit.Admitted` or the :class:`~evaluators.admit.Refusal`) that the
+driver fetches, and the :class:`~evaluators.admit.Artifact` (the cubin) that it does
 not: the artifact's reference goes to ``EvaluatorActor.evaluate`` as a top-level argument, so
 Ray moves the cubin to the evaluator's node and the evaluator compiles nothing again.
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -26,6 +27,7 @@ from typing import Any
 
 import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from agents.base import AgentContext, Attempt, Proposal
 from evaluators.admit import Admitted, Artifact, Refusal, admit
@@ -93,10 +95,145 @@ def admission(kernel: KernelRef | str, source: str, dtype: str, params: Mapping[
     return out.summary(), out
 
 
-# One CPU and no GPU: Ray runs compiles on any node with a free CPU, CPU-only nodes included,
-# never holding a GPU an evaluator could use. The cubin goes back as an object reference, so
-# where a compile ran costs one object transfer to the evaluator's node.
-admission_task = ray.remote(num_cpus=1, num_returns=2)(admission)
+def admission_on_node(kernel: KernelRef | str, source: str, dtype: str, params: Mapping[str, int],
+                      shapes: Sequence[Mapping[str, int]]) -> tuple[Admitted | Refusal, Artifact | None, str]:
+    """:func:`admission` and the id of the Ray node it ran on (what ``cluster.json`` records)."""
+    summary, artifact = admission(kernel, source, dtype, params, shapes)
+    return summary, artifact, ray.get_runtime_context().get_node_id()
+
+
+# One CPU and no GPU: a compile never holds a GPU an evaluator could use. The cubin goes back
+# as an object reference, so where a compile ran costs one object transfer to the evaluator's
+# node.
+_admission_task = ray.remote(num_cpus=1, num_returns=2)(admission)
+_admission_task_on_node = ray.remote(num_cpus=1, num_returns=3)(admission_on_node)
+
+# Where a cluster run's compile tasks go is re-read from ray.nodes() (one call to the GCS) at
+# most this often, so a node that died stops being chosen and one that joined starts to be.
+NODES_REFRESH_S = 30.0
+ANYWHERE = "anywhere"  # the key of tasks sent with no node chosen
+UNANSWERED = "unanswered"  # the key of tasks whose node is not known (failed, or still running)
+_FOLD_EVERY = 64  # tasks started between two counts of the finished ones
+
+
+class AdmissionTasks:
+    """Starts admission tasks: ``remote(...)`` takes :func:`admission`'s arguments and returns
+    the summary's and the artifact's object references, like a Ray remote function with two
+    returns. A run chooses once, at start, where they go (:meth:`anywhere` for a local
+    cluster, :meth:`on_cpu_nodes` for ``--address``).
+
+    Why CPU nodes: left to itself, Ray runs a one-CPU task on any node with a CPU free, GPU
+    nodes as readily as others, and prefers the driver's node while it has room. On a GPU
+    node a compile takes host CPU and memory bandwidth from the evaluators there, whose worker
+    processes launch and time kernels and verify them against torch on the host. So where the
+    cluster has alive nodes with CPUs and no GPU, every compile is pinned to one of them by a
+    *soft* node affinity: Ray runs it there, waiting for a free CPU on that node rather than
+    spilling to a GPU node, and runs it elsewhere only if the node died or can never run it,
+    so a lost node never stalls the run. The nodes take turns in proportion to their CPUs. A
+    cluster without such nodes places compiles as Ray would (anywhere), as does a local run.
+
+    On a cluster it counts, per node, the tasks sent there and the tasks that ran there (each
+    task returns its node id as a third object) for ``cluster.json``.
+    """
+
+    def __init__(self, refresh_s: float = NODES_REFRESH_S) -> None:
+        self.refresh_s = refresh_s
+        self.anywhere()
+
+    def anywhere(self) -> None:
+        """Local runs: Ray places each task; nothing is chosen or counted."""
+        self.recording = False
+        self._reset({})
+
+    def on_cpu_nodes(self, nodes: Sequence[Mapping[str, Any]] | None = None) -> None:
+        """Cluster runs: sends each task to a CPU-only node while there are any, and counts.
+
+        Args:
+            nodes: ``ray.nodes()``-shaped entries to choose from; None reads ``ray.nodes()``
+                (and re-reads it every ``refresh_s`` seconds).
+        """
+        from search.cluster import compile_nodes
+
+        self.recording = True
+        self._reset(compile_nodes(ray.nodes() if nodes is None else nodes))
+        self._refreshing = nodes is None
+
+    def _reset(self, nodes: dict[str, float]) -> None:
+        self.nodes = nodes
+        self.sent: Counter[str] = Counter()
+        self.ran: Counter[str] = Counter()
+        self._turns: Counter[str] = Counter()
+        self._where: list[Any] = []
+        self._fold_at = _FOLD_EVERY
+        self._refreshing = False
+        self._checked = time.monotonic()
+
+    def _refresh(self) -> None:
+        if not self._refreshing or time.monotonic() - self._checked < self.refresh_s:
+            return
+        from search.cluster import compile_nodes
+
+        self._checked = time.monotonic()
+        nodes = compile_nodes(ray.nodes())
+        if set(nodes) != set(self.nodes):
+            self._turns.clear()  # a new set of nodes starts its turns afresh
+        self.nodes = nodes
+
+    def _next_node(self) -> str | None:
+        """The CPU-only node with the fewest tasks sent per CPU since the set of nodes last
+        changed, or None when there is none."""
+        self._refresh()
+        if not self.nodes:
+            return None
+        node = min(sorted(self.nodes), key=lambda n: self._turns[n] / self.nodes[n])
+        self._turns[node] += 1
+        return node
+
+    def remote(self, kernel: KernelRef | str, source: str, dtype: str, params: Mapping[str, int],
+               shapes: Sequence[Mapping[str, int]]) -> tuple[Any, Any]:
+        """Starts one admission task: ``(summary reference, artifact reference)``."""
+        args = (kernel, source, dtype, params, shapes)
+        if not self.recording:
+            # Two return objects (num_returns=2): Ray's stubs type them as one.
+            refs: Any = _admission_task.remote(*args)
+            return refs[0], refs[1]
+        node = self._next_node()
+        task: Any = _admission_task_on_node
+        if node is not None:
+            task = task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=True))
+        summary, artifact, where = task.remote(*args)
+        self.sent[node or ANYWHERE] += 1
+        self._where.append(where)
+        if len(self._where) >= self._fold_at:
+            self._fold(timeout_s=0)
+            self._fold_at = len(self._where) + _FOLD_EVERY  # unfinished ones wait for the next fold
+        return summary, artifact
+
+    def _fold(self, timeout_s: float) -> None:
+        """Counts the node of every finished task (within ``timeout_s``) and forgets its reference."""
+        if not self._where:
+            return
+        ready, self._where = ray.wait(self._where, num_returns=len(self._where), timeout=timeout_s)
+        for ref in ready:
+            try:
+                self.ran[str(ray.get(ref))] += 1
+            except RayError:  # the task failed (its caller sees why); its node is unknown
+                self.ran[UNANSWERED] += 1
+
+    def record(self, timeout_s: float = 60.0) -> dict[str, Any]:
+        """Where compile tasks went: ``placement`` (``cpu nodes`` or ``anywhere``), the chosen
+        ``cpu_nodes`` (node id -> CPUs; the last choice), and per node the tasks ``sent`` there
+        and the tasks that ``ran`` there (waiting up to ``timeout_s`` for unfinished ones)."""
+        self._fold(timeout_s)
+        ran = Counter(self.ran)
+        if self._where:
+            ran[UNANSWERED] += len(self._where)
+        return {"placement": "cpu nodes" if self.nodes else ANYWHERE, "cpu_nodes": dict(self.nodes),
+                "sent": dict(self.sent), "ran": dict(ran)}
+
+
+# The run's admission tasks: run.start_ray chooses their placement once per run.
+admission_task = AdmissionTasks()
 
 
 class EvaluatorActor:

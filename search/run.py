@@ -226,17 +226,23 @@ def quiet_ray_auth_notice() -> None:
 def start_ray(config: RunConfig, kernels: Sequence[KernelRef] = ()) -> Staged | None:
     """Starts a local Ray cluster, or joins ``config.address`` with the project's packages and
     the ``kernels``' folders shipped in the job's runtime environment; returns what was shipped
-    (None for a local cluster, or when Ray was already started by the caller).
+    (None for a local cluster, or when Ray was already started by the caller). On a cluster,
+    compile tasks go to its CPU-only nodes (:class:`search.pool.AdmissionTasks`); elsewhere
+    Ray places them.
 
     Raises:
         UsageError: the code and kernel folders cannot be shipped.
     """
     import ray
 
+    from search.pool import admission_task
+
     if ray.is_initialized():
+        admission_task.anywhere()
         return None
     if not config.address:
         ray.init(include_dashboard=False, runtime_env=worker_runtime_env(), log_to_driver=False)
+        admission_task.anywhere()
         return None
     from search.cluster import StagingError, runtime_env, stage
 
@@ -248,6 +254,9 @@ def start_ray(config: RunConfig, kernels: Sequence[KernelRef] = ()) -> Staged | 
         except StagingError as exc:
             raise UsageError(str(exc)) from None
         ray.init(address=config.address, runtime_env=runtime_env(staged))
+    # Chosen once per run from the cluster's nodes (refreshed if they change): compile tasks go
+    # to its CPU-only nodes where it has some, away from the evaluators' GPU nodes.
+    admission_task.on_cpu_nodes()
     return staged
 
 
@@ -281,12 +290,14 @@ def evaluator_count(config: RunConfig) -> int:
 
 
 def write_placement(run_dir: Path, staged: Staged, where: list[list[Any]]) -> None:
-    """``cluster.json``: the cluster's nodes, what was shipped to them and where each evaluator
-    and agent actor ran and took the project and the kernel folders from."""
+    """``cluster.json``: the cluster's nodes, what was shipped to them, where each evaluator
+    and agent actor ran and took the project and the kernel folders from, and the nodes the
+    compile tasks were sent to and ran on."""
     import ray
     from ray.exceptions import RayError
 
     from search.cluster import placement_record
+    from search.pool import admission_task
 
     def answer(ref: Any) -> dict[str, Any]:
         try:  # answered long ago unless the actor died (then replaced): say so, the run goes on
@@ -295,7 +306,8 @@ def write_placement(run_dir: Path, staged: Staged, where: list[list[Any]]) -> No
             return {"error": " ".join(str(exc).split())[:300]}
 
     evaluators, agents = ([answer(ref) for ref in refs] for refs in where)
-    atomic_write(run_dir / CLUSTER_FILE, json.dumps(placement_record(staged, evaluators, agents), indent=2))
+    record = placement_record(staged, evaluators, agents, admission_task.record())
+    atomic_write(run_dir / CLUSTER_FILE, json.dumps(record, indent=2))
 
 
 @dataclass

@@ -1,9 +1,9 @@
 """A real multi-node Ray cluster on one machine, for the cluster tests (CPU and GPU).
 
-A head node and a worker node are separate ``ray start --block`` processes, each with its own
-resources and temp dir, and the driver runs from a copy of the project in a folder of its own,
-with an external kernel library beside it. Where this machine allows mount namespaces, both
-nodes run in one in which that folder is hidden under an empty tmpfs: their workers can then
+A head node and one or more worker nodes are separate ``ray start --block`` processes, each with
+its own resources and temp dir, and the driver runs from a copy of the project in a folder of its own,
+with an external kernel library beside it (Ray attaches it to the head node). Where this
+machine allows mount namespaces, every node runs in one in which that folder is hidden under an empty tmpfs: their workers can then
 reach neither the driver's code nor its kernel folders except through Ray's runtime
 environment. The nodes are ended through their own processes, never ``ray stop`` (which ends
 every Ray on the machine).
@@ -63,7 +63,7 @@ def can_hide_folders() -> bool:
 
 @dataclass
 class Cluster:
-    """A running two-node cluster and the driver's side of it.
+    """A running multi-node cluster and the driver's side of it.
 
     Attributes:
         address: the head's GCS address.
@@ -72,6 +72,7 @@ class Cluster:
         library: the external kernel library.
         env: the driver's environment.
         hidden: whether the nodes cannot see ``driver_dir``.
+        n_nodes: the head and the worker nodes.
     """
 
     address: str
@@ -80,6 +81,7 @@ class Cluster:
     library: Path
     env: dict[str, str]
     hidden: bool
+    n_nodes: int = 2
 
     def drive(self, module: str, *args: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
         """``python -m module --address ... args`` from the driver's folder."""
@@ -134,7 +136,16 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 def two_node_cluster(head: Sequence[str], worker: Sequence[str],
                      head_env: dict[str, str] | None = None) -> Iterator[Cluster]:
     """A head node started with ``head`` options and a worker node with ``worker`` options
-    (``--num-cpus``, ``--num-gpus``, ``--resources``), the driver's folder hidden from both
+    (see :func:`ray_cluster`)."""
+    with ray_cluster(head, [worker], head_env) as c:
+        yield c
+
+
+@contextmanager
+def ray_cluster(head: Sequence[str], workers: Sequence[Sequence[str]],
+                head_env: dict[str, str] | None = None) -> Iterator[Cluster]:
+    """A head node started with ``head`` options and a worker node for each of ``workers``
+    (``--num-cpus``, ``--num-gpus``, ``--resources``), the driver's folder hidden from them
     where the machine allows; everything is ended and removed on exit.
 
     ``head_env`` adds to the head node's environment (e.g. ``CUDA_VISIBLE_DEVICES``).
@@ -154,16 +165,19 @@ def two_node_cluster(head: Sequence[str], worker: Sequence[str],
         hide = driver_dir if can_hide_folders() else None
         port = free_port()
         address = f"127.0.0.1:{port}"
-        for name in ("head", "worker"):
+        names = ["head", *(f"worker{i}" for i in range(len(workers)))]
+        for name in names:
             (ray_dir / name).mkdir()
         procs.append(_start_node(["--head", "--port", str(port), "--include-dashboard", "false",
                                   "--dashboard-port", str(free_port()), "--temp-dir", str(ray_dir / "head" / "t"),
                                   *head], dict(env, **(head_env or {})), ray_dir / "head" / "log", hide))
         _wait_for_nodes(address, env, 1, procs)
-        procs.append(_start_node(["--address", address, "--temp-dir", str(ray_dir / "worker" / "t"), *worker],
-                                 env, ray_dir / "worker" / "log", hide))
-        _wait_for_nodes(address, env, 2, procs)
-        yield Cluster(address, driver_dir, project, library, dict(env, PYTHONPATH=str(project)), hide is not None)
+        for name, worker in zip(names[1:], workers, strict=True):  # all at once: they start side by side
+            procs.append(_start_node(["--address", address, "--temp-dir", str(ray_dir / name / "t"), *worker],
+                                     env, ray_dir / name / "log", hide))
+        _wait_for_nodes(address, env, len(names), procs)
+        yield Cluster(address, driver_dir, project, library, dict(env, PYTHONPATH=str(project)), hide is not None,
+                      len(names))
     finally:
         _stop(procs)
         shutil.rmtree(ray_dir, ignore_errors=True)
@@ -174,9 +188,10 @@ def check_placement(c: Cluster, run_dir: Path, n_evaluators: int, n_agents: int)
     """Asserts what every actor of the run reported in ``cluster.json``: the project imported
     from Ray's runtime resources (not the checkout, not the driver's copy), its current folder
     there, and, where the driver's folder was hidden, every kernel folder resolved from the
-    staged root. Returns the record."""
+    staged root; and where the compile tasks ran (:func:`check_compiles`). Returns the record."""
     record = json.loads((run_dir / "cluster.json").read_text())
-    assert len(record["nodes"]) == 2
+    assert len(record["nodes"]) == c.n_nodes
+    check_compiles(record)
     assert set(record["kernels"]) == {str((c.library / name).resolve()) for name in EXTERNAL}
     assert len(record["evaluators"]) == n_evaluators and len(record["agents"]) == n_agents
     for where in record["evaluators"] + record["agents"]:
@@ -189,3 +204,23 @@ def check_placement(c: Cluster, run_dir: Path, n_evaluators: int, n_agents: int)
             assert {Path(p).parent for p in where["kernels"].values()} == {Path(where["kernel_root"])}, where
             assert {Path(p).name for p in where["kernels"].values()} == set(record["kernels"].values())
     return dict(record)
+
+
+def cpu_only_nodes(record: dict) -> set[str]:
+    """The nodes of a ``cluster.json`` with CPUs and no GPU."""
+    return {n["node_id"] for n in record["nodes"]
+            if n["resources"].get("CPU", 0) >= 1 and not n["resources"].get("GPU", 0)}
+
+
+def check_compiles(record: dict) -> None:
+    """Asserts where a run's compile tasks went, from what each task reported (its node):
+    every one ran on a CPU-only node where the cluster has some, and anywhere otherwise."""
+    compiles = record["compiles"]
+    sent, ran = compiles["sent"], compiles["ran"]
+    assert sum(sent.values()) > 0 and sum(ran.values()) == sum(sent.values()), compiles
+    cpu_nodes = cpu_only_nodes(record)
+    if cpu_nodes:
+        assert compiles["placement"] == "cpu nodes" and set(compiles["cpu_nodes"]) == cpu_nodes, compiles
+        assert set(sent) <= cpu_nodes and set(ran) <= cpu_nodes, compiles
+    else:
+        assert compiles["placement"] == "anywhere" and set(sent) == {"anywhere"}, compiles

@@ -1,10 +1,11 @@
-"""Cluster runs: staging the code and kernel folders, and a real two-node Ray cluster.
+"""Cluster runs: staging the code and kernel folders, and a real multi-node Ray cluster.
 
-The cluster tests start a head node and a worker node as separate ``ray start`` processes and
-drive a stand-in run and a sweep over an external library from a folder the nodes cannot see
-(:mod:`tests.ray_nodes`); each run's ``cluster.json`` (what each actor reported) must show the
-project imported from Ray's unpacked runtime resources and the kernel folders resolved from
-the staged root.
+The cluster tests start a head node and two worker nodes (one with GPUs, one with CPUs only)
+as separate ``ray start`` processes and drive a stand-in run and a sweep over an external
+library from a folder the nodes cannot see (:mod:`tests.ray_nodes`); each run's
+``cluster.json`` (what each actor and compile task reported) must show the project imported
+from Ray's unpacked runtime resources, the kernel folders resolved from the staged root, and
+every compile task run on the CPU-only node.
 """
 
 from __future__ import annotations
@@ -19,7 +20,14 @@ import pytest
 
 from kernels.folders import KERNEL_ROOT_VAR, KernelRef, folder_digest
 from search.cluster import PROJECT_PACKAGES, STAGED_KERNELS_DIR, StagingError, runtime_env, stage
-from tests.ray_nodes import EXTERNAL, Cluster, check_placement, external_library, two_node_cluster
+from tests.ray_nodes import (
+    EXTERNAL,
+    Cluster,
+    check_placement,
+    cpu_only_nodes,
+    external_library,
+    ray_cluster,
+)
 
 SMALL = ["--evaluator", "standin", "--population", "2", "--variants", "2", "--trials", "2", "--gpus", "2"]
 
@@ -60,9 +68,11 @@ def test_stage_refuses_a_changed_folder_and_an_oversized_one(tmp_path):
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    # Logical GPUs (nothing uses CUDA here): one on the head, two on the worker node.
-    with two_node_cluster(["--num-cpus", "1", "--num-gpus", "1"],
-                          ["--num-cpus", "1", "--num-gpus", "2", "--resources", json.dumps({"worker_node": 1})]) as c:
+    # Logical GPUs (nothing uses CUDA here): one on the head (the driver's node), two on a
+    # worker node; a second worker node has CPUs and no GPU, for the compile tasks.
+    with ray_cluster(["--num-cpus", "1", "--num-gpus", "1"],
+                     [["--num-cpus", "1", "--num-gpus", "2", "--resources", json.dumps({"worker_node": 1})],
+                      ["--num-cpus", "2", "--num-gpus", "0"]]) as c:
         yield c
 
 
@@ -77,7 +87,12 @@ def test_standin_run_on_a_two_node_cluster(cluster):
     (run_dir,) = (cluster.driver_dir / "runs").iterdir()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert sorted(k["kernel"] for k in summary["kernels"]) == ["rmsnorm", "silu_and_mul"]
-    check_placement(cluster, run_dir, n_evaluators=2, n_agents=2)
+    record = check_placement(cluster, run_dir, n_evaluators=2, n_agents=2)
+    # Every compile ran on the one CPU-only node, a node other than the driver's (where Ray
+    # would put them first): each task reported the node it ran on.
+    (cpu_node,) = cpu_only_nodes(record)
+    assert cpu_node != record["driver_node"]
+    assert set(record["compiles"]["ran"]) == {cpu_node}
 
 
 @pytest.mark.slow
@@ -111,7 +126,7 @@ print(json.dumps(ray.get([a.where.remote() for a in actors], timeout=120)))
 @pytest.mark.slow
 def test_gpu_evaluators_take_one_gpu_each_across_the_nodes(cluster):
     """Three GPU evaluators' placement on the cluster's three logical GPUs (one on the head,
-    two on the worker node): one per GPU, so one on the head and two on the worker node, each
+    two on a worker node): one per GPU, so one on the head and two on that worker node, each
     with a device of its own."""
     proc = subprocess.run([sys.executable, "-c", PLACEMENT_PROBE, cluster.address], cwd=cluster.project,
                           env=cluster.env, capture_output=True, text=True, timeout=180)
