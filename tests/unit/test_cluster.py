@@ -81,7 +81,7 @@ def _ok(proc: subprocess.CompletedProcess[str]) -> None:
 
 
 @pytest.mark.slow
-def test_standin_run_on_a_two_node_cluster(cluster):
+def test_standin_run_on_a_multi_node_cluster(cluster):
     _ok(cluster.drive("search.run", "--kernel-dir", str(cluster.library), "--rounds", "1", *SMALL,
                       "--out", str(cluster.driver_dir / "runs")))
     (run_dir,) = (cluster.driver_dir / "runs").iterdir()
@@ -96,7 +96,7 @@ def test_standin_run_on_a_two_node_cluster(cluster):
 
 
 @pytest.mark.slow
-def test_sweep_over_an_external_library_on_a_two_node_cluster(cluster):
+def test_sweep_over_an_external_library_on_a_multi_node_cluster(cluster):
     _ok(cluster.drive("search.sweep", "--library", str(cluster.library), "--budget-rounds", "1", *SMALL,
                       "--out", str(cluster.driver_dir / "sweeps")))
     (sweep_dir,) = (cluster.driver_dir / "sweeps").iterdir()
