@@ -14,6 +14,11 @@ L2 holds). The share of time in the swapped kernels comes from torch.profiler's 
 durations over graph replays. Outputs (hidden states and residual after the last layer) are
 compared with plain torch: relative L2 error and largest absolute difference.
 
+Runs: ``--runs N`` (default 3) runs all of the above N times, each in a fresh Python process,
+and reports each speedup as the median over runs with its min-max and a faster / tie / slower
+verdict (:mod:`experiments.model_bench_runs`); ``--runs 1`` is one process and says it has no
+spread.
+
 Writes ``OUT/model-bench.json`` and ``.md`` (command, git commit, GPU, date inside); OUT
 defaults to a new ``runs/bench-<time>/``. Without a GPU it stops with one line (exit 2).
 """
@@ -32,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.bench_library import default_out, exit_without_gpu
+from experiments.model_bench_runs import RunFailed, combine, ratio_text, run_children
 from experiments.model_decoder import (
     ModelShape,
     ShippedOps,
@@ -59,8 +65,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, default=2048, help="KV-cache tokens per sequence in decode")
     p.add_argument("--prefill", type=int, default=4096, help="prefill tokens (0: no prefill)")
     p.add_argument("--repeats", type=int, default=50)
+    p.add_argument("--runs", type=int, default=3,
+                   help="independent runs, each in a fresh process; ratios are their median [min-max] (1: no spread)")
     p.add_argument("--out", type=Path, help="output folder (default: a new runs/bench-<time>/)")
     return p
+
+
+# Everything a run needs, forwarded unchanged to each fresh process (--runs and --out are the parent's).
+FORWARDED = ("package", "name", "dtype", "layers", "batch_sizes", "context", "prefill", "repeats")
+
+
+def child_argv(args: argparse.Namespace, out: Path) -> list[str]:
+    """The arguments of one independent run: the parent's settings, one run, its own OUT."""
+    argv = []
+    for dest in FORWARDED:
+        argv += ["--" + dest.replace("_", "-"), str(getattr(args, dest))]
+    return argv + ["--runs", "1", "--out", str(out)]
 
 
 def load_package(folder: Path, name: str, dtype: str) -> Any:
@@ -187,13 +207,24 @@ def _f(x: float | None, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _runs_line(runs: int) -> str:
+    if runs <= 1:
+        return ("- one run: one process, no spread across independent runs, so a ratio within a few percent "
+                "of 1.0 may be a tie, not a win or a loss")
+    return (f"- {runs} independent runs, each a fresh Python process: a time is the median over the runs of each "
+            "run's median; a speedup is the median [min-max] of the runs' ratios, called faster or slower only "
+            "when the whole range lies on that side of 1.0, a tie otherwise; outputs agree only when they agree "
+            "in every run (worst error shown); the share is the median over the runs")
+
+
 def to_markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     lines = [f"# Model benchmark: shipped kernels in a decoder ({meta['gpu']})", "",
              f"- command: `{meta['command']}`", f"- git commit: {meta['git_commit']}", f"- date: {meta['date']}",
              f"- torch {meta['torch']}; package {meta['package']} (cubins for {meta['arch']}, NVRTC {meta['nvrtc']})",
              f"- model: {meta['model']}, {meta['dtype']}; decode with {meta['context']} cached tokens per sequence",
              f"- time: ms per step, median of {meta['repeats']} CUDA-graph replays timed with CUDA events, "
-             "configurations interleaved; speedups are ratios of those medians (above 1: shipped faster)",
+             "configurations interleaved; a run's speedup is the ratio of its medians (above 1: shipped faster)",
+             _runs_line(meta.get("runs", 1)),
              "- share: the swapped kernels' part of all kernel time in a shipped step (torch.profiler)", "",
              "| phase | tokens | torch | torch.compile | shipped | shipped+compile | shipped vs torch | "
              "shipped+compile vs torch.compile | share (shipped / +compile) | outputs agree |",
@@ -203,7 +234,7 @@ def to_markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         agree = all(a["ok"] for a in r["agreement"].values())
         worst = max(a["rel_l2"] for a in r["agreement"].values())
         lines.append(f"| {r['phase']} | {r['tokens']} | " + " | ".join(_f(ms[c]) for c in CONFIGS)
-                     + f" | {r['shipped_over_torch']:.3f}x | {r['shipped_compile_over_compile']:.3f}x | "
+                     + f" | {ratio_text(r, 'shipped_over_torch')} | {ratio_text(r, 'shipped_compile_over_compile')} | "
                      f"{_f(prof['shipped']['share'], '.1%')} / {_f(prof['shipped+compile']['share'], '.1%')} | "
                      f"{'yes' if agree else 'NO'} (rel L2 <= {worst:.1e}) |")
     lines += ["", "Evidence of the shipped kernels (from the runs they came from):", ""]
@@ -216,11 +247,8 @@ def to_markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    code = exit_without_gpu("model_bench")
-    if code is not None:
-        return code
+def run_once(args: argparse.Namespace, command: str) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """One run in this process: (meta, rows), or None after a one-line error (package unusable)."""
     import torch
 
     for attr in ("cache_size_limit", "recompile_limit"):  # one compilation per batch size and config
@@ -231,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pkg = load_package(args.package, args.name, args.dtype)
     except (ValueError, ImportError) as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
+        return None
     shape = ModelShape(layers=args.layers)
     weights = make_weights(shape, dtype, "cuda")
     configs = _configs(pkg)
@@ -244,17 +272,61 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.append(row)
     manifest = pkg.MANIFEST
     meta = {
-        "command": "python -m experiments.model_bench " + shlex.join(sys.argv[1:] if argv is None else list(argv)),
-        "git_commit": git_commit(REPO_ROOT), "gpu": torch.cuda.get_device_name(),
+        "command": command, "git_commit": git_commit(REPO_ROOT), "gpu": torch.cuda.get_device_name(),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "torch": torch.__version__,
         "package": str(args.package / args.name), "arch": manifest["arch"], "nvrtc": manifest["nvrtc"],
-        "dtype": args.dtype, "context": args.context, "repeats": args.repeats,
+        "dtype": args.dtype, "context": args.context, "repeats": args.repeats, "runs": 1,
         "model": f"{shape.layers} layers, hidden {shape.hidden}, {shape.heads} heads / {shape.kv_heads} KV heads "
                  f"of {shape.head_dim}, intermediate {shape.intermediate}",
         "evidence": {k: {d: b["evidence"] for d, b in e["builds"].items() if d == args.dtype}
                      for k, e in manifest["kernels"].items() if k in SWAPPED},
     }
-    out = args.out or default_out("model-bench").parent
+    return meta, rows
+
+
+def run_independent(args: argparse.Namespace, command: str,
+                    command_for: Callable[[Path], list[str]] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``args.runs`` runs, each a fresh ``python -m experiments.model_bench --runs 1``, combined.
+
+    ``command_for`` (an OUT folder to a command line) replaces the child command in tests.
+    Raises :class:`RunFailed` or ``ValueError`` when a run fails or the runs do not match.
+    """
+    def child(out: Path) -> list[str]:
+        return [sys.executable, "-m", "experiments.model_bench", *child_argv(args, out)]
+
+    results = run_children(command_for or child, args.runs)
+    rows = combine(results)
+    meta = {**results[0]["meta"], "command": command, "runs": len(results), "git_commit": git_commit(REPO_ROOT),
+            "run_dates": [r["meta"]["date"] for r in results]}
+    meta["date"] = meta["run_dates"][-1]
+    meta["per_run_rows"] = [r["rows"] for r in results]
+    return meta, rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.runs < 1:
+        print("error: --runs must be at least 1", file=sys.stderr)
+        return 2
+    code = exit_without_gpu("model_bench")
+    if code is not None:
+        return code
+    command = "python -m experiments.model_bench " + shlex.join(sys.argv[1:] if argv is None else list(argv))
+    if args.runs == 1:
+        result = run_once(args, command)
+        if result is None:
+            return 2
+    else:
+        try:
+            result = run_independent(args, command)
+        except (RunFailed, ValueError) as exc:
+            print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+            return 2
+    return write_outputs(args.out or default_out("model-bench").parent, *result)
+
+
+def write_outputs(out: Path, meta: dict[str, Any], rows: list[dict[str, Any]]) -> int:
+    """Writes ``model-bench.json`` and ``.md``; 0 when every output agrees with plain torch, else 1."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "model-bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     (out / "model-bench.md").write_text(to_markdown(meta, rows))
