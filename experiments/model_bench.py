@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import importlib
 import json
 import shlex
@@ -81,6 +82,11 @@ def child_argv(args: argparse.Namespace, out: Path) -> list[str]:
     for dest in FORWARDED:
         argv += ["--" + dest.replace("_", "-"), str(getattr(args, dest))]
     return argv + ["--runs", "1", "--out", str(out)]
+
+
+def child_command(args: argparse.Namespace, out: Path) -> list[str]:
+    """One independent run's command line: this interpreter, this module, :func:`child_argv`."""
+    return [sys.executable, "-m", "experiments.model_bench", *child_argv(args, out)]
 
 
 def load_package(folder: Path, name: str, dtype: str) -> Any:
@@ -291,10 +297,7 @@ def run_independent(args: argparse.Namespace, command: str,
     ``command_for`` (an OUT folder to a command line) replaces the child command in tests.
     Raises :class:`RunFailed` or ``ValueError`` when a run fails or the runs do not match.
     """
-    def child(out: Path) -> list[str]:
-        return [sys.executable, "-m", "experiments.model_bench", *child_argv(args, out)]
-
-    results = run_children(command_for or child, args.runs)
+    results = run_children(command_for or functools.partial(child_command, args), args.runs)
     rows = combine(results)
     meta = {**results[0]["meta"], "command": command, "runs": len(results), "git_commit": git_commit(REPO_ROOT),
             "run_dates": [r["meta"]["date"] for r in results]}

@@ -156,3 +156,12 @@ def test_without_a_gpu_the_parent_stops_before_starting_runs(capsys: pytest.Capt
     assert model_bench.main(["--package", "p", "--runs", "3"]) == 2
     captured = capsys.readouterr()
     assert captured.err.startswith("error: ") and captured.err.count("\n") == 1 and "run 1/" not in captured.out
+
+
+def test_a_run_started_as_its_own_process_stops_with_one_line_without_a_gpu(tmp_path: Path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    args = model_bench.build_parser().parse_args(["--package", str(tmp_path / "pkg"), "--runs", "2"])
+    with pytest.raises(RunFailed, match="run 1 of 1 exited with code 2"):
+        run_children(lambda out: model_bench.child_command(args, out), 1, cwd=tmp_path, echo=lambda _: None)
