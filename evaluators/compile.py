@@ -10,10 +10,9 @@ included), the target architecture and the NVRTC version.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from kernels.nvrtc import (
     ALLOWED_FLAGS,
     DEFAULT_ARCH,
     build_options,
+    cache_key,
     entry_compiled,
     full_source,
     nvrtc_version,
@@ -105,14 +105,6 @@ def check_includes(source: str) -> None:
         CompileRefused: a forbidden header, directive, pragma, identifier or character.
     """
     check_source_routes(source)
-
-
-def cache_key(source: str, options: Sequence[str], entry: str) -> str:
-    h = hashlib.sha256()
-    for part in (full_source(source), "\0".join(o for o in options if not o.startswith("-I")), entry, nvrtc_version()):
-        h.update(part.encode())
-        h.update(b"\1")
-    return h.hexdigest()[:32]
 
 
 _PTXAS_REGS = re.compile(r"Used (\d+) registers")

@@ -23,7 +23,6 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
 import sys
@@ -42,11 +41,11 @@ from kernels.launch import (
 from kernels.nvrtc import (
     DEFAULT_ARCH,
     build_options,
+    cache_key,
     cache_root,
     compile_program,
     entry_compiled,
     full_source,
-    nvrtc_version,
 )
 from kernels.records import atomic_write
 from kernels.spec import KernelSpec, KernelSpecError, Shape, list_kernels, load_kernel, shape_label
@@ -90,10 +89,7 @@ def compile_problem(source: str, entry: str, dtype: str, arch: str = DEFAULT_ARC
         options = build_options(source, dtype, defines, arch)
     except (LaunchSpecError, CompileRefused) as exc:
         return f"baseline refused before compiling: {' '.join(str(exc).split())}"
-    h = hashlib.sha256()
-    for part in (full_source(source), "\0".join(o for o in options if not o.startswith("-I")), entry, nvrtc_version()):
-        h.update(part.encode() + b"\1")
-    key = h.hexdigest()[:32]
+    key = cache_key(source, options, entry)
     path = cache_root() / "check" / key[:2] / f"{key}.json"
     if path.is_file():
         return json.loads(path.read_text())["problem"]

@@ -9,6 +9,7 @@ baseline with it directly.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -119,6 +120,17 @@ def full_source(source: str) -> str:
     """The translation unit NVRTC sees: the prelude, which gives every variant the
     half/bf16/fp8 types, then the variant under a #line that keeps log lines true."""
     return _PRELUDE + '#line 1 "variant.cu"\n' + source
+
+
+def cache_key(source: str, options: Sequence[str], entry: str) -> str:
+    """A key for what compiling ``source`` with ``options`` for ``entry`` gives: the full
+    source after the prelude, the options (macros included; include paths, which differ
+    between machines, left out), the entry and the NVRTC version."""
+    h = hashlib.sha256()
+    for part in (full_source(source), "\0".join(o for o in options if not o.startswith("-I")), entry, nvrtc_version()):
+        h.update(part.encode())
+        h.update(b"\1")
+    return h.hexdigest()[:32]
 
 
 def compile_program(source: str, options: Sequence[str], max_cubin_bytes: int | None = None) -> NvrtcOutput:
