@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evaluators.compile_sandbox import CompileLimits, SandboxOutcome, sandbox_compile
-from kernels import nvrtc
 from kernels.compile_checks import (
     ALLOWED_INCLUDES,
     CompileRefused,
@@ -26,21 +25,19 @@ from kernels.compile_checks import (
     check_source_routes,
 )
 from kernels.nvrtc import (
-    ALLOWED_FLAGS,
     DEFAULT_ARCH,
     build_options,
     cache_key,
+    cache_root,
     entry_compiled,
     full_source,
     nvrtc_version,
-    variant_flags,
 )
 from kernels.records import atomic_write
 
 __all__ = [
-    "ALLOWED_FLAGS", "ALLOWED_INCLUDES", "DEFAULT_ARCH", "CompileLimits", "CompileRefused", "CompileResult",
+    "ALLOWED_INCLUDES", "DEFAULT_ARCH", "CompileLimits", "CompileRefused", "CompileResult",
     "build_options", "cache_key", "check_includes", "compile_variant", "nvrtc_version", "target_arch",
-    "variant_flags",
 ]
 
 
@@ -81,7 +78,7 @@ class CompileResult:
 
 
 def default_cache_dir() -> Path:
-    return nvrtc.cache_root() / "cubin"
+    return cache_root() / "cubin"
 
 
 def target_arch() -> str:

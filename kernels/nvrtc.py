@@ -164,19 +164,6 @@ def compile_program(source: str, options: Sequence[str], max_cubin_bytes: int | 
         nvrtc.nvrtcDestroyProgram(prog)
 
 
-def compile_variant_here(
-    source: str, dtype: str, defines: Mapping[str, int] | None = None, arch: str = DEFAULT_ARCH
-) -> NvrtcOutput:
-    """Compiles a variant file for one dtype in this process: no sandbox, no cache. For
-    sources one trusts (a spec author's own baseline); the search admits variants through
-    :mod:`evaluators.admit` instead.
-
-    Raises:
-        CompileRefused: an unknown dtype or a flag outside the allowed list.
-    """
-    return compile_program(full_source(source), build_options(source, dtype, defines or {}, arch))
-
-
 def entry_compiled(log: str, cubin: bytes, entry: str) -> bool:
     """Whether the binary holds an unmangled kernel named exactly ``entry``: the ptxas report
     names it, or the binary has its text section (the report is not always in the log)."""
