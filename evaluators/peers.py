@@ -9,9 +9,11 @@ working on the same tensors. So every figure is kernel time, not the time of a P
 (:class:`kernels.peer.Peer`), has nothing but the library call in its graph.
 
 torch.compile is timed at its best: each of :data:`COMPILE_MODES` compiled ``compile_trials``
-times afresh (dynamo reset, Inductor's graph and autotuning caches off, so every compilation
-autotunes again and may pick other kernels), every compilation timed in the loop, and per
-shape the fastest is reported as ``torch_compile`` with the compilation that won.
+times afresh (a code object of its own per compilation, Inductor's graph and autotuning
+caches off, so every compilation autotunes again and may pick other kernels), every
+compilation timed in the loop, and per shape the fastest is reported as ``torch_compile``
+with the compilation that won. Past dynamo's recompile limit a compilation fails (the peer
+is reported in ``errors``) instead of falling back to eager code.
 
 Our kernels are set up exactly as in the evaluator (:class:`evaluators.ours.OursOnShape`):
 inputs that change every launch, outputs filled (NaN, sentinel or stale values) before every
@@ -26,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import random
+import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -87,25 +90,48 @@ def _program(spec: KernelSpec) -> Callable[..., None]:
     return body
 
 
+# Room for one compilation per shape of a spec, and a hard error instead of dynamo's silent
+# eager fallback past the limit: timed as "torch.compile", that fallback ran the fp32
+# reference eagerly (2-3x slower than torch eager on the largest unseen shapes).
+_DYNAMO_LIMITS = {"recompile_limit": 64, "accumulated_recompile_limit": 4096, "fail_on_recompile_limit_hit": True}
+
+
+@contextlib.contextmanager
+def _compiling() -> Iterator[None]:
+    """Around every call of a compiled program (each may compile for a new shape): Inductor's
+    caches off and dynamo's limits as :data:`_DYNAMO_LIMITS` (where this torch has them)."""
+    import torch._dynamo.config as dynamo_config
+
+    limits = {k: v for k, v in _DYNAMO_LIMITS.items() if hasattr(dynamo_config, k)}
+    with dynamo_config.patch(limits), _fresh_inductor():
+        yield
+
+
+def _own_code(program: Callable[..., None]) -> Callable[..., None]:
+    """``program`` behind a function with a code object of its own. Dynamo keeps compiled
+    code, and counts recompilations, per code object: compilations of one program would
+    otherwise share one cache, each taking the others' entries or pushing them out."""
+
+    def call(t: Any, shape: Any, constants: Any) -> None:
+        program(t, shape, constants)
+
+    code = call.__code__.replace()  # a copy: a distinct object with the same bytecode
+    return types.FunctionType(code, call.__globals__, call.__name__, None, call.__closure__)
+
+
 class _FreshCompile:
-    """One compilation of the program in one mode, made at its first call: dynamo reset
-    first (static shapes: kernels specialised to the shape, as a serving engine's compiled
-    graph would get, never a dynamic-shape kernel or, past dynamo's recompile limit, eager
-    fallback), Inductor's caches off while it compiles and autotunes."""
+    """One compilation of the program in one mode, independent of every other: a code object
+    of its own (:func:`_own_code`), Inductor's caches off whenever it compiles and autotunes,
+    static shapes (kernels specialised to the shape, as a serving engine's compiled graph
+    would get, never a dynamic-shape kernel)."""
 
     def __init__(self, spec: KernelSpec, mode: str) -> None:
-        self.spec, self.mode = spec, mode
-        self.fn: Callable[..., None] | None = None
+        self.fn = torch.compile(_own_code(_program(spec)), dynamic=False,
+                                mode=None if mode == "default" else mode)
 
     def __call__(self, t: Mapping[str, Any], shape: Mapping[str, int], constants: Any) -> None:
-        if self.fn is None:
-            torch._dynamo.reset()
-            fn = torch.compile(_program(self.spec), dynamic=False, mode=None if self.mode == "default" else self.mode)
-            with _fresh_inductor():
-                fn(t, shape, constants)
-            self.fn = fn
-            return
-        self.fn(t, shape, constants)
+        with _compiling():
+            self.fn(t, shape, constants)
 
 
 def peer_fns(spec: KernelSpec, modes: tuple[str, ...] = COMPILE_MODES, trials: int = COMPILE_TRIALS) -> dict[str, Peer]:
