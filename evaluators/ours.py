@@ -9,10 +9,13 @@ every timed launch checked against our baseline run on the same inputs in a buff
 checker's own, right after the launch's end event (outside every window).
 
 Before this was shared, the evaluator gave the baseline and the candidate a working set each
-and compared them after every repetition, while the peers' loop shared one working set: the
-same baseline binary then timed differently in the two (fused_add_rmsnorm [256, 4096]: 18.06
-us in the evaluator, 12.16 us in the loop), and "vs baseline" and "vs peers" were ratios of
-different measurements. ``experiments/timing_truth.py`` times both set-ups side by side.
+and compared them after every repetition, while the peers' loop shared one working set, so
+"vs baseline" and "vs peers" were ratios of measurements set up differently. A reported gap
+(fused_add_rmsnorm [256, 4096]: 18.06 us in the evaluator, 12.16 us in the loop) did not
+come back when ``experiments/timing_truth.py`` timed both set-ups side by side on the H200
+(evaluator / loop 0.955-1.011, ``experiments/results/timing-truth-h200.json``); sanitizer runs
+overlapping timed calls on the same GPU, since stopped in :mod:`search.pool`, are one
+cause that fits it.
 """
 
 from __future__ import annotations
