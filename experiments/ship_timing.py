@@ -1,12 +1,12 @@
 """``python -m experiments.ship_timing --package DIR``: shipped ops timed beside the run's own times.
 
 For every op and dtype of a shipped package and every shape its evidence lists, the op is
-captured in a CUDA graph (one launch through the package's driver-API path) and timed the way
-the evaluator times kernels: the L2 flushed before each repetition, CUDA events around one
-replay, median of 100 repetitions after 20 warm-ups. Beside each time stands the evaluator's
-time of the same kernel from the run (``best_ms``); their ratio should sit within the run's
-noise of 1.0. A stand-in run's times are synthetic: the ratio then means nothing, and the
-table says so.
+captured in a CUDA graph (one launch through the package's driver-API path) and timed by the
+evaluator's own loop (:func:`evaluators.timing.time_interleaved`): the L2 flushed before each
+repetition, CUDA events around one replay, median of 100 repetitions after 20 warm-ups.
+Beside each time stands the evaluator's time of the same kernel from the run (``best_ms``);
+their ratio should sit within the run's noise of 1.0. A stand-in run's times are synthetic:
+the ratio then means nothing, and the table says so.
 
 Writes ``OUT/ship-timing.json`` and ``.md`` (OUT defaults to a new ``runs/bench-<time>/``).
 """
@@ -16,45 +16,31 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from evaluators.timing import Flusher, Timed, capture_graph, time_interleaved
 from experiments.bench_library import default_out, exit_without_gpu
-from kernels.spec import load_kernel, shape_label
+from kernels.spec import KernelSpec, load_kernel, shape_label
 from search.report import git_commit
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-FLUSH_BYTES = 256 * 2**20
 
 
-def time_op(pkg: Any, kernel: str, dtype: str, shape: dict[str, int], warmup: int = 20, reps: int = 100) -> float:
+def time_op(pkg: Any, spec: KernelSpec, dtype: str, shape: dict[str, int], flush: Flusher, warmup: int = 20,
+            reps: int = 100) -> float:
     """Median milliseconds of one graph-captured launch of the op at ``shape``, L2 flushed."""
     import torch
 
-    spec = load_kernel(kernel)
     inputs = spec.make_inputs(shape, getattr(torch, dtype), torch.Generator(device="cuda").manual_seed(0),
                               "random", torch.device("cuda"))
     args = [inputs[a.name] for a in spec.args if a.kind == "tensor"]
-    op = getattr(pkg, kernel)
-    op(*args)  # loads the cubin outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        op(*args)
-    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-    times = []
-    for i in range(warmup + reps):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        if i >= warmup:
-            times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    op = getattr(pkg, spec.name)
+    graph = capture_graph(lambda: op(*args))  # its warm-up launches load the cubin outside the capture
+    samples = time_interleaved([Timed("op", lambda i: None, graph.replay)], flush, warmup, reps)
+    return samples["op"].median_ms
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -71,11 +57,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.path.insert(0, str(args.package.resolve()))
     pkg = __import__(args.name)
     rows = []
+    flush = Flusher(torch.device("cuda"))
     for kernel, entry in pkg.MANIFEST["kernels"].items():
+        spec = load_kernel(kernel)
         for dtype, build in entry["builds"].items():
             ev = build["evidence"]
             for s in ev["shapes"]:
-                ms = time_op(pkg, kernel, dtype, s["shape"])
+                ms = time_op(pkg, spec, dtype, s["shape"], flush)
                 rows.append({"kernel": kernel, "dtype": dtype, "shape": shape_label(s["shape"]), "op_ms": ms,
                              "evaluator_ms": s["best_ms"], "ratio": ms / s["best_ms"] if s["best_ms"] else None,
                              "synthetic": ev["synthetic"]})
