@@ -48,7 +48,15 @@ from kernels.nvrtc import (
     full_source,
 )
 from kernels.records import atomic_write
-from kernels.spec import KernelSpec, KernelSpecError, Shape, list_kernels, load_kernel, shape_label
+from kernels.spec import (
+    KernelSpec,
+    KernelSpecError,
+    Shape,
+    list_kernels,
+    load_kernel,
+    shape_key,
+    shape_label,
+)
 
 HELDOUT_DRAW_SEEDS = (0, 1)  # draws checked: each run draws its own from its seed
 # Where a problem names the dtype or the input case it was found at.
@@ -108,10 +116,6 @@ def compile_problem(source: str, entry: str, dtype: str, arch: str = DEFAULT_ARC
     return problem
 
 
-def _key(shape: Shape) -> tuple[tuple[str, int], ...]:
-    return tuple(sorted((k, int(v)) for k, v in shape.items()))
-
-
 def _meta_size(spec: KernelSpec, shape: Shape) -> int | str:
     """Elements of all the shape's tensors, made on the meta device, or why make_inputs fails."""
     try:
@@ -125,7 +129,7 @@ def _shape_problems(spec: KernelSpec, which: str, shape: Shape, launch: LaunchSp
     """One shape's problems by kind: sizing on the meta device, the counts, the launch."""
     at = f"{which} shape {shape_label(shape)}"
     found: dict[str, str] = {}
-    key = _key(shape)
+    key = shape_key(shape)
     if key not in sizes:
         sizes[key] = _meta_size(spec, shape)
     if isinstance(sizes[key], str):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kernels.spec import SCALAR, KernelSpec, Shape, shape_label
+from kernels.spec import SCALAR, KernelSpec, Shape, shape_key, shape_label
 
 
 def describe_error(exc: BaseException) -> str:
@@ -22,11 +22,12 @@ def describe_error(exc: BaseException) -> str:
 
 def smallest_shape(spec: KernelSpec, sizes: Mapping[tuple[tuple[str, int], ...], int | str] | None = None) -> dict[str, int]:
     """The search shape with the fewest tensor elements, so the CPU runs stay quick: by the
-    sizes already found on the meta device (``sizes``, keyed by sorted items), else sized
-    there now, else by the product of its sizes where the meta device cannot size it."""
+    sizes already found on the meta device (``sizes``, keyed by
+    :func:`kernels.spec.shape_key`), else sized there now, else by the product of its sizes
+    where the meta device cannot size it."""
 
     def size(shape: dict[str, int]) -> int:
-        known = (sizes or {}).get(tuple(sorted((k, int(v)) for k, v in shape.items())))
+        known = (sizes or {}).get(shape_key(shape))
         if isinstance(known, int):
             return known
         try:

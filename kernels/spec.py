@@ -168,7 +168,7 @@ class KernelSpec:
             raise KernelSpecError(f"{self.name}: no held-out shapes")
         for shape in (*self.search_shapes, *self.heldout_shapes):
             self.check_shape(shape)
-        overlap = {_shape_key(s) for s in self.search_shapes} & {_shape_key(s) for s in self.heldout_shapes}
+        overlap = {shape_key(s) for s in self.search_shapes} & {shape_key(s) for s in self.heldout_shapes}
         if overlap:
             raise KernelSpecError(f"{self.name}: held-out shapes repeat search shapes: {sorted(overlap)}")
 
@@ -248,15 +248,15 @@ class KernelSpec:
             return ()
         import random
 
-        seen = {_shape_key(s) for s in self.search_shapes}
+        seen = {shape_key(s) for s in self.search_shapes}
         out = []
         for shape in self.heldout_draw(random.Random(seed)):
             try:
                 self.check_shape(shape)
             except KernelSpecError as exc:
                 raise KernelSpecError(f"{self.name}: heldout_draw gave a shape outside the spec: {exc}") from None
-            if _shape_key(shape) not in seen:
-                seen.add(_shape_key(shape))
+            if shape_key(shape) not in seen:
+                seen.add(shape_key(shape))
                 out.append(dict(shape))
         return tuple(out)
 
@@ -291,7 +291,8 @@ def shape_label(shape: Shape) -> str:
     return "[" + ", ".join(str(v) for v in shape.values()) + "]"
 
 
-def _shape_key(shape: Shape) -> tuple[tuple[str, int], ...]:
+def shape_key(shape: Shape) -> tuple[tuple[str, int], ...]:
+    """A hashable key of a shape, the same whatever the order of its items."""
     return tuple(sorted((k, int(v)) for k, v in shape.items()))
 
 
