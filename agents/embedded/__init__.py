@@ -37,6 +37,15 @@ def _fixed_source(source: str) -> Callable[[KernelSpec], str]:
     return lambda _spec: source
 
 
+@lru_cache(maxsize=64)
+def _generated(kernel: KernelRef | str) -> tuple[Recipe, ...]:
+    # Schedules generated from the traced reference: whole-source rewrites like recipes, for
+    # any kernel whose op graph the generator classifies (none otherwise). Traced once per
+    # reference and process, keyed like the spec.
+    return tuple(Recipe(name, "codegen", _fixed_source(schedule.source))
+                 for name, schedule in schedules_for(_spec(kernel)).items())
+
+
 def _attempt_key(attempt: Attempt) -> tuple[str, str]:
     return attempt.variant.id, attempt.evaluation.status.value if attempt.evaluation else ""
 
@@ -74,11 +83,7 @@ class EmbeddedAgent(Agent):
         """Up to ``ctx.n_variants`` distinct, compiling variants derived from ``ctx.parent``."""
         spec = _spec(ctx.kernel_source)
         history = self._history(ctx)
-        recipes = {r.name: r for r in recipes_for(spec)}
-        # Schedules generated from the traced reference: whole-source rewrites like recipes,
-        # for any kernel whose op graph the generator classifies (none otherwise).
-        for name, schedule in schedules_for(spec).items():
-            recipes[name] = Recipe(name, "codegen", _fixed_source(schedule.source))
+        recipes = {r.name: r for r in (*recipes_for(spec), *_generated(ctx.kernel_source))}
         applied = tuple(ctx.parent.meta.get("transformations", ()))
         speedups = {a.variant.id: a.evaluation.speedup for a in history
                     if a.evaluation is not None and a.evaluation.speedup is not None}

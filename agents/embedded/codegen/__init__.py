@@ -8,8 +8,6 @@ transposes). A graph outside these kinds gives no schedules, and the agent goes 
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 from agents.embedded.codegen.emit import Schedule, elementwise, rowwise, transpose
 from agents.embedded.codegen.ir import Program, read_program
 from agents.embedded.codegen.trace import Unsupported, trace_reference
@@ -47,20 +45,9 @@ def generate(spec: KernelSpec) -> list[Schedule]:
     return [rowwise(spec, program, per_warp=False), rowwise(spec, program, per_warp=True)]
 
 
-@lru_cache(maxsize=64)
-def _cached(key: tuple[str, str]) -> tuple[tuple[Schedule, ...], str]:
-    from kernels.spec import load_kernel
-
-    spec = load_kernel(key[0]) if key[1] == "name" else load_kernel(__import__("pathlib").Path(key[0]))
-    try:
-        return tuple(generate(spec)), ""
-    except Unsupported as exc:
-        return (), str(exc)
-
-
 def schedules_for(spec: KernelSpec) -> dict[str, Schedule]:
-    """The generated schedules by plan name (empty for an unsupported graph). Traced once per
-    kernel folder and process."""
-    key = (str(spec.directory), "dir") if spec.directory is not None else (spec.name, "name")
-    schedules, _ = _cached(key)
-    return {s.name: s for s in schedules}
+    """The generated schedules by plan name (empty for an unsupported graph)."""
+    try:
+        return {s.name: s for s in generate(spec)}
+    except Unsupported:
+        return {}
