@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from evaluators.timing import capture_graph
 from experiments.bench_library import default_out, exit_without_gpu
 from experiments.model_bench_runs import RunFailed, combine, ratio_text, run_children
 from experiments.model_decoder import (
@@ -116,19 +117,15 @@ def _configs(pkg: Any) -> dict[str, Callable[..., Any]]:
 
 
 def capture(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, Any]:
-    """Warms ``fn`` up on a side stream (compiles, loads cubins), then captures one call."""
-    import torch
+    """Warms ``fn`` up on a side stream (compiles, loads cubins), then captures one call
+    (:func:`evaluators.timing.capture_graph`); returns the graph and that call's outputs."""
+    captured: dict[str, Any] = {}
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn(*args)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn(*args)
-    return graph, out
+    def call() -> None:
+        captured["out"] = fn(*args)
+
+    graph = capture_graph(call)
+    return graph, captured["out"]
 
 
 def time_graphs(graphs: dict[str, Any], repeats: int) -> dict[str, list[float]]:
