@@ -135,7 +135,6 @@ def time_graphs(graphs: dict[str, Any], repeats: int) -> dict[str, list[float]]:
     for g in graphs.values():
         for _ in range(3):
             g.replay()
-    times: dict[str, list[float]] = {name: [] for name in graphs}
     events = {name: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                      for _ in range(repeats)] for name in graphs}
     for r in range(repeats):
@@ -145,9 +144,7 @@ def time_graphs(graphs: dict[str, Any], repeats: int) -> dict[str, list[float]]:
             g.replay()
             end.record()
     torch.cuda.synchronize()
-    for name in graphs:
-        times[name] = [s.elapsed_time(e) for s, e in events[name]]
-    return times
+    return {name: [s.elapsed_time(e) for s, e in pairs] for name, pairs in events.items()}
 
 
 def swapped_share(graph: Any) -> dict[str, Any]:
