@@ -24,7 +24,7 @@ from kernels.spec import SCALAR, KernelSpec
 
 FLOAT, INT, BOOL = "float", "int", "bool"
 
-# aten op -> C expression template over the operand(s) ({0}, {1}); results are fp32 unless typed.
+# aten op -> C expression template over the operand ({0}); results are fp32.
 UNARY: dict[str, str] = {
     "neg": "(-{0})", "abs": "fabsf({0})", "exp": "expf({0})", "log": "logf({0})", "sqrt": "sqrtf({0})",
     "rsqrt": "rsqrtf({0})", "sigmoid": "(1.0f / (1.0f + expf(-{0})))", "tanh": "tanhf({0})",
@@ -33,11 +33,8 @@ UNARY: dict[str, str] = {
     "floor": "floorf({0})", "ceil": "ceilf({0})", "trunc": "truncf({0})", "round": "rintf({0})",
     "relu": "cg_relu({0})", "silu": "({0} / (1.0f + expf(-{0})))",
 }
-BINARY: dict[str, str] = {
-    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})",
-    "maximum": "cg_max({0}, {1})", "minimum": "cg_min({0}, {1})", "pow": "powf({0}, {1})",
-    "atan2": "atan2f({0}, {1})",
-}
+# Binary aten ops read into an Op of the same name (the emitter writes each one's C).
+BINARY = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "pow", "atan2"})
 COMPARE: dict[str, str] = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "eq": "==", "ne": "!="}
 _VIEWS = {"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "expand", "clone", "alias",
           "contiguous", "lift_fresh_copy", "detach"}
@@ -210,10 +207,7 @@ class _Reader:
         if v.expr is not None:
             return v.expr
         assert v.arg is not None
-        space = self.space(v.shape)
-        if space == "full":
-            return Load(v.arg, "full", row_stride="C")
-        return Load(v.arg, space)
+        return Load(v.arg, self.space(v.shape))
 
     def constant(self, x: Any) -> Any:
         if isinstance(x, bool):
@@ -299,14 +293,11 @@ class _Reader:
             return out(first.expr)
         if name == "_to_copy":
             assert first is not None
-            src = self.read(first) if first.expr is not None else None
-            if src is None:
+            if first.expr is None and kind == FLOAT and first.dtype.is_floating_point \
+                    and (val.dtype.itemsize >= first.dtype.itemsize or val.dtype == torch.float32):
                 # A cast of an argument: read it lazily still (the cast happens at the load).
-                if _kind_of_dtype(val.dtype) == FLOAT and first.dtype.is_floating_point:
-                    if val.dtype.itemsize >= first.dtype.itemsize or val.dtype == torch.float32:
-                        return _Val(None, shape, shape_b, arg=first.arg, dtype=first.dtype)
-                src = self.read(first)
-            return out(_cast(src, val.dtype, first.dtype))
+                return _Val(None, shape, shape_b, arg=first.arg, dtype=first.dtype)
+            return out(_cast(self.read(first), val.dtype))
         if name == "slice":
             return self.slice(first, na, nb, shape, shape_b)
         if name in ("index", "embedding"):
@@ -476,7 +467,7 @@ def _as_kind(c: Any, kind: str) -> Any:
     return c
 
 
-def _cast(src: Any, to: Any, frm: Any) -> Any:
+def _cast(src: Any, to: Any) -> Any:
     import torch
 
     kind = _kind_of_dtype(to)
