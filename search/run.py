@@ -399,12 +399,25 @@ def finished_summary(run_dir: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def prepare(args: argparse.Namespace) -> Prepared:
-    config = resolve_config(args)
+def checked_kernels(config: RunConfig) -> list[tuple[KernelSpec, KernelRef]]:
+    """The run's kernels (:func:`resolve_kernels`) once everything a run or sweep checks before
+    it starts holds: the kernels pass ``kernels.check`` at the run's dtype (a broken kernel
+    folder: one line, before Ray), the agent can be built and a GPU run has a GPU.
+
+    Raises:
+        UsageError, ConfigError, KernelSpecError, KernelCheckError, AgentConfigError: the run
+            cannot start as asked.
+    """
     kernels = resolve_kernels(config)
-    preflight((spec for spec, _ in kernels), config.dtype)  # a broken kernel folder: one line, before Ray
+    preflight((spec for spec, _ in kernels), config.dtype)
     check_agent(config)
     check_local_gpu(config)
+    return kernels
+
+
+def prepare(args: argparse.Namespace) -> Prepared:
+    config = resolve_config(args)
+    kernels = checked_kernels(config)
     if args.resume is not None:
         run_dir = args.resume
     else:

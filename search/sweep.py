@@ -33,7 +33,6 @@ from typing import Any
 import polars as pl
 
 from agents.factory import AgentConfigError
-from kernels.check import preflight
 from kernels.records import EvalRecord, atomic_write, read_evaluations
 from kernels.spec import LIBRARY_DIR, KernelSpecError, list_kernels, load_kernel
 from search import spread
@@ -46,9 +45,7 @@ from search.run import (
     Prepared,
     UsageError,
     add_search_options,
-    check_agent,
-    check_local_gpu,
-    resolve_kernels,
+    checked_kernels,
 )
 
 SWEEP_FILE = "sweep.json"
@@ -159,10 +156,7 @@ def plan(args: argparse.Namespace) -> tuple[Prepared, dict[str, Any]]:
         UsageError, ConfigError, KernelSpecError, AgentConfigError: the sweep cannot start as asked.
     """
     config, sweep_dir, meta = _resumed_sweep(args) if args.resume is not None else _new_sweep(args)
-    kernels = resolve_kernels(config)
-    preflight((spec for spec, _ in kernels), config.dtype)  # a broken kernel folder: one line, before Ray
-    check_agent(config)
-    check_local_gpu(config)
+    kernels = checked_kernels(config)
     if args.resume is None:
         # Written before anything runs, so a sweep killed at any point can be resumed.
         (sweep_dir / meta["run_dir"]).mkdir(parents=True, exist_ok=False)
