@@ -283,10 +283,8 @@ class EvaluatorActor:
         as for evaluate); ``fresh_process``: in a new sandbox process."""
         with self._lock:
             start = time.perf_counter()
-            kwargs: dict[str, Any] = {"fresh_process": True} if fresh_process else {}
-            if compile_trials is not None:
-                kwargs["compile_trials"] = compile_trials
-            reply = self.evaluator.time_peers_full(kernel, dtype, shape_set, ours, **kwargs)
+            reply = self.evaluator.time_peers_full(kernel, dtype, shape_set, ours, fresh_process=fresh_process,
+                                                   compile_trials=compile_trials)
             kept = {k: reply[k] for k in ("compiled", "notes", "l2_persistence", "l2_finding") if k in reply}
             return {"peers": dict(reply["peers"]), "errors": dict(reply.get("errors", {})),
                     "failed": dict(reply.get("failed", {})), **kept, "busy_s": time.perf_counter() - start}
