@@ -123,15 +123,13 @@ def whereabouts(kernels: Mapping[str, str]) -> dict[str, Any]:
     """
     import ray
 
-    import search
-
     root = os.environ.get(KERNEL_ROOT_VAR)
     return {
         "node_id": ray.get_runtime_context().get_node_id(),
         "hostname": os.uname().nodename,
         "pid": os.getpid(),
         "cwd": os.getcwd(),
-        "code_root": str(Path(search.__file__).resolve().parent.parent),
+        "code_root": str(PROJECT_ROOT),  # where this process imported the project from
         "kernel_root": str(Path(root).resolve()) if root else None,
         "kernels": {path: str(Path(resolve_folder(path, digest)).resolve()) for path, digest in kernels.items()},
     }
