@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agents.embedded.codegen.trace import Trace, Unsupported, fit_size
-from kernels.spec import SCALAR, KernelSpec
+from kernels.spec import _C_TYPES, SCALAR, KernelSpec
 
 FLOAT, INT, BOOL = "float", "int", "bool"
 
@@ -38,8 +38,9 @@ BINARY = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "pow", "at
 COMPARE: dict[str, str] = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "eq": "==", "ne": "!="}
 _VIEWS = {"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "expand", "clone", "alias",
           "contiguous", "lift_fresh_copy", "detach"}
-_TORCH_TO_C = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float", "int32": "int",
-               "int64": "long long", "uint8": "unsigned char", "int8": "signed char", "bool": "bool"}
+# The C type of a torch dtype named in a cast: the spec's argument types, and int8 (a cast
+# target only). Other integer casts go through long long.
+_TORCH_TO_C = {**_C_TYPES, "int8": "signed char"}
 
 
 @dataclass(frozen=True)
