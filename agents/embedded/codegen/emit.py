@@ -114,7 +114,7 @@ def _float_literal(x: float) -> str:
         return "__int_as_float(0x7fffffff)"
     if math.isinf(x):
         return _POS_INF if x > 0 else _NEG_INF
-    return f"{float(x)!r}f".replace("inf", "INF")
+    return f"{float(x)!r}f"
 
 
 class _Emitter:
@@ -170,6 +170,16 @@ class _Emitter:
                 res = True
             self._row_only[key] = res
         return self._row_only[key]
+
+    def take_row_lines(self) -> list[str]:
+        """The row values defined since the last call, in order (for the caller to place)."""
+        lines, self.row_lines = self.row_lines, []
+        return lines
+
+    def used_leaves(self, exprs: list[tuple[str, object]]) -> set[int]:
+        """Indices of the full leaves that ``exprs`` read."""
+        return {self.full_leaves.index(n) for _, e in exprs for n in walk([e])
+                if isinstance(n, Load) and n in self.full_leaves}
 
     def fresh(self) -> str:
         self.counter += 1
@@ -444,10 +454,10 @@ def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
         rows_launch, cols_launch = "1", f"{program.rows} * {program.cols}"
     else:
         rows_launch, cols_launch = program.rows, program.cols
-    bases = em.leaf_bases("cg_row")  # a gathered row's index is a row value: defined first
-    index_defs, em.row_lines = list(em.row_lines), []
+    bases = em.leaf_bases("cg_row")
+    bases = em.take_row_lines() + bases  # a gathered row's index is a row value: defined first
     body = em.chunk_body([(f"out:{n}", e) for n, (_, e) in program.outputs.items()], set(), set(), "cg_c", None)
-    bases, row_defs = index_defs + bases, list(em.row_lines)
+    row_defs = em.take_row_lines()
     args = _arg_names(spec)
     text = [
         _PRELUDE,
@@ -523,34 +533,27 @@ def _pass(em: _Emitter, exprs: list[tuple[str, object]], cached: set[int], fill:
 
 def rowwise(spec: KernelSpec, program: Program, per_warp: bool) -> Schedule:
     em = _Emitter(spec, program)
-    float_leaves = {i for i, leaf in enumerate(em.full_leaves) if em.is_float_arg(leaf.arg)}
+    cached = {i for i, leaf in enumerate(em.full_leaves) if em.is_float_arg(leaf.arg)}
     # Registers kept per thread: cached leaves x ITEMS x 8 floats, at most 64.
-    items = tuple(v for v in (4, 2, 8, 1) if max(1, len(float_leaves)) * v * 8 <= 64) or (1,)
-    cached = float_leaves
-    lines: list[str] = []
+    items = tuple(v for v in (4, 2, 8, 1) if max(1, len(cached)) * v * 8 <= 64) or (1,)
     bases = em.leaf_bases("cg_row")
-    lines += em.row_lines + bases
-    em.row_lines = []
+    lines = em.take_row_lines() + bases
     lines += [f"float cg_cache{i}[ITEMS][V];" for i in sorted(cached)]
     filled: set[int] = set()
     for group in _levels(program):
         exprs: list[tuple[str, object]] = [(f"red:{r.index}", r.body) for r in group]
-        used = {em.full_leaves.index(n) for _, e in exprs for n in walk([e]) if isinstance(n, Load) and n in em.full_leaves}
-        fill = (used & cached) - filled
+        fill = (em.used_leaves(exprs) & cached) - filled
         body = _pass(em, exprs, cached, fill)
         filled |= fill
-        lines += em.row_lines
-        em.row_lines = []
+        lines += em.take_row_lines()
         lines += [f"float cg_acc{r.index} = {_IDENTITY[r.kind]};" for r in group]
         lines += body
         lines += [f"const float cg_red{r.index} = cg_group_reduce<{_OPCODE[r.kind]}>(cg_acc{r.index}, {_IDENTITY[r.kind]});"
                   for r in group]
     full_out = [(f"out:{n}", e) for n, (space, e) in program.outputs.items() if space == "full"]
     if full_out:
-        used = {em.full_leaves.index(n) for _, e in full_out for n in walk([e]) if isinstance(n, Load) and n in em.full_leaves}
-        body = _pass(em, full_out, cached, (used & cached) - filled)
-        lines += em.row_lines
-        em.row_lines = []
+        body = _pass(em, full_out, cached, (em.used_leaves(full_out) & cached) - filled)
+        lines += em.take_row_lines()
         lines += body
     row_out = [(n, e) for n, (space, e) in program.outputs.items() if space != "full"]
     if row_out:
@@ -558,8 +561,7 @@ def rowwise(spec: KernelSpec, program: Program, per_warp: bool) -> Schedule:
         for name, expr in row_out:
             value = em.row_expr(expr)
             stores.append(f"{name}[cg_row] = {em.store_value(name, value, em.kind(expr))};")
-        lines += ["if (cg_active && threadIdx.x == 0) {", *("    " + x for x in em.row_lines + stores), "}"]
-        em.row_lines = []
+        lines += ["if (cg_active && threadIdx.x == 0) {", *("    " + x for x in em.take_row_lines() + stores), "}"]
     text = [
         _PRELUDE,
         f"template <int V>\n__device__ __forceinline__ void cg_run({_params(spec)}) {{",
