@@ -2,8 +2,9 @@
 
 It needs no network and no GPU: it reads the parent's evaluation and the lineage history,
 ranks plans by its seeded strategy, applies them as source transformations, family recipes
-or schedules generated from the spec's traced reference (:mod:`agents.embedded.codegen`), and proposes only variants that keep the signature, have a valid launch header on
-every shape, and compile with NVRTC.
+or schedules generated from the spec's traced reference (:mod:`agents.embedded.codegen`),
+and proposes only variants that keep the signature, have a valid launch header on every
+shape, and compile with NVRTC.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """The embedded planner: reads verdicts and lineage history, ranks the next plans.
 
 A plan is a short tuple of steps (generic transformations, family recipes and schedules
-generated from the traced reference) applied in order to the parent. The planner never proposes a plan that failed or gave nothing before,
-bans the steps a failure points at (wrong results after fast math, impossible launches
-after launch changes), and orders what is left by the agent's strategy, by what the
-parent's evaluation says (bandwidth fraction, spills) and by a seeded random jitter.
+generated from the traced reference) applied in order to the parent. The planner never
+proposes a plan that failed or gave nothing before, bans the steps a failure points at
+(wrong results after fast math, impossible launches after launch changes), and orders what
+is left by the agent's strategy, by what the parent's evaluation says (bandwidth fraction,
+spills) and by a seeded random jitter.
 """
 
 from __future__ import annotations

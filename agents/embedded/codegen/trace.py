@@ -3,7 +3,7 @@
 The reference is traced twice, at two probe shapes whose symbols are distinct odd primes
 times each symbol's promised multiple, so that every size in the graph can be written back
 as an expression over the shape symbols (:func:`fit_size`): a size seen as 40 at one probe
-and 152 at the other, with ``vocab`` 40 and 152, is ``vocab``. The two traces must have the
+and 232 at the other, with ``vocab`` 40 and 232, is ``vocab``. The two traces must have the
 same ops in the same order: a reference whose graph depends on the shape's values (Python
 branches on a size) is not one graph, and is refused.
 """
