@@ -28,7 +28,7 @@ import shlex
 import shutil
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ from kernels.folders import KernelRef
 from kernels.records import EvalRecord, Stage, atomic_write
 from kernels.spec import KernelSpec, KernelSpecError, load_kernel
 from search.report import git_commit
-from search.ship_dims import DimsError, derive_dims, manifest_dims
+from search.ship_dims import DimsError, arg_infos, derive_dims, manifest_dims
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "ship_template"
 TEMPLATE_FILES = ("__init__.py", "_checks.py", "_errors.py", "_ops.py", "_runtime.py")
@@ -186,8 +186,7 @@ def choose_arch(winners: Sequence[Winner]) -> str:
 def _kernel_entry(spec: KernelSpec, dims: dict[str, Any]) -> dict[str, Any]:
     return {
         "description": spec.description,
-        "args": [{"name": a.name, "kind": a.kind, "dtype": a.dtype, "role": a.role, "min_value": a.min_value,
-                  "multiple_of": a.multiple_of} for a in spec.args],
+        "args": [asdict(a) for a in arg_infos(spec)],
         "constants": dict(spec.constants),
         "dims": dims,
         "builds": {},

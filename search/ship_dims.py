@@ -68,12 +68,19 @@ def derive_dims(spec: KernelSpec) -> dict[str, list[DimRule]]:
                 product *= base[s]
             coef = Fraction(size, product)
             rules[name].append(DimRule(coef.numerator, coef.denominator, tuple(symbols)))
+    solver = Signature(spec.name, arg_infos(spec), rules, spec.dtypes, align_bytes=1)
     for shape in (*spec.search_shapes, *spec.heldout_shapes):
-        _check_rules(spec, rules, shape)
+        _check_rules(spec, rules, solver, shape)
     return rules
 
 
-def _check_rules(spec: KernelSpec, rules: Mapping[str, list[DimRule]], shape: Mapping[str, int]) -> None:
+def arg_infos(spec: KernelSpec) -> list[ArgInfo]:
+    """The spec's C arguments as the shipped op reads them (the manifest's ``args``)."""
+    return [ArgInfo(a.name, a.kind, a.dtype, a.role, a.min_value, a.multiple_of) for a in spec.args]
+
+
+def _check_rules(spec: KernelSpec, rules: Mapping[str, list[DimRule]], solver: Signature,
+                 shape: Mapping[str, int]) -> None:
     """The rules give the spec's sizes at ``shape``, and the op's solver finds ``shape`` again."""
     import torch
 
@@ -83,8 +90,6 @@ def _check_rules(spec: KernelSpec, rules: Mapping[str, list[DimRule]], shape: Ma
         if expected != got:
             raise DimsError(f"{spec.name}: {name} at {dict(shape)} has sizes {got}, the derived rules give "
                             f"{expected}")
-    args = [ArgInfo(a.name, a.kind, a.dtype, a.role, a.min_value, a.multiple_of) for a in spec.args]
-    solver = Signature(spec.name, args, rules, spec.dtypes, align_bytes=1)
     tensors = {name: torch.empty(s, device="meta") for name, s in sizes.items()}
     try:
         solved = solver.solve(tensors)
