@@ -296,7 +296,10 @@ def shape_key(shape: Shape) -> tuple[tuple[str, int], ...]:
     return tuple(sorted((k, int(v)) for k, v in shape.items()))
 
 
-_SIG_RE = r'extern\s+"C"\s+__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?{name}\s*\(([^)]*)\)'
+# Kernel attributes that may sit before or after ``void``: launch bounds and (sm_90) a
+# compile-time cluster shape.
+ENTRY_ATTRS = r'(?:(?:__launch_bounds__|__cluster_dims__)\s*\([^)]*\)\s*)*'
+_SIG_RE = r'extern\s+"C"\s+__global__\s+' + ENTRY_ATTRS + r'void\s+' + ENTRY_ATTRS + r'{name}\s*\(([^)]*)\)'
 _QUALIFIERS = {"const", "__restrict__", "__restrict", "restrict", "volatile"}
 
 

@@ -11,9 +11,11 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kernels.spec import ENTRY_ATTRS
+
 _ENTRY_RE = (
-    r'extern\s+"C"\s+__global__\s+(?P<lb1>(?:__launch_bounds__\s*\([^)]*\)\s*)?)void\s+'
-    r"(?P<lb2>(?:__launch_bounds__\s*\([^)]*\)\s*)?){name}\s*\((?P<params>[^)]*)\)"
+    r'extern\s+"C"\s+__global__\s+(?P<lb1>' + ENTRY_ATTRS + r')void\s+'
+    r"(?P<lb2>" + ENTRY_ATTRS + r"){name}\s*\((?P<params>[^)]*)\)"
 )
 _LAUNCH_LINE_RE = re.compile(r"^\s*//\s*launch\s*:.*$", re.MULTILINE)
 
@@ -50,7 +52,7 @@ def find_entry(source: str, name: str) -> Entry | None:
         params_end=m.end("params"),
         body_open=brace,
         body_close=close,
-        has_launch_bounds=bool(m.group("lb1") or m.group("lb2")),
+        has_launch_bounds="__launch_bounds__" in m.group("lb1") + m.group("lb2"),
     )
 
 

@@ -286,7 +286,7 @@ def test_a_kernel_written_here_gets_generated_schedules(tmp_path):
     assert program.kind == "rowwise" and program.cols == "width" and program.rows == "n"
     assert {n: s for n, (s, _) in program.outputs.items()} == {"y": "full", "centre": "row"}
     _check_against_reference(spec)
-    assert set(_admits_everywhere(spec, tmp_path / "cache")) == {"codegen:rows/block", "codegen:rows/warp"}
+    assert set(_admits_everywhere(spec, tmp_path / "cache")) == {"codegen:rows/block", "codegen:rows/warp", "codegen:rows/cluster"}
 
 
 # ---------------------------------------------------------------- the agent

@@ -42,7 +42,7 @@ def generate(spec: KernelSpec) -> list[Schedule]:
             except Unsupported:
                 continue
         return out
-    return [rowwise(spec, program, per_warp=False), rowwise(spec, program, per_warp=True)]
+    return [rowwise(spec, program, mode) for mode in ("block", "warp", "cluster")]
 
 
 def schedules_for(spec: KernelSpec) -> dict[str, Schedule]:

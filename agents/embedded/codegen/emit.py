@@ -10,8 +10,9 @@ Schedules (each choice a ``// tune:`` parameter):
   the block sized to the row): one pass over the row per level of dependent reductions, the
   first ITEMS vectors of each thread kept in registers between passes, the rest re-read;
   fp32 accumulation, warp shuffles then shared memory across warps.
-- ``transpose/tiled``: TILE x TILE tiles through shared memory (padded against bank
-  conflicts), coalesced reads and writes.
+- ``transpose/tiled``: tiles of 32 x 32 blocks of VW x VW elements through shared memory,
+  each block transposed in registers, VW-wide vector loads and stores both ways (scalar where
+  a row length or pointer forbids them), conflict-free shared memory.
 
 All offsets are 64-bit. The entry point has the spec's exact name and argument list.
 """
@@ -86,6 +87,40 @@ __device__ __forceinline__ float cg_group_reduce(float v, float identity) {
         v = cg_warp_reduce<OP>(v);
     }
     return v;
+}
+"""
+
+# Hopper thread-block clusters (sm_90): the CL blocks of one row synchronise with the cluster
+# barrier and read each other's shared memory (distributed shared memory), so a long row is
+# split over CL SMs without a second kernel or a workspace.
+_CLUSTER_PRELUDE = """\
+__device__ __forceinline__ void cg_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\\n\\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ float cg_cluster_read(const float* p, unsigned rank) {
+    const unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    unsigned remote;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+    return v;
+}
+
+// The block's reduction, then the CL blocks' partials combined in rank order (so every block
+// of the cluster gets the same bits). The first barrier keeps a block from overwriting its
+// partial while another still reads the previous one.
+template <int OP>
+__device__ __forceinline__ float cg_cluster_reduce(float v, float identity) {
+    __shared__ float cg_partial;
+    v = cg_group_reduce<OP>(v, identity);
+    cg_cluster_sync();
+    if (threadIdx.x == 0) cg_partial = v;
+    cg_cluster_sync();
+    float acc = identity;
+#pragma unroll
+    for (int r = 0; r < CL; ++r) acc = cg_combine<OP>(acc, cg_cluster_read(&cg_partial, r));
+    return acc;
 }
 """
 
@@ -433,9 +468,9 @@ def _header(grid: str, block: str, tune: Mapping[str, tuple[int, ...]], what: st
     return "\n".join(lines) + "\n"
 
 
-def _entry(spec: KernelSpec, bound: str, cond: str, call: str) -> str:
+def _entry(spec: KernelSpec, bound: str, cond: str, call: str, attrs: str = "") -> str:
     return (
-        f'extern "C" __global__ void __launch_bounds__({bound}) {spec.name}({_params(spec)}) {{\n'
+        f'extern "C" __global__ void __launch_bounds__({bound}){attrs} {spec.name}({_params(spec)}) {{\n'
         f"    if ({cond}) {{\n        {call.format(v='VEC')};\n    }} else {{\n        {call.format(v='1')};\n    }}\n}}\n"
     )
 
@@ -531,8 +566,12 @@ def _pass(em: _Emitter, exprs: list[tuple[str, object]], cached: set[int], fill:
     ]
 
 
-def rowwise(spec: KernelSpec, program: Program, per_warp: bool) -> Schedule:
+def rowwise(spec: KernelSpec, program: Program, mode: str) -> Schedule:
+    """Row reductions then maps. ``mode``: ``warp`` (one row per warp), ``block`` (one row per
+    block) or ``cluster`` (one row per cluster of CL blocks, sm_90)."""
     em = _Emitter(spec, program)
+    cluster = mode == "cluster"
+    reduce_fn = "cg_cluster_reduce" if cluster else "cg_group_reduce"
     cached = {i for i, leaf in enumerate(em.full_leaves) if em.is_float_arg(leaf.arg)}
     # Registers kept per thread: cached leaves x ITEMS x 8 floats, at most 64.
     items = tuple(v for v in (4, 2, 8, 1) if max(1, len(cached)) * v * 8 <= 64) or (1,)
@@ -548,7 +587,7 @@ def rowwise(spec: KernelSpec, program: Program, per_warp: bool) -> Schedule:
         lines += em.take_row_lines()
         lines += [f"float cg_acc{r.index} = {_IDENTITY[r.kind]};" for r in group]
         lines += body
-        lines += [f"const float cg_red{r.index} = cg_group_reduce<{_OPCODE[r.kind]}>(cg_acc{r.index}, {_IDENTITY[r.kind]});"
+        lines += [f"const float cg_red{r.index} = {reduce_fn}<{_OPCODE[r.kind]}>(cg_acc{r.index}, {_IDENTITY[r.kind]});"
                   for r in group]
     full_out = [(f"out:{n}", e) for n, (space, e) in program.outputs.items() if space == "full"]
     if full_out:
@@ -561,67 +600,150 @@ def rowwise(spec: KernelSpec, program: Program, per_warp: bool) -> Schedule:
         for name, expr in row_out:
             value = em.row_expr(expr)
             stores.append(f"{name}[cg_row] = {em.store_value(name, value, em.kind(expr))};")
-        lines += ["if (cg_active && threadIdx.x == 0) {", *("    " + x for x in em.take_row_lines() + stores), "}"]
+        leader = "cg_lane == 0"  # the row's first thread (of the cluster's first block)
+        lines += [f"if (cg_active && {leader}) {{", *("    " + x for x in em.take_row_lines() + stores), "}"]
+    if cluster:
+        lines.append("cg_cluster_sync();  // no block leaves while another may read its shared memory")
+    if cluster:
+        place = [
+            "    const long long cg_r = static_cast<long long>(blockIdx.x) / CL;",
+            "    const bool cg_active = true;  // the grid has exactly CL blocks per row",
+            "    const int cg_lane = static_cast<int>(blockIdx.x % CL) * blockDim.x + threadIdx.x;",
+            "    const int cg_g = CL * blockDim.x;",
+        ]
+    else:
+        place = [
+            "    const long long cg_r = static_cast<long long>(blockIdx.x) * blockDim.y + threadIdx.y;",
+            "    // Threads of rows past the end still take part in the block's barriers.",
+            f"    const bool cg_active = cg_r < {em.rows};",
+            "    const int cg_lane = threadIdx.x;",
+            "    const int cg_g = blockDim.x;",
+        ]
     text = [
         _PRELUDE,
+        *([_CLUSTER_PRELUDE] if cluster else []),
         f"template <int V>\n__device__ __forceinline__ void cg_run({_params(spec)}) {{",
         f"    const long long cg_cols = {em.cols};",
-        "    const long long cg_r = static_cast<long long>(blockIdx.x) * blockDim.y + threadIdx.y;",
-        "    // Threads of rows past the end still take part in the block's barriers.",
-        f"    const bool cg_active = cg_r < {em.rows};",
+        *place,
         "    const long long cg_row = cg_active ? cg_r : 0;",
         "    const long long cg_obase = cg_row * cg_cols;",
         "    const long long cg_nvec = cg_cols / V;",
-        "    const int cg_lane = threadIdx.x;",
-        "    const int cg_g = blockDim.x;",
         *("    " + x for x in lines),
         "}",
     ]
     outputs = [n for n, (space, _) in program.outputs.items() if space == "full"]
     call = "cg_run<{v}>(" + _arg_names(spec) + ")"
-    if per_warp:
+    bound, attrs = "512", ""
+    if mode == "warp":
         grid, block, bound = f"(cdiv({program.rows}, ROWS),)", "(32, ROWS)", "32 * ROWS"
         tune = {"ROWS": (4, 2, 8, 1), "ITEMS": items}
-        name, what = "rows/warp", "one row per warp, ROWS rows per block"
-    else:
+        what = "one row per warp, ROWS rows per block"
+    elif mode == "block":
         grid = f"({program.rows},)"
         block = f"(min(512, max(32, 32 * cdiv({program.cols}, 256 * ITEMS))),)"
-        bound, tune = "512", {"ITEMS": items}
-        name, what = "rows/block", "one row per block, the block sized to the row"
-    head = _header(grid, block, tune, f"{name}: {what}; ITEMS vectors per thread kept in registers between passes, fp32 accumulation", spec)
-    return Schedule("codegen:" + name, head + "\n".join(text) + "\n" + _entry(spec, bound, em.vector_ok(outputs), call))
+        tune = {"ITEMS": items}
+        what = "one row per block, the block sized to the row"
+    else:
+        grid = f"({program.rows} * CL,)"
+        block = f"(min(512, max(32, 32 * cdiv({program.cols}, 256 * ITEMS * CL))),)"
+        # A row split CL ways is short per block: one cached vector per thread is never the
+        # best point, and at fp32 ptxas puts it on the stack.
+        tune = {"CL": (8, 4, 2), "ITEMS": tuple(v for v in items if v > 1) or items}
+        attrs = " __cluster_dims__(CL, 1, 1)"
+        what = "one row per cluster of CL blocks (sm_90), partial reductions combined through distributed shared memory"
+    head = _header(grid, block, tune, f"rows/{mode}: {what}; ITEMS vectors per thread kept in registers between passes, "
+                   "fp32 accumulation", spec)
+    return Schedule(f"codegen:rows/{mode}", head + "\n".join(text) + "\n" + _entry(spec, bound, em.vector_ok(outputs), call, attrs))
 
 
 # ---------------------------------------------------------------- transpose
 
 
+_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8, "uint8": 1, "int8": 1, "bool": 1,
+          "float8_e4m3fn": 1}
+
+
+def _element_bytes(spec: KernelSpec, dtype: str) -> int:
+    """The largest size an argument of ``dtype`` takes over the spec's run dtypes."""
+    if dtype == SCALAR:
+        return max(_BYTES[d] for d in spec.dtypes)
+    return _BYTES.get(dtype, 8)
+
+
 def transpose(spec: KernelSpec, program: Program) -> Schedule:
+    """Tiles of 32 x 32 blocks of VW x VW elements. A thread reads VW rows of one VW-wide
+    vector, transposes the VW x VW block in registers and parks its VW columns in shared
+    memory as VW-wide words (one plane per column, rows padded to 33 words: conflict-free both
+    ways); the write side reads them back along the tile's other axis and stores VW-wide
+    vectors of the output rows. Scalar code where a row length or a pointer forbids vectors."""
     assert program.transposed is not None
     arg, rows, cols = program.transposed
     out = next(iter(program.outputs))
     em = _Emitter(spec, program)
     ct_in, ct_out = em.c_type(arg), em.c_type(out)
+    size = max(_element_bytes(spec, em.dtypes[arg]), _element_bytes(spec, em.dtypes[out]))
+    # Shared memory: VW planes of 32 x 33 words of VW elements; at most 32 bytes per block of
+    # VW x VW keeps it under 34 KB, inside the 48 KB a static array may take.
+    widths = tuple(w for w in (2, 4, 1) if w * w * size <= 32) or (1,)
     text = [
+        _PRELUDE,
         f"__device__ __forceinline__ void cg_run({_params(spec)}) {{",
-        f"    __shared__ {ct_in} tile[TILE][TILE + 1];  // +1: a column of the tile spans all banks",
+        f"    __shared__ Pack<{ct_in}, VW> cg_tile[VW][32][33];",
         f"    const long long cg_rows = {c_size(rows)};",
         f"    const long long cg_cols = {c_size(cols)};",
-        "    const long long cg_tiles_x = (cg_cols + TILE - 1) / TILE;",
-        "    const long long cg_i0 = static_cast<long long>(blockIdx.x) / cg_tiles_x * TILE;",
-        "    const long long cg_j0 = static_cast<long long>(blockIdx.x) % cg_tiles_x * TILE;",
-        "    for (int k = threadIdx.y; k < TILE; k += blockDim.y) {",
-        "        const long long i = cg_i0 + k, j = cg_j0 + threadIdx.x;",
-        f"        if (i < cg_rows && j < cg_cols) tile[k][threadIdx.x] = {arg}[i * cg_cols + j];",
+        "    const long long cg_tiles_x = (cg_cols + 32 * VW - 1) / (32 * VW);",
+        "    const long long cg_i0 = static_cast<long long>(blockIdx.x) / cg_tiles_x * (32 * VW);",
+        "    const long long cg_j0 = static_cast<long long>(blockIdx.x) % cg_tiles_x * (32 * VW);",
+        "    // Vectors only where every row starts on a vector boundary.",
+        f"    const bool cg_vload = cg_cols % VW == 0 && cg_aligned({arg}, sizeof(Pack<{ct_in}, VW>));",
+        f"    const bool cg_vstore = cg_rows % VW == 0 && cg_aligned({out}, sizeof(Pack<{ct_out}, VW>));",
+        "    const long long cg_j = cg_j0 + static_cast<long long>(threadIdx.x) * VW;",
+        "    for (int s = threadIdx.y; s < 32; s += blockDim.y) {",
+        f"        Pack<{ct_in}, VW> a[VW];",
+        "#pragma unroll",
+        "        for (int r = 0; r < VW; ++r) {",
+        "            const long long i = cg_i0 + static_cast<long long>(s) * VW + r;",
+        "            if (i >= cg_rows) continue;",
+        "            if (cg_vload && cg_j + VW <= cg_cols) {",
+        f"                a[r] = *reinterpret_cast<const Pack<{ct_in}, VW>*>({arg} + i * cg_cols + cg_j);",
+        "            } else {",
+        "#pragma unroll",
+        f"                for (int c = 0; c < VW; ++c) if (cg_j + c < cg_cols) a[r].v[c] = {arg}[i * cg_cols + cg_j + c];",
+        "            }",
+        "        }",
+        "#pragma unroll",
+        "        for (int c = 0; c < VW; ++c) {",
+        f"            Pack<{ct_in}, VW> b;",
+        "#pragma unroll",
+        "            for (int r = 0; r < VW; ++r) b.v[r] = a[r].v[c];",
+        "            cg_tile[c][s][threadIdx.x] = b;",
+        "        }",
         "    }",
         "    __syncthreads();",
-        "    for (int k = threadIdx.y; k < TILE; k += blockDim.y) {",
-        "        const long long j = cg_j0 + k, i = cg_i0 + threadIdx.x;",
-        f"        if (i < cg_rows && j < cg_cols) {out}[j * cg_rows + i] = static_cast<{ct_out}>(tile[threadIdx.x][k]);",
+        "    const long long cg_i = cg_i0 + static_cast<long long>(threadIdx.x) * VW;",
+        "    if (cg_i >= cg_rows) return;",
+        "    for (int s = threadIdx.y; s < 32; s += blockDim.y) {",
+        "#pragma unroll",
+        "        for (int c = 0; c < VW; ++c) {",
+        "            const long long j = cg_j0 + static_cast<long long>(s) * VW + c;",
+        "            if (j >= cg_cols) continue;",
+        f"            const Pack<{ct_in}, VW> b = cg_tile[c][threadIdx.x][s];",
+        f"            Pack<{ct_out}, VW> o;",
+        "#pragma unroll",
+        f"            for (int r = 0; r < VW; ++r) o.v[r] = static_cast<{ct_out}>(b.v[r]);",
+        "            if (cg_vstore && cg_i + VW <= cg_rows) {",
+        f"                *reinterpret_cast<Pack<{ct_out}, VW>*>({out} + j * cg_rows + cg_i) = o;",
+        "            } else {",
+        "#pragma unroll",
+        f"                for (int r = 0; r < VW; ++r) if (cg_i + r < cg_rows) {out}[j * cg_rows + cg_i + r] = o.v[r];",
+        "            }",
+        "        }",
         "    }",
         "}",
     ]
-    grid = f"(cdiv({cols}, TILE) * cdiv({rows}, TILE),)"
-    tune = {"TILE": (32, 64), "TY": (8, 4, 16)}
-    head = _header(grid, "(TILE, TY)", tune, "transpose/tiled: TILE x TILE tiles through shared memory, coalesced both ways", spec)
-    entry = f'extern "C" __global__ void __launch_bounds__(1024) {spec.name}({_params(spec)}) {{\n    cg_run({_arg_names(spec)});\n}}\n'
+    grid = f"(cdiv({cols}, 32 * VW) * cdiv({rows}, 32 * VW),)"
+    tune = {"VW": widths, "TY": (8, 4, 16)}
+    head = _header(grid, "(32, TY)", tune, "transpose/tiled: 32 x 32 blocks of VW x VW elements through shared memory, "
+                   "VW-wide vectors both ways", spec)
+    entry = f'extern "C" __global__ void __launch_bounds__(512) {spec.name}({_params(spec)}) {{\n    cg_run({_arg_names(spec)});\n}}\n'
     return Schedule("codegen:transpose/tiled", head + "\n".join(text) + "\n" + entry)
