@@ -91,8 +91,9 @@ __device__ __forceinline__ float cg_group_reduce(float v, float identity) {
 """
 
 # Hopper thread-block clusters (sm_90): the CL blocks of one row synchronise with the cluster
-# barrier and read each other's shared memory (distributed shared memory), so a long row is
-# split over CL SMs without a second kernel or a workspace.
+# barrier and read each other's shared memory (distributed shared memory), so a row is split
+# over CL SMs without a second kernel or a workspace. Only worth it when there are too few rows
+# to fill the GPU: with SPLIT rows or more, each block of a cluster takes a row of its own.
 _CLUSTER_PRELUDE = """\
 __device__ __forceinline__ void cg_cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\\n\\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
@@ -111,9 +112,10 @@ __device__ __forceinline__ float cg_cluster_read(const float* p, unsigned rank) 
 // of the cluster gets the same bits). The first barrier keeps a block from overwriting its
 // partial while another still reads the previous one.
 template <int OP>
-__device__ __forceinline__ float cg_cluster_reduce(float v, float identity) {
+__device__ __forceinline__ float cg_cluster_reduce(float v, float identity, bool split) {
     __shared__ float cg_partial;
     v = cg_group_reduce<OP>(v, identity);
+    if (!split) return v;  // the same for every block of the cluster: the barriers stay uniform
     cg_cluster_sync();
     if (threadIdx.x == 0) cg_partial = v;
     cg_cluster_sync();
@@ -513,9 +515,11 @@ def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
         "    const long long cg_end = min(cg_cols, cg_begin + cg_size);",
         "    // Whole vectors, then what is left past the last whole vector one element at a time.",
         "    const long long cg_vend = cg_begin + (cg_end - cg_begin) / V * V;",
-        "    for (long long cg_c = cg_begin + static_cast<long long>(threadIdx.x) * V; cg_c < cg_vend;",
-        "         cg_c += static_cast<long long>(BLOCK) * V) {",
-        f"        cg_chunk_at<V>({args}, cg_row, cg_c);",
+        "    // A fixed trip count (ITEMS) so the loop unrolls and a thread's loads are all in flight at once.",
+        "#pragma unroll",
+        "    for (int cg_k = 0; cg_k < ITEMS * 8 / V; ++cg_k) {",
+        "        const long long cg_c = cg_begin + (static_cast<long long>(cg_k) * BLOCK + threadIdx.x) * V;",
+        f"        if (cg_c < cg_vend) cg_chunk_at<V>({args}, cg_row, cg_c);",
         "    }",
         "    for (long long cg_c = cg_vend + threadIdx.x; cg_c < cg_end; cg_c += BLOCK) {",
         f"        cg_chunk_at<1>({args}, cg_row, cg_c);",
@@ -587,7 +591,8 @@ def rowwise(spec: KernelSpec, program: Program, mode: str) -> Schedule:
         lines += em.take_row_lines()
         lines += [f"float cg_acc{r.index} = {_IDENTITY[r.kind]};" for r in group]
         lines += body
-        lines += [f"const float cg_red{r.index} = {reduce_fn}<{_OPCODE[r.kind]}>(cg_acc{r.index}, {_IDENTITY[r.kind]});"
+        extra = ", cg_split" if cluster else ""
+        lines += [f"const float cg_red{r.index} = {reduce_fn}<{_OPCODE[r.kind]}>(cg_acc{r.index}, {_IDENTITY[r.kind]}{extra});"
                   for r in group]
     full_out = [(f"out:{n}", e) for n, (space, e) in program.outputs.items() if space == "full"]
     if full_out:
@@ -603,13 +608,14 @@ def rowwise(spec: KernelSpec, program: Program, mode: str) -> Schedule:
         leader = "cg_lane == 0"  # the row's first thread (of the cluster's first block)
         lines += [f"if (cg_active && {leader}) {{", *("    " + x for x in em.take_row_lines() + stores), "}"]
     if cluster:
-        lines.append("cg_cluster_sync();  // no block leaves while another may read its shared memory")
-    if cluster:
+        lines.append("if (cg_split) cg_cluster_sync();  // no block leaves while another may read its shared memory")
         place = [
-            "    const long long cg_r = static_cast<long long>(blockIdx.x) / CL;",
-            "    const bool cg_active = true;  // the grid has exactly CL blocks per row",
-            "    const int cg_lane = static_cast<int>(blockIdx.x % CL) * blockDim.x + threadIdx.x;",
-            "    const int cg_g = CL * blockDim.x;",
+            "    // As the launch header computes it: CL blocks per row below SPLIT rows, else one.",
+            f"    const bool cg_split = {em.rows} < SPLIT;",
+            "    const long long cg_r = static_cast<long long>(blockIdx.x) / (cg_split ? CL : 1);",
+            f"    const bool cg_active = cg_r < {em.rows};  // the grid is rounded up to whole clusters",
+            "    const int cg_lane = (cg_split ? static_cast<int>(blockIdx.x % CL) * blockDim.x : 0) + threadIdx.x;",
+            "    const int cg_g = (cg_split ? CL : 1) * blockDim.x;",
         ]
     else:
         place = [
@@ -644,13 +650,16 @@ def rowwise(spec: KernelSpec, program: Program, mode: str) -> Schedule:
         tune = {"ITEMS": items}
         what = "one row per block, the block sized to the row"
     else:
-        grid = f"({program.rows} * CL,)"
-        block = f"(min(512, max(32, 32 * cdiv({program.cols}, 256 * ITEMS * CL))),)"
-        # A row split CL ways is short per block: one cached vector per thread is never the
-        # best point, and at fp32 ptxas puts it on the stack.
-        tune = {"CL": (8, 4, 2), "ITEMS": tuple(v for v in items if v > 1) or items}
+        split = f"(1 + (CL - 1) * min(1, max(0, SPLIT - {program.rows})))"  # blocks per row: CL or 1
+        grid = f"(CL * cdiv({program.rows} * {split}, CL),)"
+        block = f"(min(512, max(32, 32 * cdiv({program.cols}, 256 * ITEMS * {split}))),)"
+        # A row split CL ways is short per block: 4 vectors per thread hold a 128K-element fp16
+        # row in 8 blocks of 512; 8 spill at fp32 with the cluster code, 1 puts its cache on
+        # the stack there.
+        tune = {"CL": (8, 4, 2), "ITEMS": tuple(v for v in items if v in (2, 4)) or items, "SPLIT": (128, 512, 32)}
         attrs = " __cluster_dims__(CL, 1, 1)"
-        what = "one row per cluster of CL blocks (sm_90), partial reductions combined through distributed shared memory"
+        what = ("below SPLIT rows one row per cluster of CL blocks (sm_90), partial reductions combined through "
+                "distributed shared memory; else one row per block")
     head = _header(grid, block, tune, f"rows/{mode}: {what}; ITEMS vectors per thread kept in registers between passes, "
                    "fp32 accumulation", spec)
     return Schedule(f"codegen:rows/{mode}", head + "\n".join(text) + "\n" + _entry(spec, bound, em.vector_ok(outputs), call, attrs))
@@ -698,7 +707,9 @@ def transpose(spec: KernelSpec, program: Program) -> Schedule:
         f"    const bool cg_vload = cg_cols % VW == 0 && cg_aligned({arg}, sizeof(Pack<{ct_in}, VW>));",
         f"    const bool cg_vstore = cg_rows % VW == 0 && cg_aligned({out}, sizeof(Pack<{ct_out}, VW>));",
         "    const long long cg_j = cg_j0 + static_cast<long long>(threadIdx.x) * VW;",
-        "    for (int s = threadIdx.y; s < 32; s += blockDim.y) {",
+        "    // TY is a compile-time constant: the loops unroll and every load of a thread is in flight at once.",
+        "#pragma unroll",
+        "    for (int s = threadIdx.y; s < 32; s += TY) {",
         f"        Pack<{ct_in}, VW> a[VW];",
         "#pragma unroll",
         "        for (int r = 0; r < VW; ++r) {",
@@ -722,7 +733,8 @@ def transpose(spec: KernelSpec, program: Program) -> Schedule:
         "    __syncthreads();",
         "    const long long cg_i = cg_i0 + static_cast<long long>(threadIdx.x) * VW;",
         "    if (cg_i >= cg_rows) return;",
-        "    for (int s = threadIdx.y; s < 32; s += blockDim.y) {",
+        "#pragma unroll",
+        "    for (int s = threadIdx.y; s < 32; s += TY) {",
         "#pragma unroll",
         "        for (int c = 0; c < VW; ++c) {",
         "            const long long j = cg_j0 + static_cast<long long>(s) * VW + c;",
