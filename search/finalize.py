@@ -6,7 +6,8 @@ dead actors) and every evaluation is recorded by the same code as the search's:
 1. held-out: each kernel's elites, in rank order, on the held-out shapes (the spec's fixed
    ones and those drawn for this run) until one passes; the baseline is the last resort;
 2. the pool is renewed (fresh evaluators, one per GPU, after the peers' background compiles);
-3. per kernel: compute-sanitizer on the winner (a winner with findings is replaced by the
+3. per kernel (each answer recorded, so a resumed run picks up where it stopped):
+   compute-sanitizer on the winner (a winner with findings is replaced by the
    baseline, whose held-out verdict is then evaluated and recorded too), the final timing
    (stage final: the evaluator's verdict and A/A noise floor), and the production peers timed
    in one loop with the winner and baseline, repeated in ``peer_runs`` fresh sandbox
@@ -187,7 +188,7 @@ class EndOfRun:
 
         shapes = [*k.st.search_shapes(), *k.st.heldout_shapes()]
         # Sanitizer runs are separate, mostly host-bound processes: they overlap on an actor.
-        self.ctl.call(done, "sanitize", k.st.ref, k.winner.variant.source, k.st.dtype, dict(k.winner.params),
+        self.ctl.recorded_call(_call_key("sanitize", k), done, "sanitize", k.st.ref, k.winner.variant.source, k.st.dtype, dict(k.winner.params),
                       shapes, exclusive=False, what=f"{k.st.name} {k.winner.variant.id}")
 
     def _to_baseline(self, k: _Progress) -> None:
@@ -222,7 +223,7 @@ class EndOfRun:
         ours = {"best": (k.winner.variant.source, dict(k.winner.params)), "baseline": (k.st.baseline.source, {})}
 
         def submit() -> None:
-            self.ctl.call(done, "time_peers", k.st.ref, k.st.dtype, ShapeSet.SEARCH.value, ours, True,
+            self.ctl.recorded_call(_call_key("peers", k, len(runs)), done, "time_peers", k.st.ref, k.st.dtype, ShapeSet.SEARCH.value, ours, True,
                           cfg.compile_trials, what=f"{k.st.name} peers, run {len(runs) + 1} of {cfg.peer_runs}")
 
         def done(reply: dict[str, Any] | None, error: str) -> None:
@@ -248,6 +249,13 @@ class EndOfRun:
         print(f"final {k.st.name}: {result.final.status.value}, {len(result.peers)} implementations timed "
               f"beside it" + (f"; failed in the peers' loop: {result.peer_failures}" if result.peer_failures else ""),
               file=sys.stderr, flush=True)
+
+
+def _call_key(what: str, k: _Progress, *more: Any) -> str:
+    """The key an end-of-run call's answer is recorded under: the call, the kernel, its winner
+    (variant and parameters) and what else tells two calls apart (the loop's number)."""
+    assert k.winner is not None
+    return json.dumps([what, k.st.name, k.st.dtype, k.winner.variant.id, sorted(k.winner.params.items()), *more])
 
 
 def finalize(ctl: Controller, warmup: PeerWarmup | None = None) -> tuple[list[KernelResult], str]:

@@ -14,6 +14,7 @@ Everything in flight is a Ray reference (an agent's reply, an admission, an eval
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -92,6 +93,7 @@ class Evaluations:
                  history: RunHistory | None = None, on_tick: Callable[[], None] | None = None) -> None:
         self.config, self.records, self.pool, self.progress = config, records, pool, progress
         self.cache: dict[str, EvalRecord] = history.by_key() if history else {}
+        self.answers: dict[str, Any] = dict(history.answers) if history else {}
         self.on_tick = on_tick
         self._tasks: dict[Any, Callable[[Any], None]] = {}
         self._ready: deque[Callable[[], None]] = deque()
@@ -156,6 +158,27 @@ class Evaluations:
         """Any other evaluator call over the pool (peers' timing, sanitizer), with the pool's
         retries; ``owner(value, error)`` gets the answer, or None and why there is none."""
         self.pool.call(owner, method, *args, exclusive=exclusive, what=what)
+
+    def recorded_call(self, key: str, owner: Callable[[Any, str], None], method: str, *args: Any,
+                      exclusive: bool = True, what: str = "") -> None:
+        """Like :meth:`call`, for the end of a run's calls (sanitizer, peers' loops): an answer
+        is recorded under ``key`` (``answers.jsonl``) and a recorded one is replayed, so that a
+        run cut short in its long end resumes where it stopped. A call that gave no answer is
+        not recorded: a resumed run asks it again."""
+        if key in self.answers:
+            value = self.answers[key]
+            self.later(lambda: owner(value, ""))
+            return
+
+        def keep(value: Any, error: str) -> None:
+            if value is not None:
+                # JSON's reading of the answer, so a fresh answer and a replayed one are alike.
+                value = json.loads(json.dumps(value, default=str))
+                self.records.answer(key, method, value)
+                self.answers[key] = value
+            owner(value, error)
+
+        self.pool.call(keep, method, *args, exclusive=exclusive, what=what)
 
     def _admitted(self, job: Job, admission: Admission) -> None:
         summary, artifact = admission

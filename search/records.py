@@ -9,6 +9,8 @@ Layout of ``runs/<id>/``::
     replies.jsonl       one line per agent reply (how many proposals; empty replies too)
     llm_calls.jsonl     one line per LLM call of a proposal
     rounds.jsonl        one line per finished (kernel, round)
+    answers.jsonl       one line per answered end-of-run call (sanitizer, each peers' loop),
+                        under a key naming the call: a resumed run replays them
     extra_shapes.json   the tester's extra search shapes (LLM runs)
     heldout_shapes.json the held-out shapes drawn for this run
     attempts.json       wall and busy seconds of each attempt at the run (first run, resumes)
@@ -27,7 +29,7 @@ import json
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +54,7 @@ class RunRecords:
         run_id: the run's id, stamped on evaluation records.
     """
 
-    FILES = ("evaluations", "proposals", "replies", "llm_calls", "rounds")
+    FILES = ("evaluations", "proposals", "replies", "llm_calls", "rounds", "answers")
 
     def __init__(self, run_dir: Path, run_id: str) -> None:
         self.dir = Path(run_dir)
@@ -109,6 +111,11 @@ class RunRecords:
         self.append("replies", {"run_id": self.run_id, "kernel": kernel, "round": round_, "agent": agent,
                                 "proposals": n_proposals, "time": time.time()})
 
+    def answer(self, key: str, method: str, value: Any) -> None:
+        """An evaluator call's answer (see :meth:`search.jobs.Evaluations.recorded_call`)."""
+        self.append("answers", {"run_id": self.run_id, "key": key, "method": method, "value": value,
+                                "time": time.time()})
+
     def round_done(self, kernel: str, round_: int) -> None:
         self.append("rounds", {"kernel": kernel, "round": round_, "time": time.time()})
 
@@ -129,6 +136,7 @@ class RunHistory:
     proposals: list[dict[str, Any]]
     rounds_done: dict[str, int]  # kernel -> number of finished rounds
     replies: list[dict[str, Any]]
+    answers: dict[str, Any] = field(default_factory=dict)  # call key -> answer
 
     def by_key(self) -> dict[str, EvalRecord]:
         return {r.key: r for r in self.evaluations}
@@ -141,7 +149,8 @@ def load_history(run_dir: Path) -> RunHistory:
     done: dict[str, int] = {}
     for d in read_jsonl(run_dir / "rounds.jsonl"):
         done[d["kernel"]] = max(done.get(d["kernel"], 0), int(d["round"]) + 1)
-    return RunHistory(evals, proposals, done, list(read_jsonl(run_dir / "replies.jsonl")))
+    answers = {d["key"]: d["value"] for d in read_jsonl(run_dir / "answers.jsonl")}
+    return RunHistory(evals, proposals, done, list(read_jsonl(run_dir / "replies.jsonl")), answers)
 
 
 class AttemptClock:

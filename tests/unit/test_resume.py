@@ -102,3 +102,26 @@ def test_cut_short_run_resumes_to_the_same_records(local_ray, tmp_path):
         assert summary["resumed"] is True and summary["attempts"] == 2
         attempts = json.loads((cut / "attempts.json").read_text())
         assert summary["wall_s"] == sum(a["wall_s"] for a in attempts)
+
+
+def test_a_resumed_run_replays_the_answers_of_its_end(local_ray, tmp_path):
+    """The end of a run (sanitizer, peers' loops) takes minutes on a GPU: a run killed there
+    and resumed takes the answers on record instead of asking again."""
+    prep = _prepare(tmp_path / "run")
+    run_search(prep, "test")
+    path = prep.run_dir / "answers.jsonl"
+    answers = list(read_jsonl(path))
+    # The sanitizer's (a stand-in says SKIPPED) and each of the peers' loops (none timed here).
+    assert sorted({a["method"] for a in answers}) == ["sanitize", "time_peers"]
+    assert sum(a["method"] == "time_peers" for a in answers) == prep.config.evaluator.peer_runs
+    # As a kill in the end of the run leaves it; the answer on record is marked to be recognised.
+    for name in ("summary.json", "evaluations.parquet", "best.parquet"):
+        (prep.run_dir / name).unlink()
+    shutil.rmtree(prep.run_dir / "best")
+    marked = [dict(a, value=dict(a["value"], summary="as recorded")) if a["method"] == "sanitize" else a
+              for a in answers]
+    path.write_text("".join(json.dumps(a) + "\n" for a in marked))
+    run_search(Prepared(prep.config, prep.kernels, prep.run_dir, resume=True), "test --resume")
+    assert list(read_jsonl(path)) == marked  # nothing asked again, nothing recorded twice
+    best = json.loads(next((prep.run_dir / "best").glob("*.json")).read_text())
+    assert best["sanitizer"]["summary"] == "as recorded"
