@@ -8,7 +8,7 @@ transposes). A graph outside these kinds gives no schedules, and the agent goes 
 
 from __future__ import annotations
 
-from agents.embedded.codegen.emit import Schedule, elementwise, rowwise, transpose
+from agents.embedded.codegen.emit import Schedule, elementwise, rowwise, transpose, transpose_wide
 from agents.embedded.codegen.ir import Program, read_program
 from agents.embedded.codegen.trace import Unsupported, trace_reference
 from kernels.spec import KernelSpec
@@ -34,7 +34,7 @@ def generate(spec: KernelSpec) -> list[Schedule]:
     program = classify(spec)
     out: list[Schedule] = []
     if program.kind == "transpose":
-        return [transpose(spec, program)]
+        return [transpose(spec, program), transpose_wide(spec, program)]
     if program.kind == "elementwise":
         for flat in (True, False):
             try:

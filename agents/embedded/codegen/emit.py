@@ -6,13 +6,16 @@ Schedules (each choice a ``// tune:`` parameter):
   every tensor when the row length, strides, offsets and pointers allow it, else scalar code;
   a scalar tail for the last partial vector. ``elementwise/flat``: the same over one flat row
   of R*C elements, when every access is contiguous.
-- ``rows/warp`` (one row per warp, ROWS rows per block) and ``rows/block`` (one row per block,
-  the block sized to the row): one pass over the row per level of dependent reductions, the
-  first ITEMS vectors of each thread kept in registers between passes, the rest re-read;
+- ``rows/warp`` (one row per warp, ROWS rows per block), ``rows/block`` (a row per group of
+  threads sized to the row, short rows several to a block) and ``rows/cluster`` (sm_90: below
+  SPLIT rows a row split over a cluster of CL blocks, partials combined through distributed
+  shared memory; else as rows/block): one pass over the row per level of dependent reductions,
+  the first ITEMS vectors of each thread kept in registers between passes, the rest re-read;
   fp32 accumulation, warp shuffles then shared memory across warps.
 - ``transpose/tiled``: tiles of 32 x 32 blocks of VW x VW elements through shared memory,
   each block transposed in registers, VW-wide vector loads and stores both ways (scalar where
-  a row length or pointer forbids them), conflict-free shared memory.
+  a row length or pointer forbids them), conflict-free shared memory. ``transpose/wide``:
+  TILE x TILE tiles, 16-byte vectors both ways, XOR-swizzled shared memory.
 
 All offsets are 64-bit. The entry point has the spec's exact name and argument list.
 """
@@ -515,11 +518,9 @@ def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
         "    const long long cg_end = min(cg_cols, cg_begin + cg_size);",
         "    // Whole vectors, then what is left past the last whole vector one element at a time.",
         "    const long long cg_vend = cg_begin + (cg_end - cg_begin) / V * V;",
-        "    // A fixed trip count (ITEMS) so the loop unrolls and a thread's loads are all in flight at once.",
-        "#pragma unroll",
-        "    for (int cg_k = 0; cg_k < ITEMS * 8 / V; ++cg_k) {",
-        "        const long long cg_c = cg_begin + (static_cast<long long>(cg_k) * BLOCK + threadIdx.x) * V;",
-        f"        if (cg_c < cg_vend) cg_chunk_at<V>({args}, cg_row, cg_c);",
+        "    for (long long cg_c = cg_begin + static_cast<long long>(threadIdx.x) * V; cg_c < cg_vend;",
+        "         cg_c += static_cast<long long>(BLOCK) * V) {",
+        f"        cg_chunk_at<V>({args}, cg_row, cg_c);",
         "    }",
         "    for (long long cg_c = cg_vend + threadIdx.x; cg_c < cg_end; cg_c += BLOCK) {",
         f"        cg_chunk_at<1>({args}, cg_row, cg_c);",
@@ -612,7 +613,9 @@ def rowwise(spec: KernelSpec, program: Program, mode: str) -> Schedule:
         place = [
             "    // As the launch header computes it: CL blocks per row below SPLIT rows, else one.",
             f"    const bool cg_split = {em.rows} < SPLIT;",
-            "    const long long cg_r = static_cast<long long>(blockIdx.x) / (cg_split ? CL : 1);",
+            "    // Split: CL blocks per row. Else blockDim.y rows per block, as in rows/block.",
+            "    const long long cg_r = cg_split ? static_cast<long long>(blockIdx.x) / CL",
+            "                                    : static_cast<long long>(blockIdx.x) * blockDim.y + threadIdx.y;",
             f"    const bool cg_active = cg_r < {em.rows};  // the grid is rounded up to whole clusters",
             "    const int cg_lane = (cg_split ? static_cast<int>(blockIdx.x % CL) * blockDim.x : 0) + threadIdx.x;",
             "    const int cg_g = (cg_split ? CL : 1) * blockDim.x;",
@@ -645,21 +648,27 @@ def rowwise(spec: KernelSpec, program: Program, mode: str) -> Schedule:
         tune = {"ROWS": (4, 2, 8, 1), "ITEMS": items}
         what = "one row per warp, ROWS rows per block"
     elif mode == "block":
-        grid = f"({program.rows},)"
-        block = f"(min(512, max(32, 32 * cdiv({program.cols}, 256 * ITEMS))),)"
+        # Threads per row: a warp per 256 * ITEMS elements (ITEMS 16-byte vectors of 16-bit
+        # elements per thread), 32 to 512; rows too short for 256 threads share a block.
+        tx = f"min(512, max(32, 32 * cdiv({program.cols}, 256 * ITEMS)))"
+        ry = f"max(1, 256 // {tx})"
+        grid, block = f"(cdiv({program.rows}, {ry}),)", f"({tx}, {ry})"
         tune = {"ITEMS": items}
-        what = "one row per block, the block sized to the row"
+        what = "one row per block of threads sized to the row, short rows several to a block"
     else:
         split = f"(1 + (CL - 1) * min(1, max(0, SPLIT - {program.rows})))"  # blocks per row: CL or 1
-        grid = f"(CL * cdiv({program.rows} * {split}, CL),)"
-        block = f"(min(512, max(32, 32 * cdiv({program.cols}, 256 * ITEMS * {split}))),)"
+        tx = f"min(512, max(32, 32 * cdiv({program.cols}, 256 * ITEMS * {split})))"
+        ry = f"max(1, (256 // {tx}) * (2 - min(2, {split})))"  # rows per block: 1 when split
+        grid, block = f"(CL * cdiv(cdiv({program.rows}, {ry}) * {split}, CL),)", f"({tx}, {ry})"
         # A row split CL ways is short per block: 4 vectors per thread hold a 128K-element fp16
         # row in 8 blocks of 512; 8 spill at fp32 with the cluster code, 1 puts its cache on
         # the stack there.
         tune = {"CL": (8, 4, 2), "ITEMS": tuple(v for v in items if v in (2, 4)) or items, "SPLIT": (128, 512, 32)}
         attrs = " __cluster_dims__(CL, 1, 1)"
+        # At least one block per SM: without it ptxas caps registers low and spills here.
+        bound = "512, 1"
         what = ("below SPLIT rows one row per cluster of CL blocks (sm_90), partial reductions combined through "
-                "distributed shared memory; else one row per block")
+                "distributed shared memory; else as rows/block")
     head = _header(grid, block, tune, f"rows/{mode}: {what}; ITEMS vectors per thread kept in registers between passes, "
                    "fp32 accumulation", spec)
     return Schedule(f"codegen:rows/{mode}", head + "\n".join(text) + "\n" + _entry(spec, bound, em.vector_ok(outputs), call, attrs))
@@ -707,9 +716,7 @@ def transpose(spec: KernelSpec, program: Program) -> Schedule:
         f"    const bool cg_vload = cg_cols % VW == 0 && cg_aligned({arg}, sizeof(Pack<{ct_in}, VW>));",
         f"    const bool cg_vstore = cg_rows % VW == 0 && cg_aligned({out}, sizeof(Pack<{ct_out}, VW>));",
         "    const long long cg_j = cg_j0 + static_cast<long long>(threadIdx.x) * VW;",
-        "    // TY is a compile-time constant: the loops unroll and every load of a thread is in flight at once.",
-        "#pragma unroll",
-        "    for (int s = threadIdx.y; s < 32; s += TY) {",
+        "    for (int s = threadIdx.y; s < 32; s += blockDim.y) {",
         f"        Pack<{ct_in}, VW> a[VW];",
         "#pragma unroll",
         "        for (int r = 0; r < VW; ++r) {",
@@ -733,8 +740,7 @@ def transpose(spec: KernelSpec, program: Program) -> Schedule:
         "    __syncthreads();",
         "    const long long cg_i = cg_i0 + static_cast<long long>(threadIdx.x) * VW;",
         "    if (cg_i >= cg_rows) return;",
-        "#pragma unroll",
-        "    for (int s = threadIdx.y; s < 32; s += TY) {",
+        "    for (int s = threadIdx.y; s < 32; s += blockDim.y) {",
         "#pragma unroll",
         "        for (int c = 0; c < VW; ++c) {",
         "            const long long j = cg_j0 + static_cast<long long>(s) * VW + c;",
@@ -759,3 +765,70 @@ def transpose(spec: KernelSpec, program: Program) -> Schedule:
                    "VW-wide vectors both ways", spec)
     entry = f'extern "C" __global__ void __launch_bounds__(512) {spec.name}({_params(spec)}) {{\n    cg_run({_arg_names(spec)});\n}}\n'
     return Schedule("codegen:transpose/tiled", head + "\n".join(text) + "\n" + entry)
+
+
+def transpose_wide(spec: KernelSpec, program: Program) -> Schedule:
+    """TILE x TILE tiles moved with 16-byte vectors both ways. Loads park whole vectors in shared
+    memory, XOR-swizzled by the row's vector group so that neither the vector writes nor the
+    column reads on the way out collide on a bank; each thread then gathers VL elements of one
+    tile column and stores them as one vector of the output row. Scalar code where a row length
+    or a pointer forbids vectors."""
+    assert program.transposed is not None
+    arg, rows, cols = program.transposed
+    out = next(iter(program.outputs))
+    em = _Emitter(spec, program)
+    ct_in, ct_out = em.c_type(arg), em.c_type(out)
+    size = _element_bytes(spec, em.dtypes[arg])
+    # A tile of at most 32 KB of input elements, and at least two vectors along its rows.
+    tiles = tuple(t for t in (64, 128, 32) if t * t * size <= 32 * 1024 and t * size >= 32) or (32,)
+    vl = f"(16 / static_cast<int>(sizeof({ct_in})))"
+    text = [
+        _PRELUDE,
+        f"constexpr int VL = {vl};  // elements of one 16-byte input vector",
+        "constexpr int GROUPS = TILE / VL;  // vectors along a tile row",
+        f"__device__ __forceinline__ void cg_run({_params(spec)}) {{",
+        f"    __shared__ Pack<{ct_in}, VL> cg_tile[TILE][GROUPS];",
+        f"    const long long cg_rows = {c_size(rows)};",
+        f"    const long long cg_cols = {c_size(cols)};",
+        "    const long long cg_tiles_x = (cg_cols + TILE - 1) / TILE;",
+        "    const long long cg_i0 = static_cast<long long>(blockIdx.x) / cg_tiles_x * TILE;",
+        "    const long long cg_j0 = static_cast<long long>(blockIdx.x) % cg_tiles_x * TILE;",
+        f"    const bool cg_vload = cg_cols % VL == 0 && cg_aligned({arg}, 16);",
+        f"    const bool cg_vstore = cg_rows % VL == 0 && cg_aligned({out}, sizeof(Pack<{ct_out}, VL>));",
+        "    for (int v = threadIdx.x; v < TILE * GROUPS; v += NT) {",
+        "        const int r = v / GROUPS, g = v % GROUPS;",
+        "        const long long i = cg_i0 + r, j = cg_j0 + static_cast<long long>(g) * VL;",
+        f"        Pack<{ct_in}, VL> a;",
+        "        if (i < cg_rows) {",
+        "            if (cg_vload && j + VL <= cg_cols) {",
+        f"                a = *reinterpret_cast<const Pack<{ct_in}, VL>*>({arg} + i * cg_cols + j);",
+        "            } else {",
+        "#pragma unroll",
+        f"                for (int e = 0; e < VL; ++e) if (j + e < cg_cols) a.v[e] = {arg}[i * cg_cols + j + e];",
+        "            }",
+        "        }",
+        "        cg_tile[r][g ^ ((r / VL) % GROUPS)] = a;  // swizzled: see the reads below",
+        "    }",
+        "    __syncthreads();",
+        "    for (int w = threadIdx.x; w < TILE * GROUPS; w += NT) {",
+        "        const int c = w / GROUPS, g = w % GROUPS;  // tile column c, input rows g*VL ... g*VL+VL-1",
+        "        const long long j = cg_j0 + c, i = cg_i0 + static_cast<long long>(g) * VL;",
+        "        if (j >= cg_cols || i >= cg_rows) continue;",
+        f"        Pack<{ct_out}, VL> o;",
+        "#pragma unroll",
+        f"        for (int e = 0; e < VL; ++e) o.v[e] = static_cast<{ct_out}>(cg_tile[g * VL + e][(c / VL) ^ g].v[c % VL]);",
+        "        if (cg_vstore && i + VL <= cg_rows) {",
+        f"            *reinterpret_cast<Pack<{ct_out}, VL>*>({out} + j * cg_rows + i) = o;",
+        "        } else {",
+        "#pragma unroll",
+        f"            for (int e = 0; e < VL; ++e) if (i + e < cg_rows) {out}[j * cg_rows + i + e] = o.v[e];",
+        "        }",
+        "    }",
+        "}",
+    ]
+    grid = f"(cdiv({cols}, TILE) * cdiv({rows}, TILE),)"
+    tune = {"TILE": tiles, "NT": (256, 128, 512)}
+    head = _header(grid, "(NT,)", tune, "transpose/wide: TILE x TILE tiles, 16-byte vectors both ways through swizzled "
+                   "shared memory", spec)
+    entry = f'extern "C" __global__ void __launch_bounds__(512) {spec.name}({_params(spec)}) {{\n    cg_run({_arg_names(spec)});\n}}\n'
+    return Schedule("codegen:transpose/wide", head + "\n".join(text) + "\n" + entry)
