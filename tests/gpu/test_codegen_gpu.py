@@ -1,14 +1,13 @@
 """GPU tests of the generated kernels: for every kernel of ``experiments/unseen``, each schedule
 the embedded agent's generator writes, at its default tuning and at another point of its grid,
 is validated by the evaluator against the reference on the search and held-out shapes in every
-dtype; then the default is timed beside the peers and the times are printed (not asserted).
+dtype. Their speed is a benchmark's business: ``python -m experiments.codegen_probe``.
 
 Run on an H200: ``python -m pytest -m gpu tests/gpu/test_codegen_gpu.py -s``.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ import torch
 from agents.embedded.codegen import generate
 from evaluators.api import EvalRequest
 from kernels.launch import parse_launch_header
-from kernels.spec import load_kernel, shape_label
+from kernels.spec import load_kernel
 from kernels.variant import Variant
 from kernels.verdict import Status
 
@@ -63,29 +62,3 @@ def test_generated_schedules_are_correct_on_every_shape(evaluator, folder):
                     if ev.status is not Status.OK:
                         failures.append(f"{schedule.name} {params} {dtype} {shape_set}: {ev.status.value} {ev.message}")
     assert not failures, "\n".join(failures)
-
-
-@pytest.mark.parametrize("folder", FOLDERS, ids=[f.name for f in FOLDERS])
-def test_generated_schedules_timed_beside_torch_compile(evaluator, folder):
-    spec = load_kernel(folder)
-    variants = {s.name: (s.source, parse_launch_header(s.source).default_params()) for s in generate(spec)}
-    variants["baseline"] = (spec.baseline_source(), {})
-    reply = evaluator.time_peers_full(str(folder), "float16", "search", variants, repetitions=20)
-    peers = reply["peers"]
-    compiled = peers.get("torch_compile", {})
-    print(f"\n{spec.name} (float16, ms; ratio = torch.compile time / ours)")
-    ratios: dict[str, list[float]] = {name: [] for name in variants}
-    for shape in spec.search_shapes:
-        label = shape_label(shape)
-        row = [f"{label:>22}", f"compile {compiled.get(label, float('nan')):.4f}"]
-        for name in variants:
-            ms = peers.get(name, {}).get(label)
-            if ms and compiled.get(label):
-                ratios[name].append(compiled[label] / ms)
-            row.append(f"{name} {ms if ms is not None else float('nan'):.4f}")
-        print("  ".join(row))
-    for name, values in ratios.items():
-        if values:
-            print(f"  geomean vs torch.compile, {name}: {math.exp(sum(map(math.log, values)) / len(values)):.3f}x")
-    if reply.get("errors"):
-        print("  errors:", reply["errors"])
