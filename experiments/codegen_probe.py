@@ -21,6 +21,7 @@ import argparse
 import datetime as dt
 import itertools
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         gpu = str(getattr(evaluator, "device_name", "") or "GPU")
     finally:
         evaluator.close()
-    meta = {"command": "python -m experiments.codegen_probe " + " ".join(sys.argv[1:] if argv is None else argv),
+    meta = {"command": "python -m experiments.codegen_probe " + shlex.join(sys.argv[1:] if argv is None else list(argv)),
             "commit": git_commit(ROOT), "gpu": gpu, "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "repetitions": args.repetitions}
     text = to_markdown(meta, results)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,6 +44,10 @@ def time_op(pkg: Any, spec: KernelSpec, dtype: str, shape: dict[str, int], flush
     return samples["op"].median_ms
 
 
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.ship_timing", description=__doc__.split("\n\n")[0])
     p.add_argument("--package", type=Path, required=True)
@@ -64,11 +69,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             ev = build["evidence"]
             for s in ev["shapes"]:
                 ms = time_op(pkg, spec, dtype, s["shape"], flush)
+                evaluator_ms = s.get("best_ms")  # absent where the run's evidence has no time for it
                 rows.append({"kernel": kernel, "dtype": dtype, "shape": shape_label(s["shape"]), "op_ms": ms,
-                             "evaluator_ms": s["best_ms"], "ratio": ms / s["best_ms"] if s["best_ms"] else None,
+                             "evaluator_ms": evaluator_ms, "ratio": ms / evaluator_ms if evaluator_ms else None,
                              "synthetic": ev["synthetic"]})
-                print(f"{kernel} {dtype} {rows[-1]['shape']}: op {ms:.4f} ms, evaluator {s['best_ms']:.4f} ms")
-    meta = {"command": "python -m experiments.ship_timing " + " ".join(sys.argv[1:] if argv is None else argv),
+                print(f"{kernel} {dtype} {rows[-1]['shape']}: op {ms:.4f} ms, evaluator {_ms(evaluator_ms)} ms")
+    meta = {"command": "python -m experiments.ship_timing " + shlex.join(sys.argv[1:] if argv is None else list(argv)),
             "git_commit": git_commit(REPO_ROOT), "gpu": torch.cuda.get_device_name(),
             "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
     out = args.out or default_out("ship-timing").parent
@@ -80,8 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
              "", "| kernel | dtype | shape | op ms | evaluator ms | op / evaluator |", "|---|---|---|---|---|---|"]
     for r in rows:
         note = " (evaluator times synthetic)" if r["synthetic"] else ""
-        lines.append(f"| {r['kernel']} | {r['dtype']} | {r['shape']} | {r['op_ms']:.4f} | {r['evaluator_ms']:.4f} | "
-                     f"{r['ratio']:.3f}{note} |")
+        ratio = "n/a" if r["ratio"] is None else f"{r['ratio']:.3f}"
+        lines.append(f"| {r['kernel']} | {r['dtype']} | {r['shape']} | {r['op_ms']:.4f} | {_ms(r['evaluator_ms'])} | "
+                     f"{ratio}{note} |")
     (out / "ship-timing.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out / 'ship-timing.md'}")
     return 0
