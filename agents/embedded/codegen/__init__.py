@@ -8,7 +8,14 @@ transposes). A graph outside these kinds gives no schedules, and the agent goes 
 
 from __future__ import annotations
 
-from agents.embedded.codegen.emit import Schedule, elementwise, rowwise, transpose, transpose_wide
+from agents.embedded.codegen.emit import (
+    Schedule,
+    elementwise,
+    online_pairs,
+    rowwise,
+    transpose,
+    transpose_wide,
+)
 from agents.embedded.codegen.ir import Program, read_program
 from agents.embedded.codegen.trace import Unsupported, trace_reference
 from kernels.spec import KernelSpec
@@ -42,7 +49,10 @@ def generate(spec: KernelSpec) -> list[Schedule]:
             except Unsupported:
                 continue
         return out
-    return [rowwise(spec, program, mode) for mode in ("block", "warp", "cluster")]
+    out = [rowwise(spec, program, mode) for mode in ("block", "warp", "cluster")]
+    if online_pairs(program):  # long rows: one pass fewer (short rows are held in registers anyway)
+        out += [rowwise(spec, program, mode, online=True) for mode in ("block", "cluster")]
+    return out
 
 
 def schedules_for(spec: KernelSpec) -> dict[str, Schedule]:

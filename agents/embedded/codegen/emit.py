@@ -11,7 +11,8 @@ Schedules (each choice a ``// tune:`` parameter):
   SPLIT rows a row split over a cluster of CL blocks, partials combined through distributed
   shared memory; else as rows/block): one pass over the row per level of dependent reductions,
   the first ITEMS vectors of each thread kept in registers between passes, the rest re-read;
-  fp32 accumulation, warp shuffles then shared memory across warps.
+  fp32 accumulation, warp shuffles then shared memory across warps. ``+online`` (block and
+  cluster): a max and a sum of exp(x - max) over the same row in one pass (online softmax).
 - ``transpose/tiled``: tiles of 32 x 32 blocks of VW x VW elements through shared memory,
   each block transposed in registers, VW-wide vector loads and stores both ways (scalar where
   a row length or pointer forbids them), conflict-free shared memory. ``transpose/wide``:
@@ -126,6 +127,75 @@ __device__ __forceinline__ float cg_cluster_reduce(float v, float identity, bool
 #pragma unroll
     for (int r = 0; r < CL; ++r) acc = cg_combine<OP>(acc, cg_cluster_read(&cg_partial, r));
     return acc;
+}
+"""
+
+# Online softmax statistics: a max m and a sum s of exp(x - m) in one pass over the row instead
+# of two (Milakov and Gimelshein, 2018). The pair (m, s) rescales s whenever m grows.
+# Elements of -inf and empty pairs add nothing; NaN makes both NaN (as cg_max keeps NaN); the
+# caller's fix-up (cg_online_end) gives NaN where the two-pass formula does: a max of +-inf.
+_ONLINE_PRELUDE = """\
+__device__ __forceinline__ void cg_online(float& m, float& s, float x) {
+    if (x != x || m != m) { m = m + x; s = s + x; return; }
+    if (x > m) { s = (s == 0.0f ? 0.0f : s * expf(m - x)) + 1.0f; m = x; }
+    else if (x != __int_as_float(0xff800000)) { s += expf(x - m); }
+}
+
+// Commutative (the same bits whichever pair comes first), so butterfly shuffles agree.
+__device__ __forceinline__ void cg_online_combine(float& m, float& s, float m2, float s2) {
+    if (m != m || m2 != m2) { m = m + m2; s = s + s2; return; }
+    const float top = fmaxf(m, m2);
+    const float a = s == 0.0f ? 0.0f : s * expf(m - top);
+    const float b = s2 == 0.0f ? 0.0f : s2 * expf(m2 - top);
+    m = top;
+    s = a + b;
+}
+
+__device__ __forceinline__ void cg_online_warp(float& m, float& s) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+        const float s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        cg_online_combine(m, s, m2, s2);
+    }
+}
+
+// Over the blockDim.x threads of one row, as cg_group_reduce: every thread gets the pair.
+__device__ __forceinline__ void cg_online_group(float& m, float& s) {
+    __shared__ float pm[32][33], ps[32][33];
+    cg_online_warp(m, s);
+    if (blockDim.x > 32) {
+        const int lane = threadIdx.x & 31;
+        __syncthreads();
+        if (lane == 0) { pm[threadIdx.y][threadIdx.x >> 5] = m; ps[threadIdx.y][threadIdx.x >> 5] = s; }
+        __syncthreads();
+        const bool has = lane < static_cast<int>(blockDim.x >> 5);
+        m = has ? pm[threadIdx.y][lane] : __int_as_float(0xff800000);
+        s = has ? ps[threadIdx.y][lane] : 0.0f;
+        cg_online_warp(m, s);
+    }
+}
+
+// The two-pass formula's sum for a max of +-inf (a row of -inf only, or one holding +inf): NaN.
+__device__ __forceinline__ float cg_online_end(float m, float s, long long cols) {
+    return (cols > 0 && (m == __int_as_float(0xff800000) || m == __int_as_float(0x7f800000)))
+        ? __int_as_float(0x7fffffff) : s;
+}
+"""
+
+_CLUSTER_ONLINE_PRELUDE = """\
+// The pair over the CL blocks of a split row, folded in rank order as cg_cluster_reduce does.
+__device__ __forceinline__ void cg_cluster_online(float& m, float& s, bool split) {
+    __shared__ float cg_pm, cg_ps;
+    cg_online_group(m, s);
+    if (!split) return;
+    cg_cluster_sync();
+    if (threadIdx.x == 0) { cg_pm = m; cg_ps = s; }
+    cg_cluster_sync();
+    m = __int_as_float(0xff800000);
+    s = 0.0f;
+#pragma unroll
+    for (int r = 0; r < CL; ++r) cg_online_combine(m, s, cg_cluster_read(&cg_pm, r), cg_cluster_read(&cg_ps, r));
 }
 """
 
@@ -434,7 +504,10 @@ class _Emitter:
         body: list[str] = []
         for what, expr in exprs:
             value = self.element_expr(expr, leaf_text, body, memo)
-            if what.startswith("red:"):
+            if what.startswith("online:"):
+                i_max, i_sum = what[7:].split(":")
+                body.append(f"cg_online(cg_acc{i_max}, cg_acc{i_sum}, static_cast<float>({value}));")
+            elif what.startswith("red:"):
                 r = self.p.reductions[int(what[4:])]
                 body.append(f"cg_acc{r.index} = cg_combine<{_OPCODE[r.kind]}>(cg_acc{r.index}, static_cast<float>({value}));")
             else:
@@ -538,10 +611,32 @@ def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
 # ---------------------------------------------------------------- row reductions
 
 
-def _levels(program: Program) -> list[list[Reduce]]:
-    """Reductions grouped so that each group depends only on earlier groups (one pass each)."""
+def online_pairs(program: Program) -> dict[int, int]:
+    """Sums of ``exp(x - max(x))`` over a row whose max is a reduction of the same ``x``, by
+    the sum's index -> the max's index: each such pair can be computed in one pass."""
+    pairs: dict[int, int] = {}
+    for r in program.reductions:
+        body = r.body
+        if r.kind != "sum" or not (isinstance(body, Op) and body.name == "exp"):
+            continue
+        inner = body.args[0]
+        if not (isinstance(inner, Op) and inner.name == "sub" and isinstance(inner.args[1], Reduce)):
+            continue
+        top = inner.args[1]
+        if top.kind == "max" and top.body == inner.args[0] and top.index not in pairs.values():
+            pairs[r.index] = top.index
+    return pairs
+
+
+def _levels(program: Program, fused: Mapping[int, int] | None = None) -> list[list[Reduce]]:
+    """Reductions grouped so that each group depends only on earlier groups (one pass each);
+    a sum in ``fused`` (sum -> max, see :func:`online_pairs`) goes with its max."""
+    fused = fused or {}
     level: dict[int, int] = {}
     for r in program.reductions:  # in creation order: dependencies come first
+        if r.index in fused:
+            level[r.index] = level[fused[r.index]]
+            continue
         inner = [n for n in walk([r.body]) if isinstance(n, Reduce) and n is not r]
         level[r.index] = 1 + max((level[n.index] for n in inner), default=-1)
     out: list[list[Reduce]] = [[] for _ in range(max(level.values(), default=-1) + 1)]
@@ -571,11 +666,16 @@ def _pass(em: _Emitter, exprs: list[tuple[str, object]], cached: set[int], fill:
     ]
 
 
-def rowwise(spec: KernelSpec, program: Program, mode: str) -> Schedule:
+def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False) -> Schedule:
     """Row reductions then maps. ``mode``: ``warp`` (one row per warp), ``block`` (one row per
-    block) or ``cluster`` (one row per cluster of CL blocks, sm_90)."""
+    block) or ``cluster`` (one row per cluster of CL blocks, sm_90). ``online``: each max and
+    sum of exp(x - max) pair (:func:`online_pairs`; there must be one) in one pass."""
     em = _Emitter(spec, program)
     cluster = mode == "cluster"
+    fused = online_pairs(program) if online else {}
+    if online and not fused:
+        raise Unsupported("no max and sum of exp(x - max) to compute online")
+    partner = {i_max: i_sum for i_sum, i_max in fused.items()}
     reduce_fn = "cg_cluster_reduce" if cluster else "cg_group_reduce"
     cached = {i for i, leaf in enumerate(em.full_leaves) if em.is_float_arg(leaf.arg)}
     # Registers kept per thread: cached leaves x ITEMS x 8 floats, at most 64.
@@ -584,17 +684,25 @@ def rowwise(spec: KernelSpec, program: Program, mode: str) -> Schedule:
     lines = em.take_row_lines() + bases
     lines += [f"float cg_cache{i}[ITEMS][V];" for i in sorted(cached)]
     filled: set[int] = set()
-    for group in _levels(program):
-        exprs: list[tuple[str, object]] = [(f"red:{r.index}", r.body) for r in group]
+    extra = ", cg_split" if cluster else ""
+    for group in _levels(program, fused):
+        plain = [r for r in group if r.index not in fused and r.index not in partner]
+        exprs: list[tuple[str, object]] = [(f"red:{r.index}", r.body) for r in plain]
+        exprs += [(f"online:{r.index}:{partner[r.index]}", r.body) for r in group if r.index in partner]
         fill = (em.used_leaves(exprs) & cached) - filled
         body = _pass(em, exprs, cached, fill)
         filled |= fill
         lines += em.take_row_lines()
         lines += [f"float cg_acc{r.index} = {_IDENTITY[r.kind]};" for r in group]
         lines += body
-        extra = ", cg_split" if cluster else ""
         lines += [f"const float cg_red{r.index} = {reduce_fn}<{_OPCODE[r.kind]}>(cg_acc{r.index}, {_IDENTITY[r.kind]}{extra});"
-                  for r in group]
+                  for r in plain]
+        for r in group:
+            if r.index in partner:
+                i_max, i_sum = r.index, partner[r.index]
+                lines += [f"{'cg_cluster_online' if cluster else 'cg_online_group'}(cg_acc{i_max}, cg_acc{i_sum}{extra});",
+                          f"const float cg_red{i_max} = cg_acc{i_max};",
+                          f"const float cg_red{i_sum} = cg_online_end(cg_acc{i_max}, cg_acc{i_sum}, cg_cols);"]
     full_out = [(f"out:{n}", e) for n, (space, e) in program.outputs.items() if space == "full"]
     if full_out:
         body = _pass(em, full_out, cached, (em.used_leaves(full_out) & cached) - filled)
@@ -631,6 +739,8 @@ def rowwise(spec: KernelSpec, program: Program, mode: str) -> Schedule:
     text = [
         _PRELUDE,
         *([_CLUSTER_PRELUDE] if cluster else []),
+        *([_ONLINE_PRELUDE] if online else []),
+        *([_CLUSTER_ONLINE_PRELUDE] if online and cluster else []),
         f"template <int V>\n__device__ __forceinline__ void cg_run({_params(spec)}) {{",
         f"    const long long cg_cols = {em.cols};",
         *place,
@@ -669,9 +779,13 @@ def rowwise(spec: KernelSpec, program: Program, mode: str) -> Schedule:
         bound = "512, 1"
         what = ("below SPLIT rows one row per cluster of CL blocks (sm_90), partial reductions combined through "
                 "distributed shared memory; else as rows/block")
-    head = _header(grid, block, tune, f"rows/{mode}: {what}; ITEMS vectors per thread kept in registers between passes, "
+    if online and mode != "warp":
+        bound = "512, 1"  # as for clusters: without it ptxas caps registers low and spills here
+    name = f"rows/{mode}" + ("+online" if online else "")
+    what += "; max and sum of exp(x - max) in one pass" if online else ""
+    head = _header(grid, block, tune, f"{name}: {what}; ITEMS vectors per thread kept in registers between passes, "
                    "fp32 accumulation", spec)
-    return Schedule(f"codegen:rows/{mode}", head + "\n".join(text) + "\n" + _entry(spec, bound, em.vector_ok(outputs), call, attrs))
+    return Schedule(f"codegen:{name}", head + "\n".join(text) + "\n" + _entry(spec, bound, em.vector_ok(outputs), call, attrs))
 
 
 # ---------------------------------------------------------------- transpose
