@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +57,30 @@ class Staged:
     working_dir: Path
     kernels: dict[str, str] = field(default_factory=dict)
     size_bytes: int = 0
+
+
+class UnreachableCluster(ConnectionError):
+    """Nothing answers at a cluster address (``ray.init`` would wait minutes before saying so)."""
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fails fast when nothing listens at ``address`` (``host:port`` or ``ray://host:port``);
+    ``auto`` and addresses without a port are left to Ray.
+
+    Raises:
+        UnreachableCluster: the connection was refused or timed out.
+    """
+    where = address.removeprefix("ray://")
+    host, sep, port = where.rpartition(":")
+    if address == "auto" or not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise UnreachableCluster(
+            f"no Ray cluster answers at {address} ({exc.strerror or exc}); start one with `ray start --head` "
+            "there, or leave --address out to run on a local cluster"
+        ) from None
 
 
 def _tree_bytes(path: Path) -> int:

@@ -244,8 +244,12 @@ def start_ray(config: RunConfig, kernels: Sequence[KernelRef] = ()) -> Staged | 
         ray.init(include_dashboard=False, runtime_env=worker_runtime_env(), log_to_driver=False)
         admission_task.anywhere()
         return None
-    from search.cluster import StagingError, runtime_env, stage
+    from search.cluster import StagingError, UnreachableCluster, check_reachable, runtime_env, stage
 
+    try:
+        check_reachable(config.address)
+    except UnreachableCluster as exc:
+        raise UsageError(str(exc)) from None
     # ray.init zips and uploads the working_dir before it returns, so the staged copy is only
     # needed until then.
     with tempfile.TemporaryDirectory(prefix="ksearch-stage-") as tmp:

@@ -12,14 +12,25 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
 
 from kernels.folders import KERNEL_ROOT_VAR, KernelRef, folder_digest
-from search.cluster import PROJECT_PACKAGES, STAGED_KERNELS_DIR, StagingError, runtime_env, stage
+from search.cluster import (
+    PROJECT_PACKAGES,
+    STAGED_KERNELS_DIR,
+    StagingError,
+    UnreachableCluster,
+    check_reachable,
+    runtime_env,
+    stage,
+)
+from search.run import REPO_ROOT
 from tests.ray_nodes import (
     EXTERNAL,
     Cluster,
@@ -30,6 +41,38 @@ from tests.ray_nodes import (
 )
 
 SMALL = ["--evaluator", "standin", "--population", "2", "--variants", "2", "--trials", "2", "--gpus", "2"]
+
+# -- an address where nothing answers, without Ray ------------------------------------------
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when the with-block ends: nothing listens there
+
+
+def test_an_address_where_nothing_listens_fails_at_once():
+    port = _closed_port()
+    start = time.monotonic()
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        with pytest.raises(UnreachableCluster, match=f"no Ray cluster answers at {address}"):
+            check_reachable(address)
+    assert time.monotonic() - start < 10
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        check_reachable(f"127.0.0.1:{listening.getsockname()[1]}")
+    check_reachable("auto")  # Ray finds it
+
+
+def test_search_run_says_so_instead_of_waiting(tmp_path):
+    port = _closed_port()
+    cmd = [sys.executable, "-m", "search.run", "--address", f"127.0.0.1:{port}", "--kernel", "silu_and_mul",
+           *SMALL, "--rounds", "1", "--out", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    assert done.returncode == 2, done.stderr
+    assert f"no Ray cluster answers at 127.0.0.1:{port}" in done.stderr
+
 
 # -- staging, without Ray -------------------------------------------------------------------
 
