@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import random
+import time
 import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -237,7 +238,8 @@ def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
         compilation's medians), ``errors`` ({peer: why it was not timed}), ``failed`` ({our
         kernel: the guard that fired}; none of its times are reported), ``notes`` ({peer:
         what exactly is timed}), ``l2_persistence`` (carve-out and access-policy window, bytes;
-        ``l2_finding`` when not both zero) and ``copy_bw_bytes_per_s``.
+        ``l2_finding`` when not both zero), ``copy_bw_bytes_per_s`` and ``phase_s`` (seconds
+        spent setting up the peers, compilations included, and in the timed loops).
     """
     spec: KernelSpec = ctx.spec(job["kernel_dir"])
     dtype, shapes = job["dtype"], job["shapes"]
@@ -249,6 +251,9 @@ def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
     spreads: dict[str, dict[str, float]] = {}
     errors: dict[str, str] = {}
     l2 = l2_persistence(torch.cuda.current_stream().cuda_stream)
+    # Where a loop's time goes: the peers' set-up (torch.compile compiles and autotunes here,
+    # with its caches off) against the timed loop itself.
+    phase_s = {"prepare": 0.0, "loop": 0.0}
     for shape in shapes:
         label = shape_label(shape)
         inputs = RepInputs(spec, _input_sets(ctx, spec, shape, dtype), job["warmup"] + job["repetitions"],
@@ -261,14 +266,18 @@ def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
         impls = [mine.timed(n, k) for n, k in live.items()]
         if job.get("graph_ours"):
             impls += [mine.timed(n, k, graph=True) for n, k in live.items()]
+        start = time.perf_counter()
         impls += _peer_impls(ctx, spec, shape, dtype, inputs, work, peers, errors)
+        phase_s["prepare"] += time.perf_counter() - start
         # Our kernels launch on the stream they were loaded on and the events go to the current
         # one: if they differ, the events would time nothing (see timing.capture_graph).
         current = torch.cuda.current_stream().cuda_stream
         stray = [n for n, k in live.items() if k.stream.ptr != current]
         if stray:
             raise RuntimeError(f"{', '.join(stray)} would launch on another stream than the timing events")
+        start = time.perf_counter()
         samples: dict[str, Samples] = time_interleaved(impls, ctx.flush, job["warmup"], job["repetitions"])
+        phase_s["loop"] += time.perf_counter() - start
         for name, (kind, finding) in mine.failures(samples).items():
             failed.setdefault(name, f"REJECTED ({kind}): {finding.message}")
         for name, smp in samples.items():
@@ -288,7 +297,7 @@ def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
     reply: dict[str, Any] = {
         "peers": times, "iqr": spreads, "errors": errors, "failed": failed, "copy_bw_bytes_per_s": ctx.copy_bw,
         "compiled": which, "compile_candidates": candidates, "l2_persistence": l2,
-        "notes": {n: p.note for n, p in peers.items() if p.note},
+        "notes": {n: p.note for n, p in peers.items() if p.note}, "phase_s": phase_s,
     }
     if l2_finding(l2):
         reply["l2_finding"] = l2_finding(l2)
