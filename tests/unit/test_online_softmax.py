@@ -16,7 +16,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from agents.embedded.codegen.emit import _ONLINE_PRELUDE
+from agents.embedded.codegen.cuda_text import ONLINE_PRELUDE
 
 CXX = shutil.which("c++") or shutil.which("g++")
 pytestmark = pytest.mark.skipif(CXX is None, reason="needs a host C++ compiler")
@@ -38,7 +38,7 @@ PARTS = (1, 2, 3, 8, 40)  # partial pairs per row; more than elements leaves som
 
 def _host_source(rows: list[list[float]]) -> str:
     # The scalar functions only: the warp and block ones need shuffles and shared memory.
-    scalar = "\n\n".join(f for f in _ONLINE_PRELUDE.split("\n\n") if "__shfl" not in f and "__shared__" not in f)
+    scalar = "\n\n".join(f for f in ONLINE_PRELUDE.split("\n\n") if "__shfl" not in f and "__shared__" not in f)
     cases = []
     for row in rows:
         values = ", ".join("NAN" if math.isnan(v) else "INFINITY" if v == INF else "-INFINITY" if v == -INF

@@ -8,16 +8,12 @@ transposes). A graph outside these kinds gives no schedules, and the agent goes 
 
 from __future__ import annotations
 
-from agents.embedded.codegen.emit import (
-    Schedule,
-    elementwise,
-    online_pairs,
-    rowwise,
-    transpose,
-    transpose_wide,
-)
+from agents.embedded.codegen.elementwise import elementwise
+from agents.embedded.codegen.emit import Schedule
 from agents.embedded.codegen.ir import Program, read_program
+from agents.embedded.codegen.rows import online_pairs, rowwise
 from agents.embedded.codegen.trace import Unsupported, trace_reference
+from agents.embedded.codegen.transpose import transpose, transpose_wide
 from kernels.spec import KernelSpec
 
 __all__ = ["Program", "Schedule", "Unsupported", "classify", "generate", "schedules_for"]

@@ -1,0 +1,165 @@
+"""CUDA text the generated kernels share: helpers pasted in front of a schedule's kernel.
+
+``PRELUDE`` (vectors, NaN-keeping max and min, warp and row reductions) goes in front of
+every schedule; the others only where a schedule uses them: ``CLUSTER_PRELUDE`` (sm_90
+clusters), ``ONLINE_PRELUDE`` (one-pass max and sum of exp(x - max)) and
+``CLUSTER_ONLINE_PRELUDE`` (the latter over a cluster).
+"""
+
+from __future__ import annotations
+
+POS_INF = "__int_as_float(0x7f800000)"
+NEG_INF = "__int_as_float(0xff800000)"
+
+PRELUDE = """\
+constexpr int VEC = 16 / sizeof(scalar_t);
+
+// V elements of T, aligned for one (or, past 16 bytes, several) wide loads.
+template <typename T, int V>
+struct alignas(sizeof(T) * V >= 16 ? 16 : sizeof(T) * V) Pack {
+    T v[V];
+};
+
+// Maximum and minimum that keep NaN, as torch does (fmaxf would drop it).
+__device__ __forceinline__ float cg_max(float a, float b) { return (a != a || b != b) ? a + b : fmaxf(a, b); }
+__device__ __forceinline__ float cg_min(float a, float b) { return (a != a || b != b) ? a + b : fminf(a, b); }
+__device__ __forceinline__ float cg_relu(float a) { return a != a ? a : fmaxf(a, 0.0f); }
+
+__device__ __forceinline__ bool cg_aligned(const void* p, unsigned bytes) {
+    return (reinterpret_cast<unsigned long long>(p) & (bytes - 1)) == 0;
+}
+
+template <int OP>
+__device__ __forceinline__ float cg_combine(float a, float b) {
+    return OP == 0 ? a + b : (OP == 1 ? cg_max(a, b) : cg_min(a, b));
+}
+
+template <int OP>
+__device__ __forceinline__ float cg_warp_reduce(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = cg_combine<OP>(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Reduces over the blockDim.x threads of one row (threadIdx.y): every thread gets the result.
+// Called by every thread of the block (rows past the end too), so the barriers are uniform.
+template <int OP>
+__device__ __forceinline__ float cg_group_reduce(float v, float identity) {
+    __shared__ float part[32][33];
+    v = cg_warp_reduce<OP>(v);
+    if (blockDim.x > 32) {
+        const int lane = threadIdx.x & 31;
+        __syncthreads();  // the previous reduction's reads of part are done
+        if (lane == 0) part[threadIdx.y][threadIdx.x >> 5] = v;
+        __syncthreads();
+        v = lane < static_cast<int>(blockDim.x >> 5) ? part[threadIdx.y][lane] : identity;
+        v = cg_warp_reduce<OP>(v);
+    }
+    return v;
+}
+"""
+
+# Hopper thread-block clusters (sm_90): the CL blocks of one row synchronise with the cluster
+# barrier and read each other's shared memory (distributed shared memory), so a row is split
+# over CL SMs without a second kernel or a workspace. Only worth it when there are too few rows
+# to fill the GPU: with SPLIT rows or more, each block of a cluster takes a row of its own.
+CLUSTER_PRELUDE = """\
+__device__ __forceinline__ void cg_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\\n\\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ float cg_cluster_read(const float* p, unsigned rank) {
+    const unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    unsigned remote;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+    return v;
+}
+
+// The block's reduction, then the CL blocks' partials combined in rank order (so every block
+// of the cluster gets the same bits). The first barrier keeps a block from overwriting its
+// partial while another still reads the previous one.
+template <int OP>
+__device__ __forceinline__ float cg_cluster_reduce(float v, float identity, bool split) {
+    __shared__ float cg_partial;
+    v = cg_group_reduce<OP>(v, identity);
+    if (!split) return v;  // the same for every block of the cluster: the barriers stay uniform
+    cg_cluster_sync();
+    if (threadIdx.x == 0) cg_partial = v;
+    cg_cluster_sync();
+    float acc = identity;
+#pragma unroll
+    for (int r = 0; r < CL; ++r) acc = cg_combine<OP>(acc, cg_cluster_read(&cg_partial, r));
+    return acc;
+}
+"""
+
+# Online softmax statistics: a max m and a sum s of exp(x - m) in one pass over the row instead
+# of two (Milakov and Gimelshein, 2018). The pair (m, s) rescales s whenever m grows.
+# Elements of -inf and empty pairs add nothing; NaN makes both NaN (as cg_max keeps NaN); the
+# caller's fix-up (cg_online_end) gives NaN where the two-pass formula does: a max of +-inf.
+ONLINE_PRELUDE = """\
+__device__ __forceinline__ void cg_online(float& m, float& s, float x) {
+    if (x != x || m != m) { m = m + x; s = s + x; return; }
+    if (x > m) { s = (s == 0.0f ? 0.0f : s * expf(m - x)) + 1.0f; m = x; }
+    else if (x != __int_as_float(0xff800000)) { s += expf(x - m); }
+}
+
+// Commutative (the same bits whichever pair comes first), so butterfly shuffles agree.
+__device__ __forceinline__ void cg_online_combine(float& m, float& s, float m2, float s2) {
+    if (m != m || m2 != m2) { m = m + m2; s = s + s2; return; }
+    const float top = fmaxf(m, m2);
+    const float a = s == 0.0f ? 0.0f : s * expf(m - top);
+    const float b = s2 == 0.0f ? 0.0f : s2 * expf(m2 - top);
+    m = top;
+    s = a + b;
+}
+
+__device__ __forceinline__ void cg_online_warp(float& m, float& s) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+        const float s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        cg_online_combine(m, s, m2, s2);
+    }
+}
+
+// Over the blockDim.x threads of one row, as cg_group_reduce: every thread gets the pair.
+__device__ __forceinline__ void cg_online_group(float& m, float& s) {
+    __shared__ float pm[32][33], ps[32][33];
+    cg_online_warp(m, s);
+    if (blockDim.x > 32) {
+        const int lane = threadIdx.x & 31;
+        __syncthreads();
+        if (lane == 0) { pm[threadIdx.y][threadIdx.x >> 5] = m; ps[threadIdx.y][threadIdx.x >> 5] = s; }
+        __syncthreads();
+        const bool has = lane < static_cast<int>(blockDim.x >> 5);
+        m = has ? pm[threadIdx.y][lane] : __int_as_float(0xff800000);
+        s = has ? ps[threadIdx.y][lane] : 0.0f;
+        cg_online_warp(m, s);
+    }
+}
+
+// The two-pass formula's sum for a max of +-inf (a row of -inf only, or one holding +inf): NaN.
+__device__ __forceinline__ float cg_online_end(float m, float s, long long cols) {
+    return (cols > 0 && (m == __int_as_float(0xff800000) || m == __int_as_float(0x7f800000)))
+        ? __int_as_float(0x7fffffff) : s;
+}
+"""
+
+CLUSTER_ONLINE_PRELUDE = """\
+// The pair over the CL blocks of a split row, folded in rank order as cg_cluster_reduce does.
+__device__ __forceinline__ void cg_cluster_online(float& m, float& s, bool split) {
+    __shared__ float cg_pm, cg_ps;
+    cg_online_group(m, s);
+    if (!split) return;
+    cg_cluster_sync();
+    if (threadIdx.x == 0) { cg_pm = m; cg_ps = s; }
+    cg_cluster_sync();
+    m = __int_as_float(0xff800000);
+    s = 0.0f;
+#pragma unroll
+    for (int r = 0; r < CL; ++r) cg_online_combine(m, s, cg_cluster_read(&cg_pm, r), cg_cluster_read(&cg_ps, r));
+}
+"""

@@ -1,0 +1,68 @@
+"""Elementwise schedules: maps over one or more inputs with broadcasting.
+
+- ``elementwise/rows``: blocks over (row, column chunk); 16-byte vector loads and stores of
+  every tensor when the row length, strides, offsets and pointers allow it, else scalar code;
+  a scalar tail for the last partial vector.
+- ``elementwise/flat``: the same over one flat row of R*C elements, when every access is
+  contiguous.
+"""
+
+from __future__ import annotations
+
+from agents.embedded.codegen.cuda_text import PRELUDE
+from agents.embedded.codegen.emit import Emitter, Schedule, entry, entry_args, entry_params, header
+from agents.embedded.codegen.ir import Program
+from agents.embedded.codegen.trace import Unsupported
+from kernels.spec import KernelSpec
+
+
+def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
+    em = Emitter(spec, program)
+    outputs = list(program.outputs)
+    if flat:
+        if any(leaf.access == "gather" or leaf.row_stride != "C" or leaf.offset != "0" for leaf in em.full_leaves) \
+                or em.col_leaves() or any(n.access == "row" for n in em.row_loads):
+            raise Unsupported("the flat schedule needs contiguous accesses only")
+        em.cols = f"({em.rows} * {em.cols})"
+        rows_launch, cols_launch = "1", f"{program.rows} * {program.cols}"
+    else:
+        rows_launch, cols_launch = program.rows, program.cols
+    bases = em.leaf_bases("cg_row")
+    bases = em.take_row_lines() + bases  # a gathered row's index is a row value: defined first
+    body = em.chunk_body([(f"out:{n}", e) for n, (_, e) in program.outputs.items()], set(), set(), "cg_c", None)
+    row_defs = em.take_row_lines()
+    args = entry_args(spec)
+    text = [
+        PRELUDE,
+        "// One V-wide chunk of one row at column cg_c (V = 1 for tails and unaligned data).",
+        f"template <int V>\n__device__ __forceinline__ void cg_chunk_at({entry_params(spec)}, long long cg_row, long long cg_c) {{",
+        f"    const long long cg_obase = cg_row * {em.cols};",
+        *("    " + b for b in bases),
+        *("    " + d for d in row_defs),
+        *("    " + b for b in body),
+        "}",
+        "",
+        f"template <int V>\n__device__ __forceinline__ void cg_run({entry_params(spec)}) {{",
+        f"    const long long cg_cols = {em.cols};",
+        "    const long long cg_size = static_cast<long long>(BLOCK) * 8 * ITEMS;",
+        "    const long long cg_chunks = (cg_cols + cg_size - 1) / cg_size;",
+        "    const long long cg_row = static_cast<long long>(blockIdx.x) / cg_chunks;",
+        "    const long long cg_begin = static_cast<long long>(blockIdx.x) % cg_chunks * cg_size;",
+        "    const long long cg_end = min(cg_cols, cg_begin + cg_size);",
+        "    // Whole vectors, then what is left past the last whole vector one element at a time.",
+        "    const long long cg_vend = cg_begin + (cg_end - cg_begin) / V * V;",
+        "    for (long long cg_c = cg_begin + static_cast<long long>(threadIdx.x) * V; cg_c < cg_vend;",
+        "         cg_c += static_cast<long long>(BLOCK) * V) {",
+        f"        cg_chunk_at<V>({args}, cg_row, cg_c);",
+        "    }",
+        "    for (long long cg_c = cg_vend + threadIdx.x; cg_c < cg_end; cg_c += BLOCK) {",
+        f"        cg_chunk_at<1>({args}, cg_row, cg_c);",
+        "    }",
+        "}",
+    ]
+    grid = f"(cdiv({cols_launch}, BLOCK * 8 * ITEMS),)" if flat else f"({rows_launch} * cdiv({cols_launch}, BLOCK * 8 * ITEMS),)"
+    tune = {"BLOCK": (256, 128, 512), "ITEMS": (2, 1, 4)}
+    name = "elementwise/flat" if flat else "elementwise/rows"
+    head = header(grid, "(BLOCK,)", tune, f"{name}: 16-byte vectors with a scalar tail, fp32 math", spec)
+    call = "cg_run<{v}>(" + args + ")"
+    return Schedule("codegen:" + name, head + "\n".join(text) + "\n" + entry(spec, "BLOCK", em.vector_ok(outputs), call))

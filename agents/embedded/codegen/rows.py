@@ -1,0 +1,214 @@
+"""Row schedules: reductions over each row's columns, then maps (norms, softmax, per-row
+quantisation, losses).
+
+- ``rows/warp``: one row per warp, ROWS rows per block.
+- ``rows/block``: a row per group of threads sized to the row, short rows several to a block.
+- ``rows/cluster`` (sm_90): below SPLIT rows, a row split over a cluster of CL blocks whose
+  partials are combined through distributed shared memory; else as rows/block.
+
+Each: one pass over the row per level of dependent reductions, the first ITEMS vectors of
+each thread kept in registers between passes, the rest re-read; fp32 accumulation, warp
+shuffles then shared memory across warps. ``+online`` (block and cluster): a max and a sum of
+exp(x - max) over the same row in one pass (online softmax).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from agents.embedded.codegen.cuda_text import (
+    CLUSTER_ONLINE_PRELUDE,
+    CLUSTER_PRELUDE,
+    ONLINE_PRELUDE,
+    PRELUDE,
+)
+from agents.embedded.codegen.emit import (
+    IDENTITY,
+    OPCODE,
+    Emitter,
+    Schedule,
+    entry,
+    entry_args,
+    entry_params,
+    header,
+)
+from agents.embedded.codegen.ir import Op, Program, Reduce, walk
+from agents.embedded.codegen.trace import Unsupported
+from kernels.spec import KernelSpec
+
+
+def online_pairs(program: Program) -> dict[int, int]:
+    """Sums of ``exp(x - max(x))`` over a row whose max is a reduction of the same ``x``, by
+    the sum's index -> the max's index: each such pair can be computed in one pass."""
+    pairs: dict[int, int] = {}
+    for r in program.reductions:
+        body = r.body
+        if r.kind != "sum" or not (isinstance(body, Op) and body.name == "exp"):
+            continue
+        inner = body.args[0]
+        if not (isinstance(inner, Op) and inner.name == "sub" and isinstance(inner.args[1], Reduce)):
+            continue
+        top = inner.args[1]
+        if top.kind == "max" and top.body == inner.args[0] and top.index not in pairs.values():
+            pairs[r.index] = top.index
+    return pairs
+
+
+def _levels(program: Program, fused: Mapping[int, int] | None = None) -> list[list[Reduce]]:
+    """Reductions grouped so that each group depends only on earlier groups (one pass each);
+    a sum in ``fused`` (sum -> max, see :func:`online_pairs`) goes with its max."""
+    fused = fused or {}
+    level: dict[int, int] = {}
+    for r in program.reductions:  # in creation order: dependencies come first
+        if r.index in fused:
+            level[r.index] = level[fused[r.index]]
+            continue
+        inner = [n for n in walk([r.body]) if isinstance(n, Reduce) and n is not r]
+        level[r.index] = 1 + max((level[n.index] for n in inner), default=-1)
+    out: list[list[Reduce]] = [[] for _ in range(max(level.values(), default=-1) + 1)]
+    for r in program.reductions:
+        out[level[r.index]].append(r)
+    return out
+
+
+def _pass(em: Emitter, exprs: list[tuple[str, object]], cached: set[int], fill: set[int]) -> list[str]:
+    """One pass over the row: the first ITEMS vectors of each thread (kept in registers), then
+    the rest of the row, re-read."""
+    regs = em.chunk_body(exprs, cached, fill, "cg_c", "cg_j")
+    rest = em.chunk_body(exprs, cached, set(), "cg_c", None)
+    return [
+        "#pragma unroll",
+        "for (int cg_j = 0; cg_j < ITEMS; ++cg_j) {",
+        "    const long long cg_i = cg_lane + static_cast<long long>(cg_j) * cg_g;",
+        "    if (cg_active && cg_i < cg_nvec) {",
+        "        const long long cg_c = cg_i * V;",
+        *("        " + b for b in regs),
+        "    }",
+        "}",
+        "for (long long cg_i = cg_lane + static_cast<long long>(ITEMS) * cg_g; cg_active && cg_i < cg_nvec; cg_i += cg_g) {",
+        "    const long long cg_c = cg_i * V;",
+        *("    " + b for b in rest),
+        "}",
+    ]
+
+
+def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False) -> Schedule:
+    """Row reductions then maps. ``mode``: ``warp`` (one row per warp), ``block`` (one row per
+    block) or ``cluster`` (one row per cluster of CL blocks, sm_90). ``online``: each max and
+    sum of exp(x - max) pair (:func:`online_pairs`; there must be one) in one pass."""
+    em = Emitter(spec, program)
+    cluster = mode == "cluster"
+    fused = online_pairs(program) if online else {}
+    if online and not fused:
+        raise Unsupported("no max and sum of exp(x - max) to compute online")
+    partner = {i_max: i_sum for i_sum, i_max in fused.items()}
+    reduce_fn = "cg_cluster_reduce" if cluster else "cg_group_reduce"
+    cached = {i for i, leaf in enumerate(em.full_leaves) if em.is_float_arg(leaf.arg)}
+    # Registers kept per thread: cached leaves x ITEMS x 8 floats, at most 64.
+    items = tuple(v for v in (4, 2, 8, 1) if max(1, len(cached)) * v * 8 <= 64) or (1,)
+    bases = em.leaf_bases("cg_row")
+    lines = em.take_row_lines() + bases
+    lines += [f"float cg_cache{i}[ITEMS][V];" for i in sorted(cached)]
+    filled: set[int] = set()
+    extra = ", cg_split" if cluster else ""
+    for group in _levels(program, fused):
+        plain = [r for r in group if r.index not in fused and r.index not in partner]
+        exprs: list[tuple[str, object]] = [(f"red:{r.index}", r.body) for r in plain]
+        exprs += [(f"online:{r.index}:{partner[r.index]}", r.body) for r in group if r.index in partner]
+        fill = (em.used_leaves(exprs) & cached) - filled
+        body = _pass(em, exprs, cached, fill)
+        filled |= fill
+        lines += em.take_row_lines()
+        lines += [f"float cg_acc{r.index} = {IDENTITY[r.kind]};" for r in group]
+        lines += body
+        lines += [f"const float cg_red{r.index} = {reduce_fn}<{OPCODE[r.kind]}>(cg_acc{r.index}, {IDENTITY[r.kind]}{extra});"
+                  for r in plain]
+        for r in group:
+            if r.index in partner:
+                i_max, i_sum = r.index, partner[r.index]
+                lines += [f"{'cg_cluster_online' if cluster else 'cg_online_group'}(cg_acc{i_max}, cg_acc{i_sum}{extra});",
+                          f"const float cg_red{i_max} = cg_acc{i_max};",
+                          f"const float cg_red{i_sum} = cg_online_end(cg_acc{i_max}, cg_acc{i_sum}, cg_cols);"]
+    full_out = [(f"out:{n}", e) for n, (space, e) in program.outputs.items() if space == "full"]
+    if full_out:
+        body = _pass(em, full_out, cached, (em.used_leaves(full_out) & cached) - filled)
+        lines += em.take_row_lines()
+        lines += body
+    row_out = [(n, e) for n, (space, e) in program.outputs.items() if space != "full"]
+    if row_out:
+        stores = []
+        for name, expr in row_out:
+            value = em.row_expr(expr)
+            stores.append(f"{name}[cg_row] = {em.store_value(name, value, em.kind(expr))};")
+        leader = "cg_lane == 0"  # the row's first thread (of the cluster's first block)
+        lines += [f"if (cg_active && {leader}) {{", *("    " + x for x in em.take_row_lines() + stores), "}"]
+    if cluster:
+        lines.append("if (cg_split) cg_cluster_sync();  // no block leaves while another may read its shared memory")
+        place = [
+            "    // As the launch header computes it: CL blocks per row below SPLIT rows, else one.",
+            f"    const bool cg_split = {em.rows} < SPLIT;",
+            "    // Split: CL blocks per row. Else blockDim.y rows per block, as in rows/block.",
+            "    const long long cg_r = cg_split ? static_cast<long long>(blockIdx.x) / CL",
+            "                                    : static_cast<long long>(blockIdx.x) * blockDim.y + threadIdx.y;",
+            f"    const bool cg_active = cg_r < {em.rows};  // the grid is rounded up to whole clusters",
+            "    const int cg_lane = (cg_split ? static_cast<int>(blockIdx.x % CL) * blockDim.x : 0) + threadIdx.x;",
+            "    const int cg_g = (cg_split ? CL : 1) * blockDim.x;",
+        ]
+    else:
+        place = [
+            "    const long long cg_r = static_cast<long long>(blockIdx.x) * blockDim.y + threadIdx.y;",
+            "    // Threads of rows past the end still take part in the block's barriers.",
+            f"    const bool cg_active = cg_r < {em.rows};",
+            "    const int cg_lane = threadIdx.x;",
+            "    const int cg_g = blockDim.x;",
+        ]
+    text = [
+        PRELUDE,
+        *([CLUSTER_PRELUDE] if cluster else []),
+        *([ONLINE_PRELUDE] if online else []),
+        *([CLUSTER_ONLINE_PRELUDE] if online and cluster else []),
+        f"template <int V>\n__device__ __forceinline__ void cg_run({entry_params(spec)}) {{",
+        f"    const long long cg_cols = {em.cols};",
+        *place,
+        "    const long long cg_row = cg_active ? cg_r : 0;",
+        "    const long long cg_obase = cg_row * cg_cols;",
+        "    const long long cg_nvec = cg_cols / V;",
+        *("    " + x for x in lines),
+        "}",
+    ]
+    outputs = [n for n, (space, _) in program.outputs.items() if space == "full"]
+    call = "cg_run<{v}>(" + entry_args(spec) + ")"
+    bound, attrs = "512", ""
+    if mode == "warp":
+        grid, block, bound = f"(cdiv({program.rows}, ROWS),)", "(32, ROWS)", "32 * ROWS"
+        tune = {"ROWS": (4, 2, 8, 1), "ITEMS": items}
+        what = "one row per warp, ROWS rows per block"
+    elif mode == "block":
+        # Threads per row: a warp per 256 * ITEMS elements (ITEMS 16-byte vectors of 16-bit
+        # elements per thread), 32 to 512; rows too short for 256 threads share a block.
+        tx = f"min(512, max(32, 32 * cdiv({program.cols}, 256 * ITEMS)))"
+        ry = f"max(1, 256 // {tx})"
+        grid, block = f"(cdiv({program.rows}, {ry}),)", f"({tx}, {ry})"
+        tune = {"ITEMS": items}
+        what = "one row per block of threads sized to the row, short rows several to a block"
+    else:
+        split = f"(1 + (CL - 1) * min(1, max(0, SPLIT - {program.rows})))"  # blocks per row: CL or 1
+        tx = f"min(512, max(32, 32 * cdiv({program.cols}, 256 * ITEMS * {split})))"
+        ry = f"max(1, (256 // {tx}) * (2 - min(2, {split})))"  # rows per block: 1 when split
+        grid, block = f"(CL * cdiv(cdiv({program.rows}, {ry}) * {split}, CL),)", f"({tx}, {ry})"
+        # A row split CL ways is short per block: 4 vectors per thread hold a 128K-element fp16
+        # row in 8 blocks of 512; 8 spill at fp32 with the cluster code, 1 puts its cache on
+        # the stack there.
+        tune = {"CL": (8, 4, 2), "ITEMS": tuple(v for v in items if v in (2, 4)) or items, "SPLIT": (128, 512, 32)}
+        attrs = " __cluster_dims__(CL, 1, 1)"
+        # At least one block per SM: without it ptxas caps registers low and spills here.
+        bound = "512, 1"
+        what = ("below SPLIT rows one row per cluster of CL blocks (sm_90), partial reductions combined through "
+                "distributed shared memory; else as rows/block")
+    if online and mode != "warp":
+        bound = "512, 1"  # as for clusters: without it ptxas caps registers low and spills here
+    name = f"rows/{mode}" + ("+online" if online else "")
+    what += "; max and sum of exp(x - max) in one pass" if online else ""
+    head = header(grid, block, tune, f"{name}: {what}; ITEMS vectors per thread kept in registers between passes, "
+                   "fp32 accumulation", spec)
+    return Schedule(f"codegen:{name}", head + "\n".join(text) + "\n" + entry(spec, bound, em.vector_ok(outputs), call, attrs))

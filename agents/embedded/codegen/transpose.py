@@ -1,0 +1,170 @@
+"""Transpose schedules: a 2-D transpose (a layout change) through shared memory.
+
+- ``transpose/tiled``: tiles of 32 x 32 blocks of VW x VW elements, each block transposed in
+  registers, VW-wide vector loads and stores both ways (scalar where a row length or pointer
+  forbids them), conflict-free shared memory.
+- ``transpose/wide``: TILE x TILE tiles, 16-byte vectors both ways, XOR-swizzled shared memory.
+"""
+
+from __future__ import annotations
+
+from agents.embedded.codegen.cuda_text import PRELUDE
+from agents.embedded.codegen.emit import Emitter, Schedule, c_size, entry_args, entry_params, header
+from agents.embedded.codegen.ir import Program
+from kernels.spec import SCALAR, KernelSpec
+
+_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8, "uint8": 1, "int8": 1, "bool": 1,
+          "float8_e4m3fn": 1}
+
+
+def _element_bytes(spec: KernelSpec, dtype: str) -> int:
+    """The largest size an argument of ``dtype`` takes over the spec's run dtypes."""
+    if dtype == SCALAR:
+        return max(_BYTES[d] for d in spec.dtypes)
+    return _BYTES.get(dtype, 8)
+
+
+def transpose(spec: KernelSpec, program: Program) -> Schedule:
+    """Tiles of 32 x 32 blocks of VW x VW elements. A thread reads VW rows of one VW-wide
+    vector, transposes the VW x VW block in registers and parks its VW columns in shared
+    memory as VW-wide words (one plane per column, rows padded to 33 words: conflict-free both
+    ways); the write side reads them back along the tile's other axis and stores VW-wide
+    vectors of the output rows. Scalar code where a row length or a pointer forbids vectors."""
+    assert program.transposed is not None
+    arg, rows, cols = program.transposed
+    out = next(iter(program.outputs))
+    em = Emitter(spec, program)
+    ct_in, ct_out = em.c_type(arg), em.c_type(out)
+    size = max(_element_bytes(spec, em.dtypes[arg]), _element_bytes(spec, em.dtypes[out]))
+    # Shared memory: VW planes of 32 x 33 words of VW elements; at most 32 bytes per block of
+    # VW x VW keeps it under 34 KB, inside the 48 KB a static array may take.
+    widths = tuple(w for w in (2, 4, 1) if w * w * size <= 32) or (1,)
+    text = [
+        PRELUDE,
+        f"__device__ __forceinline__ void cg_run({entry_params(spec)}) {{",
+        f"    __shared__ Pack<{ct_in}, VW> cg_tile[VW][32][33];",
+        f"    const long long cg_rows = {c_size(rows)};",
+        f"    const long long cg_cols = {c_size(cols)};",
+        "    const long long cg_tiles_x = (cg_cols + 32 * VW - 1) / (32 * VW);",
+        "    const long long cg_i0 = static_cast<long long>(blockIdx.x) / cg_tiles_x * (32 * VW);",
+        "    const long long cg_j0 = static_cast<long long>(blockIdx.x) % cg_tiles_x * (32 * VW);",
+        "    // Vectors only where every row starts on a vector boundary.",
+        f"    const bool cg_vload = cg_cols % VW == 0 && cg_aligned({arg}, sizeof(Pack<{ct_in}, VW>));",
+        f"    const bool cg_vstore = cg_rows % VW == 0 && cg_aligned({out}, sizeof(Pack<{ct_out}, VW>));",
+        "    const long long cg_j = cg_j0 + static_cast<long long>(threadIdx.x) * VW;",
+        "    for (int s = threadIdx.y; s < 32; s += blockDim.y) {",
+        f"        Pack<{ct_in}, VW> a[VW];",
+        "#pragma unroll",
+        "        for (int r = 0; r < VW; ++r) {",
+        "            const long long i = cg_i0 + static_cast<long long>(s) * VW + r;",
+        "            if (i >= cg_rows) continue;",
+        "            if (cg_vload && cg_j + VW <= cg_cols) {",
+        f"                a[r] = *reinterpret_cast<const Pack<{ct_in}, VW>*>({arg} + i * cg_cols + cg_j);",
+        "            } else {",
+        "#pragma unroll",
+        f"                for (int c = 0; c < VW; ++c) if (cg_j + c < cg_cols) a[r].v[c] = {arg}[i * cg_cols + cg_j + c];",
+        "            }",
+        "        }",
+        "#pragma unroll",
+        "        for (int c = 0; c < VW; ++c) {",
+        f"            Pack<{ct_in}, VW> b;",
+        "#pragma unroll",
+        "            for (int r = 0; r < VW; ++r) b.v[r] = a[r].v[c];",
+        "            cg_tile[c][s][threadIdx.x] = b;",
+        "        }",
+        "    }",
+        "    __syncthreads();",
+        "    const long long cg_i = cg_i0 + static_cast<long long>(threadIdx.x) * VW;",
+        "    if (cg_i >= cg_rows) return;",
+        "    for (int s = threadIdx.y; s < 32; s += blockDim.y) {",
+        "#pragma unroll",
+        "        for (int c = 0; c < VW; ++c) {",
+        "            const long long j = cg_j0 + static_cast<long long>(s) * VW + c;",
+        "            if (j >= cg_cols) continue;",
+        f"            const Pack<{ct_in}, VW> b = cg_tile[c][threadIdx.x][s];",
+        f"            Pack<{ct_out}, VW> o;",
+        "#pragma unroll",
+        f"            for (int r = 0; r < VW; ++r) o.v[r] = static_cast<{ct_out}>(b.v[r]);",
+        "            if (cg_vstore && cg_i + VW <= cg_rows) {",
+        f"                *reinterpret_cast<Pack<{ct_out}, VW>*>({out} + j * cg_rows + cg_i) = o;",
+        "            } else {",
+        "#pragma unroll",
+        f"                for (int r = 0; r < VW; ++r) if (cg_i + r < cg_rows) {out}[j * cg_rows + cg_i + r] = o.v[r];",
+        "            }",
+        "        }",
+        "    }",
+        "}",
+    ]
+    grid = f"(cdiv({cols}, 32 * VW) * cdiv({rows}, 32 * VW),)"
+    tune = {"VW": widths, "TY": (8, 4, 16)}
+    head = header(grid, "(32, TY)", tune, "transpose/tiled: 32 x 32 blocks of VW x VW elements through shared memory, "
+                   "VW-wide vectors both ways", spec)
+    kernel = f'extern "C" __global__ void __launch_bounds__(512) {spec.name}({entry_params(spec)}) {{\n    cg_run({entry_args(spec)});\n}}\n'
+    return Schedule("codegen:transpose/tiled", head + "\n".join(text) + "\n" + kernel)
+
+
+def transpose_wide(spec: KernelSpec, program: Program) -> Schedule:
+    """TILE x TILE tiles moved with 16-byte vectors both ways. Loads park whole vectors in shared
+    memory, XOR-swizzled by the row's vector group so that neither the vector writes nor the
+    column reads on the way out collide on a bank; each thread then gathers VL elements of one
+    tile column and stores them as one vector of the output row. Scalar code where a row length
+    or a pointer forbids vectors."""
+    assert program.transposed is not None
+    arg, rows, cols = program.transposed
+    out = next(iter(program.outputs))
+    em = Emitter(spec, program)
+    ct_in, ct_out = em.c_type(arg), em.c_type(out)
+    size = _element_bytes(spec, em.dtypes[arg])
+    # A tile of at most 32 KB of input elements, and at least two vectors along its rows.
+    tiles = tuple(t for t in (64, 128, 32) if t * t * size <= 32 * 1024 and t * size >= 32) or (32,)
+    vl = f"(16 / static_cast<int>(sizeof({ct_in})))"
+    text = [
+        PRELUDE,
+        f"constexpr int VL = {vl};  // elements of one 16-byte input vector",
+        "constexpr int GROUPS = TILE / VL;  // vectors along a tile row",
+        f"__device__ __forceinline__ void cg_run({entry_params(spec)}) {{",
+        f"    __shared__ Pack<{ct_in}, VL> cg_tile[TILE][GROUPS];",
+        f"    const long long cg_rows = {c_size(rows)};",
+        f"    const long long cg_cols = {c_size(cols)};",
+        "    const long long cg_tiles_x = (cg_cols + TILE - 1) / TILE;",
+        "    const long long cg_i0 = static_cast<long long>(blockIdx.x) / cg_tiles_x * TILE;",
+        "    const long long cg_j0 = static_cast<long long>(blockIdx.x) % cg_tiles_x * TILE;",
+        f"    const bool cg_vload = cg_cols % VL == 0 && cg_aligned({arg}, 16);",
+        f"    const bool cg_vstore = cg_rows % VL == 0 && cg_aligned({out}, sizeof(Pack<{ct_out}, VL>));",
+        "    for (int v = threadIdx.x; v < TILE * GROUPS; v += NT) {",
+        "        const int r = v / GROUPS, g = v % GROUPS;",
+        "        const long long i = cg_i0 + r, j = cg_j0 + static_cast<long long>(g) * VL;",
+        f"        Pack<{ct_in}, VL> a;",
+        "        if (i < cg_rows) {",
+        "            if (cg_vload && j + VL <= cg_cols) {",
+        f"                a = *reinterpret_cast<const Pack<{ct_in}, VL>*>({arg} + i * cg_cols + j);",
+        "            } else {",
+        "#pragma unroll",
+        f"                for (int e = 0; e < VL; ++e) if (j + e < cg_cols) a.v[e] = {arg}[i * cg_cols + j + e];",
+        "            }",
+        "        }",
+        "        cg_tile[r][g ^ ((r / VL) % GROUPS)] = a;  // swizzled: see the reads below",
+        "    }",
+        "    __syncthreads();",
+        "    for (int w = threadIdx.x; w < TILE * GROUPS; w += NT) {",
+        "        const int c = w / GROUPS, g = w % GROUPS;  // tile column c, input rows g*VL ... g*VL+VL-1",
+        "        const long long j = cg_j0 + c, i = cg_i0 + static_cast<long long>(g) * VL;",
+        "        if (j >= cg_cols || i >= cg_rows) continue;",
+        f"        Pack<{ct_out}, VL> o;",
+        "#pragma unroll",
+        f"        for (int e = 0; e < VL; ++e) o.v[e] = static_cast<{ct_out}>(cg_tile[g * VL + e][(c / VL) ^ g].v[c % VL]);",
+        "        if (cg_vstore && i + VL <= cg_rows) {",
+        f"            *reinterpret_cast<Pack<{ct_out}, VL>*>({out} + j * cg_rows + i) = o;",
+        "        } else {",
+        "#pragma unroll",
+        f"            for (int e = 0; e < VL; ++e) if (i + e < cg_rows) {out}[j * cg_rows + i + e] = o.v[e];",
+        "        }",
+        "    }",
+        "}",
+    ]
+    grid = f"(cdiv({cols}, TILE) * cdiv({rows}, TILE),)"
+    tune = {"TILE": tiles, "NT": (256, 128, 512)}
+    head = header(grid, "(NT,)", tune, "transpose/wide: TILE x TILE tiles, 16-byte vectors both ways through swizzled "
+                   "shared memory", spec)
+    kernel = f'extern "C" __global__ void __launch_bounds__(512) {spec.name}({entry_params(spec)}) {{\n    cg_run({entry_args(spec)});\n}}\n'
+    return Schedule("codegen:transpose/wide", head + "\n".join(text) + "\n" + kernel)
