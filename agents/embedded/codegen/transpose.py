@@ -24,6 +24,12 @@ def _element_bytes(spec: KernelSpec, dtype: str) -> int:
     return _BYTES.get(dtype, 8)
 
 
+def _entry(spec: KernelSpec) -> str:
+    """The entry point: one call of ``cg_run`` (blocks of at most 512 threads)."""
+    return (f'extern "C" __global__ void __launch_bounds__(512) {spec.name}({entry_params(spec)}) {{\n'
+            f"    cg_run({entry_args(spec)});\n}}\n")
+
+
 def transpose(spec: KernelSpec, program: Program) -> Schedule:
     """Tiles of 32 x 32 blocks of VW x VW elements. A thread reads VW rows of one VW-wide
     vector, transposes the VW x VW block in registers and parks its VW columns in shared
@@ -99,8 +105,7 @@ def transpose(spec: KernelSpec, program: Program) -> Schedule:
     tune = {"VW": widths, "TY": (8, 4, 16)}
     head = header(grid, "(32, TY)", tune, "transpose/tiled: 32 x 32 blocks of VW x VW elements through shared memory, "
                    "VW-wide vectors both ways", spec)
-    kernel = f'extern "C" __global__ void __launch_bounds__(512) {spec.name}({entry_params(spec)}) {{\n    cg_run({entry_args(spec)});\n}}\n'
-    return Schedule("codegen:transpose/tiled", head + "\n".join(text) + "\n" + kernel)
+    return Schedule("codegen:transpose/tiled", head + "\n".join(text) + "\n" + _entry(spec))
 
 
 def transpose_wide(spec: KernelSpec, program: Program) -> Schedule:
@@ -166,5 +171,4 @@ def transpose_wide(spec: KernelSpec, program: Program) -> Schedule:
     tune = {"TILE": tiles, "NT": (256, 128, 512)}
     head = header(grid, "(NT,)", tune, "transpose/wide: TILE x TILE tiles, 16-byte vectors both ways through swizzled "
                    "shared memory", spec)
-    kernel = f'extern "C" __global__ void __launch_bounds__(512) {spec.name}({entry_params(spec)}) {{\n    cg_run({entry_args(spec)});\n}}\n'
-    return Schedule("codegen:transpose/wide", head + "\n".join(text) + "\n" + kernel)
+    return Schedule("codegen:transpose/wide", head + "\n".join(text) + "\n" + _entry(spec))
