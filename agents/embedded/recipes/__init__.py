@@ -265,6 +265,20 @@ def _merge(spec: KernelSpec) -> str:
     return _fill("merge_flat.cu", spec, grid, "(BLOCK,)", "BLOCK", tune, call)
 
 
+def _merge_pairs(spec: KernelSpec) -> str:
+    """Two states, a row of threads per (token, head) pair: the weights once per thread."""
+    out, inp = _tensors(spec, "out"), _tensors(spec, "in")
+    if len(out) != 2 or len(inp) != 4:
+        raise RecipeError(f"{spec.name}: expected v_out, s_out, v_a, s_a, v_b, s_b")
+    tokens, heads, head_dim = _ints(spec, 3)
+    call = f"merge_states({', '.join(out + inp)}, {tokens}, {heads}, {head_dim})"
+    # A row of threads: one 16-byte vector of 16-bit elements per ITEMS, at most a warp.
+    block = f"(min(32, cdiv({head_dim}, 8 * ITEMS)), PAIRS)"
+    grid = f"(cdiv({tokens} * {heads}, PAIRS),)"
+    tune = {"PAIRS": (8, 16, 4), "ITEMS": (1, 2)}
+    return _fill("merge_pairs.cu", spec, grid, block, "32 * PAIRS", tune, call)
+
+
 def _merge_multi(spec: KernelSpec) -> str:
     """Any number of states: one 16-byte vector per thread, UNROLL states' loads in flight."""
     outs, ins = _tensor_args(spec, "out"), _tensor_args(spec, "in")
@@ -348,6 +362,7 @@ RECIPES: tuple[Recipe, ...] = (
     Recipe("recipe:row_norm/warp", "row_norm", _row_norm_warp),
     Recipe("recipe:row_norm/prefetch", "row_norm", _row_norm_prefetch),
     Recipe("recipe:merge/flat", "merge", _merge),
+    Recipe("recipe:merge/pairs", "merge", _merge_pairs),
     Recipe("recipe:layer_norm/rows", "layer_norm", _layer_norm),
     Recipe("recipe:row_quant/rows", "row_quant", _row_quant),
     Recipe("recipe:merge_multi/flat", "merge_multi", _merge_multi),

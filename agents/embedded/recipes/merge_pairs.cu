@@ -1,0 +1,81 @@
+// ${kernel}: merge two partial attention states by their base-2 log-sum-exp, per (token, head):
+// m = max(sa, sb); wa = 2^(sa - m); wb = 2^(sb - m); out = (va * wa + vb * wb) / (wa + wb);
+// lse = log2(wa + wb) + m; both states empty (-inf) gives out = 0, lse = -inf.
+// Recipe merge/pairs: a block holds PAIRS (token, head) pairs, one row of threads each
+// (threadIdx.y); a row of threads covers head_dim in 16-byte vectors, ITEMS per thread in
+// flight, so a pair's weights are computed once per thread from two broadcast loads and no
+// thread divides to find its pair. A scalar path covers head_dim not a multiple of 8 or
+// unaligned pointers.
+${header}
+${guards}
+constexpr int VEC = 16 / sizeof(scalar_t);
+
+template <int V>
+struct alignas(sizeof(scalar_t) * V) Pack {
+    scalar_t v[V];
+};
+
+template <int V>
+__device__ __forceinline__ void merge_pair(scalar_t* __restrict__ v_out, float* __restrict__ s_out,
+                                           const scalar_t* __restrict__ v_a, const float* __restrict__ s_a,
+                                           const scalar_t* __restrict__ v_b, const float* __restrict__ s_b,
+                                           long long pairs, int head_dim) {
+    using P = Pack<V>;
+    const long long pair = static_cast<long long>(blockIdx.x) * blockDim.y + threadIdx.y;
+    if (pair >= pairs) return;
+    const float neg_inf = __int_as_float(0xff800000u);
+    const float sa = s_a[pair];
+    const float sb = s_b[pair];
+    const float m = fmaxf(sa, sb);
+    float fa = 0.0f, fb = 0.0f, lse = neg_inf;
+    if (m != neg_inf) {  // both empty: m - m would be NaN
+        const float wa = exp2f(sa - m);
+        const float wb = exp2f(sb - m);
+        const float inv = 1.0f / (wa + wb);
+        fa = wa * inv;
+        fb = wb * inv;
+        lse = log2f(wa + wb) + m;
+    }
+    const int per_pair = head_dim / V;
+    const P* a = reinterpret_cast<const P*>(v_a) + pair * per_pair;
+    const P* b = reinterpret_cast<const P*>(v_b) + pair * per_pair;
+    P* o = reinterpret_cast<P*>(v_out) + pair * per_pair;
+    for (int first = threadIdx.x; first < per_pair; first += blockDim.x * ITEMS) {
+        P ra[ITEMS], rb[ITEMS];
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {  // every load first, then the math
+            const int j = first + k * blockDim.x;
+            if (j < per_pair) {
+                ra[k] = a[j];
+                rb[k] = b[j];
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+            const int j = first + k * blockDim.x;
+            if (j >= per_pair) continue;
+            P r;
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+                r.v[e] = static_cast<scalar_t>(static_cast<float>(ra[k].v[e]) * fa + static_cast<float>(rb[k].v[e]) * fb);
+            }
+            o[j] = r;
+        }
+    }
+    if (threadIdx.x == 0) s_out[pair] = lse;
+}
+
+__device__ __forceinline__ void merge_states(scalar_t* v_out, float* s_out, const scalar_t* v_a, const float* s_a,
+                                             const scalar_t* v_b, const float* s_b, int tokens, int heads,
+                                             int head_dim) {
+    const long long pairs = static_cast<long long>(tokens) * heads;
+    const unsigned long long addr = reinterpret_cast<unsigned long long>(v_out) | reinterpret_cast<unsigned long long>(v_a) |
+                                    reinterpret_cast<unsigned long long>(v_b);
+    if (head_dim % VEC == 0 && (addr & 15) == 0) {
+        merge_pair<VEC>(v_out, s_out, v_a, s_a, v_b, s_b, pairs, head_dim);
+    } else {
+        merge_pair<1>(v_out, s_out, v_a, s_a, v_b, s_b, pairs, head_dim);
+    }
+}
+
+${entry}
