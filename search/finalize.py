@@ -179,6 +179,7 @@ class EndOfRun:
 
         def done(report: dict[str, Any] | None, error: str) -> None:
             k.sanitizer = report if report is not None else {"status": "ERROR", "summary": error}
+            print(f"end {k.st.name}: sanitizer {k.sanitizer.get('status')}", file=sys.stderr, flush=True)
             if k.sanitizer.get("status") == "FINDINGS":
                 assert k.winner is not None
                 k.rejected_why[k.winner.variant.id] = f"sanitizer: {k.sanitizer.get('summary', '')}"[:500]
@@ -235,6 +236,8 @@ class EndOfRun:
                 self._to_baseline(k)
                 return
             runs.append(reply if reply is not None else {"loop_error": error})
+            print(f"end {k.st.name}: peers' loop {len(runs)} of {cfg.peer_runs} "
+                  + ("done" if reply is not None else f"failed: {error}"), file=sys.stderr, flush=True)
             if len(runs) < cfg.peer_runs:
                 submit()
                 return
