@@ -10,6 +10,7 @@ schedule and the agent proposes as before.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ EXPECTED_KIND = {
     "embedding_gather": "elementwise",
     "transpose_2d": "transpose",
     "bias_gelu": "elementwise",
+    "kv_cache_write": "elementwise",
 }
 
 
@@ -93,6 +95,12 @@ def _evaluate(program: Program, spec: KernelSpec, inputs: dict[str, Any], shape:
 
     results = {}
     for name, (space, expr) in program.outputs.items():
+        if space == "scatter":  # row r of the value to row index[r] (negative: from the end)
+            target = inputs[name].float().clone().reshape(-1, cols)
+            index = torch.broadcast_to(ev(expr.index), (rows, 1)).reshape(-1).long() % target.shape[0]
+            target[index] = torch.broadcast_to(ev(expr.value), (rows, cols)).float()
+            results[name] = target.reshape(inputs[name].shape)
+            continue
         value = torch.broadcast_to(ev(expr), (rows, cols) if space == "full" else (rows, 1))
         results[name] = value.reshape(inputs[name].shape)
     return results
@@ -150,6 +158,8 @@ def test_every_unseen_kernel_is_classified(folder):
     assert set(program.outputs) == {a.name for a in spec.written_args}
     if spec.name == "embedding_gather":
         assert program.has_gather
+    if spec.name == "kv_cache_write":
+        assert program.outputs["cache"][0] == "scatter" and program.rows == "num_tokens"
     if spec.name in ("log_softmax_rows", "cross_entropy_rows", "minmax_quant_u8"):
         assert len(program.reductions) == 2
 
@@ -329,3 +339,18 @@ def test_a_standin_sweep_over_the_unseen_library_takes_generated_winners(local_r
     assert sorted(table["kernel"].to_list()) == ["bias_gelu", "l2norm_rows"]
     records = "".join(p.read_text() for p in out.rglob("*.jsonl"))
     assert "codegen:rows/" in records and "codegen:elementwise/" in records
+
+
+def test_a_scatter_that_accumulates_gets_no_schedule(tmp_path):
+    """``index_put`` with accumulate adds into the rows (and duplicates add up): not a row write."""
+    folder = tmp_path / "kv_cache_add"
+    shutil.copytree(ROOT / "experiments" / "unseen" / "kv_cache_write", folder)
+    spec_file = folder / "spec.py"
+    text = spec_file.read_text()
+    written = 'cache[inputs["slots"]] = inputs["k"].float()'
+    assert written in text
+    spec_file.write_text(text.replace(written, 'cache.index_put_((inputs["slots"],), inputs["k"].float(), accumulate=True)'))
+    spec = load_kernel(folder)
+    with pytest.raises(Unsupported, match="accumulates"):
+        classify(spec)
+    assert schedules_for(spec) == {}

@@ -2,7 +2,8 @@
 
 - ``elementwise/rows``: blocks over (row, column chunk); 16-byte vector loads and stores of
   every tensor when the row length, strides, offsets and pointers allow it, else scalar code;
-  a scalar tail for the last partial vector.
+  a scalar tail for the last partial vector. An output scattered by rows (``target[index] =
+  values``) is stored at its index's row.
 - ``elementwise/flat``: the same over one flat row of R*C elements, when every access is
   contiguous.
 """
@@ -10,7 +11,15 @@
 from __future__ import annotations
 
 from agents.embedded.codegen.cuda_text import PRELUDE
-from agents.embedded.codegen.emit import Emitter, Schedule, entry, entry_args, entry_params, header
+from agents.embedded.codegen.emit import (
+    Emitter,
+    Schedule,
+    c_size,
+    entry,
+    entry_args,
+    entry_params,
+    header,
+)
 from agents.embedded.codegen.ir import Program
 from agents.embedded.codegen.trace import Unsupported
 from kernels.spec import KernelSpec
@@ -19,6 +28,9 @@ from kernels.spec import KernelSpec
 def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
     em = Emitter(spec, program)
     outputs = list(program.outputs)
+    scattered = {n: e for n, (space, e) in program.outputs.items() if space == "scatter"}
+    if flat and scattered:
+        raise Unsupported("the flat schedule writes its rows in order")
     if flat:
         if any(leaf.access == "gather" or leaf.row_stride != "C" or leaf.offset != "0" for leaf in em.full_leaves) \
                 or em.col_leaves() or any(n.access == "row" for n in em.row_loads):
@@ -29,8 +41,17 @@ def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
         rows_launch, cols_launch = program.rows, program.cols
     bases = em.leaf_bases("cg_row")
     bases = em.take_row_lines() + bases  # a gathered row's index is a row value: defined first
-    body = em.chunk_body([(f"out:{n}", e) for n, (_, e) in program.outputs.items()], set(), set(), "cg_c", None)
-    row_defs = em.take_row_lines()
+    # A scattered output's row is its index (a row value; negative counts from the end).
+    scatter_bases = []
+    for n, sc in scattered.items():
+        index = em.row_expr(sc.index)
+        em.out_base[n] = f"cg_obase_{n}"
+        scatter_bases.append(f"const long long cg_obase_{n} = (static_cast<long long>({index}) < 0 ? "
+                             f"static_cast<long long>({index}) + {c_size(sc.rows)} : static_cast<long long>({index})) "
+                             f"* {em.cols};")
+    exprs = [(f"out:{n}", e.value if space == "scatter" else e) for n, (space, e) in program.outputs.items()]
+    body = em.chunk_body(exprs, set(), set(), "cg_c", None)
+    row_defs = em.take_row_lines() + scatter_bases
     args = entry_args(spec)
     text = [
         PRELUDE,

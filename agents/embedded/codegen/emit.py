@@ -79,6 +79,7 @@ class Emitter:
                 self.full_leaves.append(node)
         self.row_loads: list[Load] = [n for n in walk(program.all_roots()) if isinstance(n, Load) and n.access in ("row", "scalar")]
         self._row_only: dict[int, bool] = {}
+        self.out_base: dict[str, str] = {}  # output -> its row's first element, where not cg_obase
 
     # ---- types
     def c_type(self, arg: str) -> str:
@@ -350,7 +351,8 @@ class Emitter:
         lines.append("}")
         for what, _ in outs:
             arg = what[4:]
-            lines.append(f"*reinterpret_cast<Pack<{self.c_type(arg)}, V>*>({arg} + cg_obase + {col0}) = cg_o_{arg};")
+            base = self.out_base.get(arg, "cg_obase")
+            lines.append(f"*reinterpret_cast<Pack<{self.c_type(arg)}, V>*>({arg} + {base} + {col0}) = cg_o_{arg};")
         return lines
 
 

@@ -36,6 +36,8 @@ UNARY: dict[str, str] = {
 # Binary aten ops read into an Op of the same name (the emitter writes each one's C).
 BINARY = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "pow", "atan2"})
 COMPARE: dict[str, str] = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "eq": "==", "ne": "!="}
+# Writes of rows by index (``target[index] = values``).
+_SCATTERS = {"index_put", "index_put_"}
 _VIEWS = {"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "expand", "clone", "alias",
           "contiguous", "lift_fresh_copy", "detach"}
 # The C type of a torch dtype named in a cast: the spec's argument types, and int8 (a cast
@@ -92,6 +94,18 @@ class AtColumn:
     column: Any
 
 
+@dataclass(frozen=True)
+class Scatter:
+    """An output written by rows: row r of ``value`` goes to row ``index`` (a row expression;
+    negative counts from the end, as torch's indexing does) of the written argument ``arg``,
+    which has ``rows`` rows; its other rows keep what they held."""
+
+    arg: str
+    index: Any
+    value: Any
+    rows: str
+
+
 @dataclass
 class Program:
     """What the emitter needs.
@@ -99,7 +113,8 @@ class Program:
     Attributes:
         kind: ``elementwise``, ``rowwise`` or ``transpose``.
         rows, cols: R and C as launch expressions over the shape symbols.
-        outputs: written argument -> (space, expression).
+        outputs: written argument -> (space, expression); space ``scatter`` holds a
+            :class:`Scatter`.
         reductions: in dependency order.
         dtypes: tensor argument -> torch dtype name (``scalar`` for the run's type).
         transposed: for ``transpose``, the permuted argument and its [rows, cols] expressions.
@@ -138,6 +153,8 @@ def walk(roots: list[Any]) -> list[Any]:
             stack.extend((node.body, node.column))
         elif isinstance(node, Load) and node.index is not None:
             stack.append(node.index)
+        elif isinstance(node, Scatter):
+            stack.extend((node.index, node.value))
     return list(seen.values())
 
 
@@ -239,11 +256,18 @@ class _Reader:
             raise Unsupported("the reference computes nothing")
         # The iteration space: the largest value the graph computes, not an argument merely cast
         # or sliced (a gated activation's input row is twice its output row).
-        lazy = {"_to_copy", "slice", *_VIEWS}
+        lazy = {"_to_copy", "slice", *_VIEWS, *_SCATTERS}
         work = [n for n in computed if _opname(n) not in lazy] or computed
         big = max(range(len(nodes_a)), key=lambda i: _numel(nodes_a[i]) if nodes_a[i] in work else -1)
         self.full = tuple(nodes_a[big].meta["val"].shape)
         self.full_b = tuple(nodes_b[big].meta["val"].shape)
+        scatters = [i for i, n in enumerate(nodes_a) if n in computed and _opname(n) in _SCATTERS]
+        if scatters:
+            # What a scatter writes is the iteration space (its values' rows), not its target.
+            values = [n.args[2] for n in (nodes_a[scatters[0]], nodes_b[scatters[0]])]
+            if not all(hasattr(v, "meta") for v in values):
+                raise Unsupported("a scatter of a constant")
+            self.full, self.full_b = (tuple(v.meta["val"].shape) for v in values)
         if len(self.full) == 0:
             raise Unsupported("no tensor dimension to iterate over")
         rows = self.size_expr(math.prod(self.full[:-1]), math.prod(self.full_b[:-1]))
@@ -262,13 +286,18 @@ class _Reader:
                 results = na.args[0]
                 for name, res in zip(self.trace.outputs, results, strict=True):
                     v = env[res]
+                    if isinstance(v.expr, Scatter):
+                        outputs[name] = ("scatter", self.scatter_output(name, v.expr))
+                        continue
                     space = self.space(v.shape)
                     if space == "col" or (space == "scalar" and math.prod(self.full[:-1]) != 1):
                         raise Unsupported(f"output {name} is not one value per element or per row")
                     outputs[name] = (space, self.read(v))
         kind = "rowwise" if self.reductions or _has_at_column(outputs) else "elementwise"
-        if kind == "elementwise" and any(s != "full" for s, _ in outputs.values()):
+        if kind == "elementwise" and any(s not in ("full", "scatter") for s, _ in outputs.values()):
             raise Unsupported("an elementwise graph with per-row outputs")
+        if kind == "rowwise" and any(s == "scatter" for s, _ in outputs.values()):
+            raise Unsupported("a scatter after row reductions")
         return Program(kind, rows, cols, outputs, self.reductions, self.dtypes)
 
     def node(self, env: dict[Any, _Val], na: Any, nb: Any) -> _Val:
@@ -303,6 +332,8 @@ class _Reader:
             return self.slice(first, na, nb, shape, shape_b)
         if name in ("index", "embedding"):
             return self.gather_rows(env, na, name, shape, shape_b)
+        if name in _SCATTERS:
+            return self.scatter_rows(env, na, shape, shape_b)
         if name in ("scalar_tensor", "full", "full_like", "zeros_like", "ones_like"):
             value = {"zeros_like": 0, "ones_like": 1}.get(name, args[0] if name == "scalar_tensor" else args[1] if len(args) > 1 else 0)
             return out(_as_kind(self.constant(value), kind))
@@ -373,6 +404,32 @@ class _Reader:
             raise Unsupported("a gather whose rows are not the iteration space's rows")
         stride = self.size_expr(t.shape[-1], t.shape_b[-1])
         return _Val(Load(t.arg or "", "gather", row_stride=stride, index=index), shape, shape_b, dtype=t.dtype)
+
+    def scatter_rows(self, env: dict[Any, _Val], na: Any, shape: tuple[int, ...], shape_b: tuple[int, ...]) -> _Val:
+        """``target[index] = values``: row r of the values to row index[r] of a 2-D argument."""
+        target, indices, values = na.args[:3]
+        if (na.args[3] if len(na.args) > 3 else na.kwargs.get("accumulate", False)):
+            raise Unsupported("a scatter that accumulates")
+        t = env[target]
+        if t.expr is not None or t.arg is None or len(t.shape) != 2:
+            raise Unsupported("a scatter into something other than a 2-D argument")
+        if len(indices) != 1 or not hasattr(indices[0], "op"):
+            raise Unsupported("a scatter by several index tensors")
+        if not hasattr(values, "op") or self.space(env[values].shape) != "full" or self.space(env[indices[0]].shape) != "row":
+            raise Unsupported("a scatter whose values are not the iteration space's rows, one index each")
+        if (t.shape[-1], t.shape_b[-1]) != (self.full[-1], self.full_b[-1]):
+            raise Unsupported("a scatter into rows of another length")
+        rows = self.size_expr(t.shape[0], t.shape_b[0])
+        return _Val(Scatter(t.arg, self.read(env[indices[0]]), self.read(env[values]), rows), shape, shape_b,
+                    dtype=na.meta["val"].dtype)
+
+    def scatter_output(self, name: str, scatter: Scatter) -> Scatter:
+        """The scatter an output is, if it writes into that same argument, which the kernel
+        reads and writes (its unwritten rows are the argument's own)."""
+        role = next((a.role for a in self.spec.args if a.name == name), None)
+        if scatter.arg != name or role != "inout":
+            raise Unsupported(f"output {name} is a scatter into {scatter.arg}, not into itself as an inout argument")
+        return scatter
 
     def reduction(self, name: str, first: _Val | None, na: Any) -> Any:
         assert first is not None
