@@ -7,7 +7,8 @@ column, broadcast over rows: [C]) or ``scalar``. A value is an expression tree o
 element (r, c): loads of tensor arguments (contiguous, a slice of the last dimension, or a row
 picked by an index), constants, the kernel's float arguments, elementwise ops, per-row
 reductions over the columns, and the value of a full expression at one column per row
-(``gather`` by index). A 2-D permuted copy is read as a transpose instead.
+(``gather`` by index). An output may be written by rows at an index (``target[index] =
+values`` into an inout argument: a scatter). A 2-D permuted copy is read as a transpose instead.
 
 Anything else (reductions over other dimensions, partial broadcasts, data-dependent sizes,
 ops not listed in :data:`UNARY` / :data:`BINARY`) raises :class:`Unsupported`.
