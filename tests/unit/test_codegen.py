@@ -10,6 +10,7 @@ schedule and the agent proposes as before.
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,17 @@ import torch
 from agents.base import AgentContext
 from agents.embedded import EmbeddedAgent
 from agents.embedded.codegen import Unsupported, classify, generate, schedules_for
-from agents.embedded.codegen.ir import AtColumn, Const, Load, Op, Param, Program, Reduce
+from agents.embedded.codegen.ir import (
+    AtColumn,
+    Const,
+    Load,
+    Op,
+    Param,
+    Program,
+    Reduce,
+    RowOf,
+    walk,
+)
 from evaluators.admit import Refusal, admit
 from evaluators.compile import compile_variant
 from kernels.launch import parse_launch_header
@@ -70,13 +81,27 @@ def _evaluate(program: Program, spec: KernelSpec, inputs: dict[str, Any], shape:
             return flat[r * size(node.row_stride) + size(node.offset) + c]
         if node.access == "gather":
             return flat[ev(node.index).long() * size(node.row_stride) + c]
+        if node.access == "row" and node.index is not None:
+            return flat[ev(node.index).long()]
         return {"col": lambda: flat[c], "row": lambda: flat[r], "scalar": lambda: flat[0]}[node.access]()
+
+    def row_of(node: RowOf) -> Any:
+        dims = [size(d) for d in node.dims]
+        index = torch.zeros_like(r)
+        for j, kept in enumerate(node.keep):
+            if kept:
+                inner = math.prod(dims[j + 1:])
+                weight = math.prod(d for d, k in zip(dims[j + 1:], node.keep[j + 1:], strict=True) if k)
+                index = index + (r // inner) % dims[j] * weight
+        return index
 
     def ev(node: Any) -> Any:
         if id(node) in memo:
             return memo[id(node)]
         if isinstance(node, Load):
             out = load(node)
+        elif isinstance(node, RowOf):
+            out = row_of(node)
         elif isinstance(node, Const):
             out = torch.tensor(node.value, dtype={"float": torch.float32, "int": torch.int64, "bool": torch.bool}[node.ctype])
         elif isinstance(node, Param):
@@ -354,3 +379,67 @@ def test_a_scatter_that_accumulates_gets_no_schedule(tmp_path):
     with pytest.raises(Unsupported, match="accumulates"):
         classify(spec)
     assert schedules_for(spec) == {}
+
+
+_BROADCAST_SPEC = '''
+from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, h, d = shape["tokens"], shape["heads"], shape["dim"]
+
+    def randn(*size):
+        return torch.randn(*size, generator=generator, device=device).to(dtype)
+
+    return {"out": torch.empty(t, h, d, device=device, dtype=dtype), "x": randn(t, h, d), "w": randn(h, d),
+            "b": randn(t, 1, d), "s": randn(h, 1)}
+
+
+def reference(inputs, shape, constants):
+    f = {k: v.float() for k, v in inputs.items()}
+    return {"out": (f["x"] * f["w"] + f["b"]) * f["s"]}
+
+
+SPEC = KernelSpec(
+    name="head_affine",
+    description="out[t, h, :] = (x[t, h, :] * w[h, :] + b[t, 0, :]) * s[h, 0]",
+    args=(Arg("out", "tensor", role="out"), Arg("x", "tensor"), Arg("w", "tensor"), Arg("b", "tensor"),
+          Arg("s", "tensor"), Arg("tokens", "int"), Arg("heads", "int"), Arg("dim", "int", multiple_of=8)),
+    search_shapes=({"tokens": 64, "heads": 8, "dim": 128},),
+    heldout_shapes=({"tokens": 7, "heads": 3, "dim": 40},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: 2 * s["tokens"] * s["heads"] * s["dim"] * 2,
+    flops=lambda s: 3 * s["tokens"] * s["heads"] * s["dim"],
+)
+'''
+_BROADCAST_BASELINE = '''// launch: grid=(tokens * heads,) block=(128,) smem=0
+extern "C" __global__ void head_affine(scalar_t* out, const scalar_t* x, const scalar_t* w, const scalar_t* b,
+                                       const scalar_t* s, int tokens, int heads, int dim) {
+    const long long r = blockIdx.x, t = r / heads, h = r % heads;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = static_cast<float>(x[r * dim + i]) * static_cast<float>(w[h * dim + i]) + static_cast<float>(b[t * dim + i]);
+        out[r * dim + i] = static_cast<scalar_t>(v * static_cast<float>(s[h]));
+    }
+}
+'''
+
+
+def test_partial_broadcasts_read_the_row_they_broadcast_from(tmp_path):
+    """[H, D] and [T, 1, D] over [T, H, D], and one value per head ([H, 1]): each read at the
+    row of the iteration space's row it broadcasts to, checked against the reference."""
+    folder = tmp_path / "head_affine"
+    folder.mkdir()
+    (folder / "spec.py").write_text(_BROADCAST_SPEC)
+    (folder / "baseline.cu").write_text(_BROADCAST_BASELINE)
+    spec = load_kernel(folder)
+    program = classify(spec)
+    assert program.kind == "elementwise" and program.rows in ("tokens * heads", "heads * tokens") and program.cols == "dim"
+    loads = {n.arg: n for n in walk(program.all_roots()) if isinstance(n, Load)}
+    assert (loads["w"].access, loads["w"].index.keep) == ("gather", (False, True))
+    assert (loads["b"].access, loads["b"].index.keep) == ("gather", (True, False))
+    assert (loads["s"].access, loads["s"].index.keep) == ("row", (False, True))
+    _check_against_reference(spec)
+    assert _admits_everywhere(spec, tmp_path / "cache") == ["codegen:elementwise/rows"]

@@ -28,6 +28,7 @@ from agents.embedded.codegen.ir import (
     Param,
     Program,
     Reduce,
+    RowOf,
     ctype_of,
     walk,
 )
@@ -158,9 +159,11 @@ class Emitter:
             return self.row_done[key]
         if isinstance(node, Reduce):
             return f"cg_red{node.index}"
-        if isinstance(node, Load):
-            value = f"{node.arg}[{'cg_row' if node.access == 'row' else '0'}]"
-            text = self.convert_load(node.arg, value)
+        if isinstance(node, RowOf):
+            text = self.row_of(node)
+        elif isinstance(node, Load):
+            where = self.row_expr(node.index) if node.index is not None else "cg_row" if node.access == "row" else "0"
+            text = self.convert_load(node.arg, f"{node.arg}[{where}]")
         elif isinstance(node, AtColumn):
             col = self.row_expr(node.column)
             name = self.fresh() + "_col"
@@ -173,6 +176,24 @@ class Emitter:
         self.row_lines.append(f"const {self.c_kind(self.kind(node))} {name} = {text};")
         self.row_done[key] = name
         return name
+
+    @staticmethod
+    def row_of(node: RowOf) -> str:
+        """The row a partly broadcast tensor reads at row cg_row: the digits of cg_row over the
+        full row dimensions, those of the kept dimensions recombined over the tensor's sizes."""
+        terms = []
+        for j, kept in enumerate(node.keep):
+            if not kept:
+                continue
+            digit = "cg_row"
+            inner = [d for d in node.dims[j + 1:]]
+            if inner:
+                digit = f"({digit} / {c_size(' * '.join(inner))})"
+            if j > 0:
+                digit = f"({digit} % {c_size(node.dims[j])})"
+            weight = [d for d, k in zip(node.dims[j + 1:], node.keep[j + 1:], strict=True) if k]
+            terms.append(f"{digit} * {c_size(' * '.join(weight))}" if weight else digit)
+        return " + ".join(terms) or "0LL"
 
     def scalar_expr(self, node: object, col: str) -> str:
         """A full expression at one column (a gather by index), with scalar loads."""

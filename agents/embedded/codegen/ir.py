@@ -96,6 +96,16 @@ class AtColumn:
 
 
 @dataclass(frozen=True)
+class RowOf:
+    """The row of a partly broadcast tensor that the iteration space's row r reads: r split
+    into the full shape's row dimensions (``dims``, size expressions, outermost first), the
+    digits of the dimensions the tensor has (``keep``) recombined over its own sizes."""
+
+    dims: tuple[str, ...]
+    keep: tuple[bool, ...]
+
+
+@dataclass(frozen=True)
 class Scatter:
     """An output written by rows: row r of ``value`` goes to row ``index`` (a row expression;
     negative counts from the end, as torch's indexing does) of the written argument ``arg``,
@@ -166,6 +176,8 @@ def ctype_of(node: Any) -> str:
         return node.ctype
     if isinstance(node, Param | Reduce):
         return FLOAT
+    if isinstance(node, RowOf):
+        return INT
     if isinstance(node, AtColumn):
         return ctype_of(node.body)
     return node.ctype
@@ -216,7 +228,32 @@ class _Reader:
             stripped.pop(0)
         if stripped == [self.full[-1]]:
             return "col"
+        if self.broadcast_keep(tuple(shape)) is not None:
+            return "bcast"
         raise Unsupported(f"a value of shape {list(shape)} does not broadcast simply against {list(self.full)}")
+
+    def broadcast_keep(self, shape: tuple[int, ...], shape_b: tuple[int, ...] | None = None) -> tuple[bool, ...] | None:
+        """For a shape broadcast against the full one (aligned from the right, each dimension
+        the full one's or 1, the last the row's length or 1): per row dimension, whether the
+        value has it; None for any other shape. Without ``shape_b`` only probe A is compared."""
+        pad = len(self.full) - len(shape)
+        if pad < 0:
+            return None
+        ones = (1,) * pad
+        # A dimension as its sizes at the probes compared (probe A alone without shape_b).
+        mine = list(zip(ones + tuple(shape), ones + tuple(shape_b if shape_b is not None else shape), strict=True))
+        full = list(zip(self.full, self.full_b if shape_b is not None else self.full, strict=True))
+        keep = []
+        for dim, whole in zip(mine[:-1], full[:-1], strict=True):
+            if dim == (1, 1):
+                keep.append(False)
+            elif dim == whole:
+                keep.append(True)
+            else:
+                return None
+        if mine[-1] not in (full[-1], (1, 1)):
+            return None
+        return tuple(keep)
 
     def size_expr(self, a: int, b: int) -> str:
         return fit_size(a, b, self.trace.probes)
@@ -226,7 +263,19 @@ class _Reader:
         if v.expr is not None:
             return v.expr
         assert v.arg is not None
-        return Load(v.arg, self.space(v.shape))
+        space = self.space(v.shape)
+        if space != "bcast":
+            return Load(v.arg, space)
+        # Broadcast over some row dimensions ([H, D] or [T, 1, D] against [T, H, D]): the row
+        # it reads is a function of r, a whole row (a gather by that row) or one value of it.
+        keep = self.broadcast_keep(v.shape, v.shape_b)
+        if keep is None:
+            raise Unsupported(f"a value of shapes {list(v.shape)} and {list(v.shape_b)} at the two probes")
+        dims = tuple(self.size_expr(a, b) for a, b in zip(self.full[:-1], self.full_b[:-1], strict=True))
+        index = RowOf(dims, keep)
+        if v.shape[-1] == 1 and self.full[-1] != 1:
+            return Load(v.arg, "row", index=index)
+        return Load(v.arg, "gather", index=index)
 
     def constant(self, x: Any) -> Any:
         if isinstance(x, bool):
@@ -291,7 +340,7 @@ class _Reader:
                         outputs[name] = ("scatter", self.scatter_output(name, v.expr))
                         continue
                     space = self.space(v.shape)
-                    if space == "col" or (space == "scalar" and math.prod(self.full[:-1]) != 1):
+                    if space in ("col", "bcast") or (space == "scalar" and math.prod(self.full[:-1]) != 1):
                         raise Unsupported(f"output {name} is not one value per element or per row")
                     outputs[name] = (space, self.read(v))
         kind = "rowwise" if self.reductions or _has_at_column(outputs) else "elementwise"
