@@ -135,6 +135,7 @@ def _op(node: Op, a: list[Any]) -> Any:
     f = {
         "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
         "rsqrt": torch.rsqrt, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "erf": torch.erf,
+        "exp2": torch.exp2, "log2": torch.log2,
         "reciprocal": torch.reciprocal, "round": torch.round, "relu": torch.relu,
         "gelu": torch.nn.functional.gelu, "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
         "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "pow": torch.pow,
@@ -443,3 +444,16 @@ def test_partial_broadcasts_read_the_row_they_broadcast_from(tmp_path):
     assert (loads["s"].access, loads["s"].index.keep) == ("row", (False, True))
     _check_against_reference(spec)
     assert _admits_everywhere(spec, tmp_path / "cache") == ["codegen:elementwise/rows"]
+
+
+def test_per_row_outputs_of_an_elementwise_graph_are_written_once_per_row(tmp_path):
+    """Merging two attention states: the merged values per element and the merged log-sum-exp
+    per (token, head), with no reduction: an elementwise program with a per-row output."""
+    spec = load_kernel("merge_attn_states_lse")
+    program = classify(spec)
+    assert program.kind == "elementwise"
+    assert {n: s for n, (s, _) in program.outputs.items()} == {"v_out": "full", "s_out": "row"}
+    _check_against_reference(spec)
+    assert _admits_everywhere(spec, tmp_path / "cache") == ["codegen:elementwise/rows"]
+    source = generate(spec)[0].source
+    assert "if (cg_c == 0) {" in source and "s_out[cg_row] =" in source

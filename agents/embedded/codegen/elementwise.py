@@ -3,7 +3,7 @@
 - ``elementwise/rows``: blocks over (row, column chunk); 16-byte vector loads and stores of
   every tensor when the row length, strides, offsets and pointers allow it, else scalar code;
   a scalar tail for the last partial vector. An output scattered by rows (``target[index] =
-  values``) is stored at its index's row.
+  values``) is stored at its index's row; a per-row output once per row.
 - ``elementwise/flat``: the same over one flat row of R*C elements, when every access is
   contiguous.
 """
@@ -29,8 +29,9 @@ def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
     em = Emitter(spec, program)
     outputs = list(program.outputs)
     scattered = {n: e for n, (space, e) in program.outputs.items() if space == "scatter"}
-    if flat and scattered:
-        raise Unsupported("the flat schedule writes its rows in order")
+    per_row = {n: e for n, (space, e) in program.outputs.items() if space == "row"}
+    if flat and (scattered or per_row):
+        raise Unsupported("the flat schedule has no rows to scatter or to write once")
     if flat:
         if any(leaf.access == "gather" or leaf.row_stride != "C" or leaf.offset != "0" for leaf in em.full_leaves) \
                 or em.col_leaves() or any(n.access == "row" for n in em.row_loads):
@@ -49,9 +50,14 @@ def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
         scatter_bases.append(f"const long long cg_obase_{n} = (static_cast<long long>({index}) < 0 ? "
                              f"static_cast<long long>({index}) + {c_size(sc.rows)} : static_cast<long long>({index})) "
                              f"* {em.cols};")
-    exprs = [(f"out:{n}", e.value if space == "scatter" else e) for n, (space, e) in program.outputs.items()]
+    exprs = [(f"out:{n}", e.value if space == "scatter" else e) for n, (space, e) in program.outputs.items()
+             if space != "row"]
     body = em.chunk_body(exprs, set(), set(), "cg_c", None)
+    # A per-row output is written once, by the chunk that holds the row's first column.
+    row_stores = [f"{n}[cg_row] = {em.store_value(n, em.row_expr(e), em.kind(e))};" for n, e in per_row.items()]
     row_defs = em.take_row_lines() + scatter_bases
+    if row_stores:
+        body += ["if (cg_c == 0) {", *("    " + x for x in row_stores), "}"]
     args = entry_args(spec)
     text = [
         PRELUDE,
@@ -65,25 +71,33 @@ def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
         "",
         f"template <int V>\n__device__ __forceinline__ void cg_run({entry_params(spec)}) {{",
         f"    const long long cg_cols = {em.cols};",
-        "    const long long cg_size = static_cast<long long>(BLOCK) * 8 * ITEMS;",
+        "    // blockDim.y rows per block, blockDim.x threads along a row (BLOCK in all: several",
+        "    // rows to a block when a row is shorter than BLOCK threads' share).",
+        "    const long long cg_size = static_cast<long long>(blockDim.x) * 8 * ITEMS;",
         "    const long long cg_chunks = (cg_cols + cg_size - 1) / cg_size;",
-        "    const long long cg_row = static_cast<long long>(blockIdx.x) / cg_chunks;",
+        "    const long long cg_row = static_cast<long long>(blockIdx.x) / cg_chunks * blockDim.y + threadIdx.y;",
+        f"    if (cg_row >= {c_size(rows_launch)}) return;",
         "    const long long cg_begin = static_cast<long long>(blockIdx.x) % cg_chunks * cg_size;",
         "    const long long cg_end = min(cg_cols, cg_begin + cg_size);",
         "    // Whole vectors, then what is left past the last whole vector one element at a time.",
         "    const long long cg_vend = cg_begin + (cg_end - cg_begin) / V * V;",
         "    for (long long cg_c = cg_begin + static_cast<long long>(threadIdx.x) * V; cg_c < cg_vend;",
-        "         cg_c += static_cast<long long>(BLOCK) * V) {",
+        "         cg_c += static_cast<long long>(blockDim.x) * V) {",
         f"        cg_chunk_at<V>({args}, cg_row, cg_c);",
         "    }",
-        "    for (long long cg_c = cg_vend + threadIdx.x; cg_c < cg_end; cg_c += BLOCK) {",
+        "    for (long long cg_c = cg_vend + threadIdx.x; cg_c < cg_end; cg_c += blockDim.x) {",
         f"        cg_chunk_at<1>({args}, cg_row, cg_c);",
         "    }",
         "}",
     ]
-    grid = f"(cdiv({cols_launch}, BLOCK * 8 * ITEMS),)" if flat else f"({rows_launch} * cdiv({cols_launch}, BLOCK * 8 * ITEMS),)"
+    # Threads along a row: one per 8 * ITEMS elements, in steps of 8 (a warp may hold several
+    # short rows), at most BLOCK; the rest of BLOCK takes further rows.
+    tx = f"min(BLOCK, max(8, 8 * cdiv({cols_launch}, 64 * ITEMS)))"
+    ry = f"max(1, BLOCK // {tx})"
+    grid = f"(cdiv({rows_launch}, {ry}) * cdiv({cols_launch}, {tx} * 8 * ITEMS),)"
     tune = {"BLOCK": (256, 128, 512), "ITEMS": (2, 1, 4)}
     name = "elementwise/flat" if flat else "elementwise/rows"
-    head = header(grid, "(BLOCK,)", tune, f"{name}: 16-byte vectors with a scalar tail, fp32 math", spec)
+    head = header(grid, f"({tx}, {ry})", tune, f"{name}: 16-byte vectors with a scalar tail, fp32 math", spec)
     call = "cg_run<{v}>(" + args + ")"
-    return Schedule("codegen:" + name, head + "\n".join(text) + "\n" + entry(spec, "BLOCK", em.vector_ok(outputs), call))
+    vectors = em.vector_ok([n for n in outputs if n not in per_row])
+    return Schedule("codegen:" + name, head + "\n".join(text) + "\n" + entry(spec, "BLOCK", vectors, call))

@@ -344,8 +344,8 @@ class _Reader:
                         raise Unsupported(f"output {name} is not one value per element or per row")
                     outputs[name] = (space, self.read(v))
         kind = "rowwise" if self.reductions or _has_at_column(outputs) else "elementwise"
-        if kind == "elementwise" and any(s not in ("full", "scatter") for s, _ in outputs.values()):
-            raise Unsupported("an elementwise graph with per-row outputs")
+        if kind == "elementwise" and any(s not in ("full", "scatter", "row") for s, _ in outputs.values()):
+            raise Unsupported("an elementwise graph with a single-value output")
         if kind == "rowwise" and any(s == "scatter" for s, _ in outputs.values()):
             raise Unsupported("a scatter after row reductions")
         return Program(kind, rows, cols, outputs, self.reductions, self.dtypes)
