@@ -40,7 +40,7 @@ COMPARE: dict[str, str] = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "eq": "
 # Writes of rows by index (``target[index] = values``).
 _SCATTERS = {"index_put", "index_put_"}
 _VIEWS = {"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "expand", "clone", "alias",
-          "contiguous", "lift_fresh_copy", "detach"}
+          "contiguous", "lift_fresh_copy", "detach", "broadcast_in_dim"}
 # The C type of a torch dtype named in a cast: the spec's argument types, and int8 (a cast
 # target only). Other integer casts go through long long.
 _TORCH_TO_C = {**_C_TYPES, "int8": "signed char"}
@@ -289,8 +289,23 @@ class _Reader:
             return Const(x, FLOAT)
         raise Unsupported(f"constant {x!r}")
 
-    def operand(self, env: dict[Any, _Val], x: Any) -> Any:
-        return self.read(env[x]) if hasattr(x, "op") else self.constant(x)
+    def operand(self, env: dict[Any, _Val], x: Any, xb: Any = None) -> Any:
+        """A node's value, or a constant (``xb``: the same argument at probe B)."""
+        if hasattr(x, "op"):
+            return self.read(env[x])
+        if isinstance(x, int | float) and isinstance(xb, int | float) and x != xb and not (x != x and xb != xb):
+            return self.shape_constant(x, xb)
+        return self.constant(x)
+
+    def shape_constant(self, a: float, b: float) -> Any:
+        """A number that differs between the two probes: the row's length (a mean's divisor)
+        or its reciprocal; any other shape-made number is one the program cannot say."""
+        cols = Param("__cols")
+        if (a, b) == (self.full[-1], self.full_b[-1]):
+            return cols
+        if a and b and math.isclose(1 / a, self.full[-1]) and math.isclose(1 / b, self.full_b[-1]):
+            return Op("div", (Const(1.0, FLOAT), cols), FLOAT)
+        raise Unsupported(f"a constant made from the shape ({a} and {b} at the two probes)")
 
     # ---- the graph
     def run(self) -> Program:
@@ -359,8 +374,11 @@ class _Reader:
             raise Unsupported(f"{name} returns no single tensor")
         shape, shape_b = tuple(val.shape), tuple(nb.meta["val"].shape)
         kind = _kind_of_dtype(val.dtype)
-        args = na.args
+        args, args_b = na.args, nb.args
         first = env.get(args[0]) if args and hasattr(args[0], "op") else None
+
+        def operands(n: int) -> list[Any]:
+            return [self.operand(env, x, y) for x, y in zip(args[:n], args_b[:n], strict=True)]
 
         def out(expr: Any) -> _Val:
             return _Val(expr, shape, shape_b, dtype=val.dtype)
@@ -385,8 +403,11 @@ class _Reader:
         if name in _SCATTERS:
             return self.scatter_rows(env, na, shape, shape_b)
         if name in ("scalar_tensor", "full", "full_like", "zeros_like", "ones_like"):
-            value = {"zeros_like": 0, "ones_like": 1}.get(name, args[0] if name == "scalar_tensor" else args[1] if len(args) > 1 else 0)
-            return out(_as_kind(self.constant(value), kind))
+            at = {"zeros_like": None, "ones_like": None, "scalar_tensor": 0}.get(name, 1)
+            value = {"zeros_like": 0, "ones_like": 1}.get(name, args[at] if at is not None and len(args) > at else 0)
+            value_b = nb.args[at] if at is not None and len(nb.args) > at else value
+            constant = self.shape_constant(value, value_b) if value != value_b and value == value else self.constant(value)
+            return out(_as_kind(constant, kind))
         if name in UNARY:
             return out(Op(name, (self.read(first),), FLOAT))  # type: ignore[arg-type]
         if name == "gelu":
@@ -395,25 +416,27 @@ class _Reader:
         if name in ("logical_not", "bitwise_not") and kind == BOOL:
             return out(Op("not", (self.read(first),), BOOL))  # type: ignore[arg-type]
         if name in BINARY:
-            a, b = (self.operand(env, x) for x in args[:2])
+            a, b = operands(2)
             if len(args) > 2 or "alpha" in na.kwargs:
                 alpha = na.kwargs.get("alpha", args[2] if len(args) > 2 else 1)
                 b = Op("mul", (b, self.constant(alpha)), FLOAT)
             return out(Op(name, (a, b), kind))
         if name in COMPARE:
-            a, b = (self.operand(env, x) for x in args[:2])
+            a, b = operands(2)
             return out(Op(name, (a, b), BOOL))
         if name in ("logical_and", "logical_or", "bitwise_and", "bitwise_or") and kind == BOOL:
-            a, b = (self.operand(env, x) for x in args[:2])
+            a, b = operands(2)
             return out(Op("and" if name.endswith("and") else "or", (a, b), BOOL))
         if name == "where":
-            c, a, b = (self.operand(env, x) for x in args[:3])
+            c, a, b = operands(3)
             return out(Op("where", (c, a, b), kind))
         if name in ("clamp", "clamp_min", "clamp_max"):
             lo = args[1] if name != "clamp_max" and len(args) > 1 else None
             hi = args[2] if name == "clamp" and len(args) > 2 else (args[1] if name == "clamp_max" else None)
             lo = na.kwargs.get("min", lo)
             hi = na.kwargs.get("max", hi)
+            if (na.args[1:], na.kwargs) != (nb.args[1:], nb.kwargs):
+                raise Unsupported("a clamp whose bounds are made from the shape")
             expr = self.read(first)  # type: ignore[arg-type]
             if lo is not None:
                 expr = Op("maximum", (expr, self.constant(float(lo))), FLOAT)
@@ -421,8 +444,9 @@ class _Reader:
                 expr = Op("minimum", (expr, self.constant(float(hi))), FLOAT)
             return out(expr)
         if name == "masked_fill":
-            return out(Op("where", (self.operand(env, args[1]), self.operand(env, args[2]), self.read(first)), kind))  # type: ignore[arg-type]
-        if name in ("sum", "amax", "amin", "mean", "linalg_vector_norm", "_log_softmax", "_softmax", "logsumexp"):
+            _, mask, fill = operands(3)
+            return out(Op("where", (mask, fill, self.read(first)), kind))  # type: ignore[arg-type]
+        if name in ("sum", "amax", "amin", "mean", "var", "linalg_vector_norm", "_log_softmax", "_softmax", "logsumexp"):
             return out(self.reduction(name, first, na))
         if name == "gather":
             return self.at_column(env, na, first, shape, shape_b)
@@ -506,6 +530,13 @@ class _Reader:
             return self.reduce("min", x)
         if name == "mean":
             return Op("div", (self.reduce("sum", x), Op("tofloat", (cols,), FLOAT)), FLOAT)
+        if name == "var":  # two passes, as torch: the mean, then the squared deviations from it
+            correction = na.kwargs.get("correction", na.args[2] if len(na.args) > 2 else 1)
+            width = Op("tofloat", (cols,), FLOAT)
+            dev = Op("sub", (x, Op("div", (self.reduce("sum", x), width), FLOAT)), FLOAT)
+            total = self.reduce("sum", Op("mul", (dev, dev), FLOAT))
+            less = Const(float(1 if correction is None else correction), FLOAT)
+            return Op("div", (total, Op("sub", (width, less), FLOAT)), FLOAT)
         if name == "linalg_vector_norm":
             return Op("sqrt", (self.reduce("sum", Op("mul", (x, x), FLOAT)),), FLOAT)
         m = self.reduce("max", x)

@@ -58,9 +58,17 @@ def probe_shapes(spec: KernelSpec) -> tuple[dict[str, int], dict[str, int]]:
     return a, b
 
 
+def _decompositions() -> dict[Any, Any]:
+    """Core ATen decompositions, plus layer norm's (a core op) into its mean and variance, so
+    the program reads it as row reductions and maps."""
+    import torch
+    from torch._decomp import core_aten_decompositions, get_decompositions
+
+    return {**core_aten_decompositions(), **get_decompositions([torch.ops.aten.native_layer_norm, torch.ops.aten.var_mean])}
+
+
 def _trace_at(spec: KernelSpec, shape: dict[str, int], dtype: str) -> tuple[Any, tuple[str, ...], tuple[str, ...]]:
     import torch
-    from torch._decomp import core_aten_decompositions
     from torch.fx.experimental.proxy_tensor import make_fx
 
     meta = torch.device("meta")
@@ -76,7 +84,7 @@ def _trace_at(spec: KernelSpec, shape: dict[str, int], dtype: str) -> tuple[Any,
         return tuple(result[n] for n in outputs)
 
     try:
-        graph = make_fx(fn, decomposition_table=dict(core_aten_decompositions()), tracing_mode="real")(
+        graph = make_fx(fn, decomposition_table=_decompositions(), tracing_mode="real")(
             *(made[n] for n in names))
     except Exception as exc:  # noqa: BLE001
         raise Unsupported(f"the reference does not trace: {type(exc).__name__}: {exc}") from None
