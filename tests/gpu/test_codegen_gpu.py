@@ -1,7 +1,8 @@
-"""GPU tests of the generated kernels: for every kernel of ``experiments/unseen``, each schedule
-the embedded agent's generator writes, at its default tuning and at another point of its grid,
-is validated by the evaluator against the reference on the search and held-out shapes in every
-dtype. Their speed is a benchmark's business: ``python -m experiments.codegen_probe``.
+"""GPU tests of the generated kernels: for every kernel of ``experiments/unseen`` and the
+library kernels the generator reads, each schedule the embedded agent's generator writes, at
+its default tuning and at another point of its grid, is validated by the evaluator against the
+reference on the search and held-out shapes in every dtype. Their speed is a benchmark's
+business: ``python -m experiments.codegen_probe``.
 
 Run on an H200: ``python -m pytest -m gpu tests/gpu/test_codegen_gpu.py -s``.
 """
@@ -25,8 +26,13 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-UNSEEN = Path(__file__).resolve().parents[2] / "experiments" / "unseen"
-FOLDERS = sorted(p.parent for p in UNSEEN.glob("*/spec.py"))
+ROOT = Path(__file__).resolve().parents[2]
+UNSEEN = ROOT / "experiments" / "unseen"
+# The unseen benchmark, and the library kernels whose graphs the generator reads (their
+# recipes aside): gated activations, row norms, layer norm, the two-state merge, fp8 quant.
+FOLDERS = sorted(p.parent for p in UNSEEN.glob("*/spec.py")) + [
+    ROOT / "kernels" / k for k in ("silu_and_mul", "rmsnorm", "fused_add_rmsnorm", "layernorm",
+                                   "merge_attn_states_lse", "per_token_fp8_quant")]
 
 
 @pytest.fixture(scope="module")

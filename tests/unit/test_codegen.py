@@ -494,3 +494,13 @@ def test_numbers_made_from_the_shape_are_the_row_length_or_refused(tmp_path):
     scaled_by_rows = _written_here(tmp_path, "by_rows", '* constants["alpha"]', '* shape["n"]')
     with pytest.raises(Unsupported, match="made from the shape"):
         classify(scaled_by_rows)
+
+
+def test_fp8_outputs_are_generated(tmp_path):
+    """A per-row scale and an e4m3 output: the program in fp32, the store rounding to e4m3."""
+    spec = load_kernel("per_token_fp8_quant")
+    program = classify(spec)
+    assert program.kind == "rowwise" and {n: s for n, (s, _) in program.outputs.items()} == {"out": "full", "scales": "row"}
+    _check_against_reference(spec)
+    assert "codegen:rows/block" in _admits_everywhere(spec, tmp_path / "cache")
+    assert "static_cast<__nv_fp8_e4m3>(static_cast<float>(" in generate(spec)[0].source

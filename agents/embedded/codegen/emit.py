@@ -88,7 +88,7 @@ class Emitter:
         return "scalar_t" if d == SCALAR else _C_TYPES[d]
 
     def is_float_arg(self, arg: str) -> bool:
-        return self.dtypes[arg] in (SCALAR, "float32", "float16", "bfloat16")
+        return self.dtypes[arg] in (SCALAR, "float32", "float16", "bfloat16", "float8_e4m3fn")
 
     def kind(self, node: object) -> str:
         k = ctype_of(node)
@@ -288,7 +288,8 @@ class Emitter:
 
     def store_value(self, arg: str, value: str, kind: str) -> str:
         ct = self.c_type(arg)
-        if ct in ("scalar_t", "__half", "__nv_bfloat16", "float"):
+        if ct in ("scalar_t", "__half", "__nv_bfloat16", "float", "__nv_fp8_e4m3"):
+            # fp8: round to nearest even, saturating at +-448 (cuda_fp8.h's conversion)
             return f"static_cast<{ct}>(static_cast<float>({value}))"
         if kind == FLOAT:
             return f"static_cast<{ct}>(static_cast<long long>({value}))"

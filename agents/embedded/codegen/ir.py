@@ -627,6 +627,7 @@ def read_program(spec: KernelSpec, trace: Trace) -> Program:
     """
     program = _Reader(spec, trace).run()
     for name in program.outputs:
-        if program.dtypes.get(name) not in (SCALAR, "float32", "uint8", "int32", "int64", "float16", "bfloat16"):
+        if program.dtypes.get(name) not in (SCALAR, "float32", "uint8", "int32", "int64", "float16", "bfloat16",
+                                            "float8_e4m3fn"):
             raise Unsupported(f"output {name} of type {program.dtypes.get(name)}")
     return program
