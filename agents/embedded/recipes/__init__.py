@@ -86,6 +86,7 @@ def _fill(template: str, spec: KernelSpec, grid: str, block: str, bound: str,
     return _template(template).substitute(
         kernel=spec.name,
         rowcommon=_common("row_common.cu"),
+        mergecommon=_common("merge_common.cu"),
         header=_header(grid, block, tune),
         guards=_guards({k: v[0] for k, v in tune.items()}),
         entry=entry_point(spec, bound, call),

@@ -7,12 +7,7 @@
 // vectors in flight. A scalar path covers head_dim not a multiple of 8 or unaligned pointers.
 ${header}
 ${guards}
-constexpr int VEC = 16 / sizeof(scalar_t);
-
-template <int V>
-struct alignas(sizeof(scalar_t) * V) Pack {
-    scalar_t v[V];
-};
+${mergecommon}
 
 template <int V>
 __device__ __forceinline__ void merge_range(scalar_t* __restrict__ v_out, float* __restrict__ s_out,
@@ -20,7 +15,6 @@ __device__ __forceinline__ void merge_range(scalar_t* __restrict__ v_out, float*
                                             const scalar_t* __restrict__ v_b, const float* __restrict__ s_b,
                                             long long pairs, int head_dim) {
     using P = Pack<V>;
-    const float neg_inf = __int_as_float(0xff800000u);
     const int per_pair = head_dim / V;
     const long long total = pairs * per_pair;
     const long long step = static_cast<long long>(gridDim.x) * BLOCK * ITEMS;
@@ -41,16 +35,8 @@ __device__ __forceinline__ void merge_range(scalar_t* __restrict__ v_out, float*
             const long long pair = i / per_pair;
             const float sa = s_a[pair];
             const float sb = s_b[pair];
-            const float m = fmaxf(sa, sb);
-            float fa = 0.0f, fb = 0.0f, lse = neg_inf;
-            if (m != neg_inf) {  // both empty: m - m would be NaN
-                const float wa = exp2f(sa - m);
-                const float wb = exp2f(sb - m);
-                const float inv = 1.0f / (wa + wb);
-                fa = wa * inv;
-                fb = wb * inv;
-                lse = log2f(wa + wb) + m;
-            }
+            float fa, fb, lse;
+            merge_weights(sa, sb, fa, fb, lse);
             P o;
 #pragma unroll
             for (int j = 0; j < V; ++j) {

@@ -8,12 +8,7 @@
 // unaligned pointers.
 ${header}
 ${guards}
-constexpr int VEC = 16 / sizeof(scalar_t);
-
-template <int V>
-struct alignas(sizeof(scalar_t) * V) Pack {
-    scalar_t v[V];
-};
+${mergecommon}
 
 template <int V>
 __device__ __forceinline__ void merge_pair(scalar_t* __restrict__ v_out, float* __restrict__ s_out,
@@ -23,19 +18,8 @@ __device__ __forceinline__ void merge_pair(scalar_t* __restrict__ v_out, float* 
     using P = Pack<V>;
     const long long pair = static_cast<long long>(blockIdx.x) * blockDim.y + threadIdx.y;
     if (pair >= pairs) return;
-    const float neg_inf = __int_as_float(0xff800000u);
-    const float sa = s_a[pair];
-    const float sb = s_b[pair];
-    const float m = fmaxf(sa, sb);
-    float fa = 0.0f, fb = 0.0f, lse = neg_inf;
-    if (m != neg_inf) {  // both empty: m - m would be NaN
-        const float wa = exp2f(sa - m);
-        const float wb = exp2f(sb - m);
-        const float inv = 1.0f / (wa + wb);
-        fa = wa * inv;
-        fb = wb * inv;
-        lse = log2f(wa + wb) + m;
-    }
+    float fa, fb, lse;
+    merge_weights(s_a[pair], s_b[pair], fa, fb, lse);
     const int per_pair = head_dim / V;
     const P* a = reinterpret_cast<const P*>(v_a) + pair * per_pair;
     const P* b = reinterpret_cast<const P*>(v_b) + pair * per_pair;
