@@ -11,7 +11,7 @@ ${guards}
 ${mergecommon}
 
 template <int V>
-__device__ __forceinline__ void merge_pair(scalar_t* __restrict__ v_out, float* __restrict__ s_out,
+__device__ __forceinline__ void merge_body(scalar_t* __restrict__ v_out, float* __restrict__ s_out,
                                            const scalar_t* __restrict__ v_a, const float* __restrict__ s_a,
                                            const scalar_t* __restrict__ v_b, const float* __restrict__ s_b,
                                            long long pairs, int head_dim) {
@@ -49,17 +49,5 @@ __device__ __forceinline__ void merge_pair(scalar_t* __restrict__ v_out, float* 
     if (threadIdx.x == 0) s_out[pair] = lse;
 }
 
-__device__ __forceinline__ void merge_states(scalar_t* v_out, float* s_out, const scalar_t* v_a, const float* s_a,
-                                             const scalar_t* v_b, const float* s_b, int tokens, int heads,
-                                             int head_dim) {
-    const long long pairs = static_cast<long long>(tokens) * heads;
-    const unsigned long long addr = reinterpret_cast<unsigned long long>(v_out) | reinterpret_cast<unsigned long long>(v_a) |
-                                    reinterpret_cast<unsigned long long>(v_b);
-    if (head_dim % VEC == 0 && (addr & 15) == 0) {
-        merge_pair<VEC>(v_out, s_out, v_a, s_a, v_b, s_b, pairs, head_dim);
-    } else {
-        merge_pair<1>(v_out, s_out, v_a, s_a, v_b, s_b, pairs, head_dim);
-    }
-}
-
+${mergedispatch}
 ${entry}

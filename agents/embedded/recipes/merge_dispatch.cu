@@ -1,0 +1,14 @@
+// Shared by the two-state merge recipes: the entry's call, to the template's merge_body with
+// 16-byte vectors where head_dim and every pointer allow them, else element by element.
+__device__ __forceinline__ void merge_states(scalar_t* v_out, float* s_out, const scalar_t* v_a, const float* s_a,
+                                             const scalar_t* v_b, const float* s_b, int tokens, int heads,
+                                             int head_dim) {
+    const long long pairs = static_cast<long long>(tokens) * heads;
+    const unsigned long long addr = reinterpret_cast<unsigned long long>(v_out) | reinterpret_cast<unsigned long long>(v_a) |
+                                    reinterpret_cast<unsigned long long>(v_b);
+    if (head_dim % VEC == 0 && (addr & 15) == 0) {
+        merge_body<VEC>(v_out, s_out, v_a, s_a, v_b, s_b, pairs, head_dim);
+    } else {
+        merge_body<1>(v_out, s_out, v_a, s_a, v_b, s_b, pairs, head_dim);
+    }
+}
