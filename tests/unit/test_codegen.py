@@ -504,3 +504,15 @@ def test_fp8_outputs_are_generated(tmp_path):
     _check_against_reference(spec)
     assert "codegen:rows/block" in _admits_everywhere(spec, tmp_path / "cache")
     assert "static_cast<__nv_fp8_e4m3>(static_cast<float>(" in generate(spec)[0].source
+
+
+def test_torch_functional_norms_are_read(tmp_path):
+    """F.rms_norm (whose decomposition adds eps in place) and torch.var (unbiased) read as
+    row reductions and maps, checked against the reference."""
+    spec = _written_here(tmp_path, "norms", '''    mu = a.mean(dim=-1, keepdim=True)
+    y = torch.tanh((a - mu) * constants["alpha"]) * inputs["gain"].float() + torch.clamp(a, min=0.0)''',
+                         '''    mu = torch.var(a, dim=-1, keepdim=True)
+    y = torch.nn.functional.rms_norm(a, (a.shape[-1],), inputs["gain"].float(), 1e-6) * constants["alpha"] + mu''')
+    program = classify(spec)
+    assert program.kind == "rowwise"
+    _check_against_reference(spec)

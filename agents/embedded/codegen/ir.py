@@ -38,7 +38,7 @@ UNARY: dict[str, str] = {
 BINARY = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "pow", "atan2"})
 COMPARE: dict[str, str] = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "eq": "==", "ne": "!="}
 # Writes of rows by index (``target[index] = values``).
-_SCATTERS = {"index_put", "index_put_"}
+_SCATTERS = {"index_put"}
 _VIEWS = {"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "expand", "clone", "alias",
           "contiguous", "lift_fresh_copy", "detach", "broadcast_in_dim"}
 # The C type of a torch dtype named in a cast: the spec's argument types, and int8 (a cast
@@ -590,9 +590,12 @@ def _has_at_column(outputs: dict[str, tuple[str, Any]]) -> bool:
 
 
 def _opname(node: Any) -> str:
+    """The op's name without overload; an in-place op (``add_``) by its functional name: on a
+    value the reference computed it is the same value (a reference leaves its inputs alone,
+    which kernels.check verifies)."""
     target = node.target
-    name = getattr(target, "__name__", str(target))
-    return name.split(".")[0]
+    name = getattr(target, "__name__", str(target)).split(".")[0]
+    return name[:-1] if name.endswith("_") and not name.startswith("_") else name
 
 
 def _numel(node: Any) -> int:
