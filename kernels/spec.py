@@ -8,6 +8,7 @@ they run in the evaluator's worker process on the GPU (or on the CPU in tests).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import re
@@ -402,6 +403,15 @@ def load_kernel(kernel: KernelRef | str | Path) -> KernelSpec:
         raise KernelSpecError(f"{spec.name}: baseline launch header: {exc}") from None
     check_signature(spec, source)
     return spec
+
+
+@functools.lru_cache(maxsize=64)
+def cached_kernel(kernel: KernelRef | str) -> KernelSpec:
+    """:func:`load_kernel`, once per process and reference. Specs hold functions from
+    dynamically imported modules, so they are cached, never pickled; the key is the reference
+    (folder and digest) or the name given, so kernels of one name from two libraries, or a
+    folder whose files changed, are different keys."""
+    return load_kernel(kernel)
 
 
 def list_kernels(library: Path = LIBRARY_DIR) -> list[str]:

@@ -22,7 +22,6 @@ import time
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 import ray
@@ -33,7 +32,7 @@ from agents.base import AgentContext, Attempt, Proposal
 from evaluators.admit import Admitted, Artifact, Refusal, admit
 from evaluators.api import EvalRequest
 from kernels.folders import KernelRef
-from kernels.spec import KernelSpec, load_kernel
+from kernels.spec import cached_kernel
 from kernels.verdict import Evaluation, Status
 
 
@@ -70,11 +69,7 @@ class AgentActor:
         return whereabouts(kernels)
 
 
-@lru_cache(maxsize=64)
-def _spec(kernel: KernelRef | str) -> KernelSpec:
-    # Keyed by the reference (folder and digest): kernels of one name from two libraries, or
-    # a folder whose files changed, are different keys.
-    return load_kernel(kernel)
+_spec = cached_kernel  # one cache per process, keyed by reference
 
 
 def admission(kernel: KernelRef | str, source: str, dtype: str, params: Mapping[str, int],

@@ -20,17 +20,13 @@ from agents.embedded.planner import Signals, candidate_plans, learn, rank_plans
 from agents.embedded.recipes import Recipe, recipes_for
 from agents.embedded.strategies import STRATEGIES, is_rewrite, pick_strategy
 from kernels.folders import KernelRef
-from kernels.spec import KernelSpec, load_kernel
+from kernels.spec import KernelSpec, cached_kernel
 from kernels.variant import Variant, source_hash
 
 __all__ = ["EmbeddedAgent", "STRATEGIES"]
 
 
-@lru_cache(maxsize=64)
-def _spec(kernel: KernelRef | str) -> KernelSpec:
-    # Specs hold functions from dynamically imported modules: cached per process, never
-    # pickled. Keyed by the reference (folder and digest), never by the kernel's name alone.
-    return load_kernel(kernel)
+_spec = cached_kernel  # one cache per process, keyed by reference
 
 
 def _fixed_source(source: str) -> Callable[[KernelSpec], str]:

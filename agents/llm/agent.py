@@ -14,7 +14,6 @@ import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from functools import lru_cache
 from typing import Any
 
 from agents.base import Agent, AgentContext, Proposal
@@ -24,14 +23,10 @@ from agents.llm.cost import UsageLedger
 from agents.llm.prompts import context_values
 from agents.llm.roles import coder, planner, single, tester
 from kernels.folders import KernelRef
-from kernels.spec import KernelSpec, load_kernel
+from kernels.spec import KernelSpec, cached_kernel
 from kernels.variant import Variant
 
-
-@lru_cache(maxsize=64)
-def _load_spec(kernel: KernelRef | str) -> KernelSpec:
-    # Keyed by the reference (folder and digest): two kernels of one name stay apart.
-    return load_kernel(kernel)
+_load_spec = cached_kernel  # one cache per process, keyed by reference
 
 
 def coerce_config(config: Any) -> LLMConfig:
