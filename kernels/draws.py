@@ -67,14 +67,16 @@ def draw_shapes(
     return tuple(out)
 
 
-def row_draw(multiple: int, low: int = 128, high: int = 16384) -> Callable[[random.Random], tuple[dict[str, int], ...]]:
-    """A ``heldout_draw`` for kernels over ``[num_tokens, hidden]`` rows: an odd token count
-    from each tier, hidden = ``multiple`` * odd in ``[low, high]``."""
+def row_draw(multiple: int, low: int = 128, high: int = 16384, rows: str = "num_tokens",
+             cols: str = "hidden") -> Callable[[random.Random], tuple[dict[str, int], ...]]:
+    """A ``heldout_draw`` for kernels over ``[rows, cols]`` (``num_tokens`` and ``hidden`` by
+    default): an odd row count from each token tier, cols = ``multiple`` * odd in
+    ``[low, high]``."""
 
     def make(rng: random.Random, index: int) -> dict[str, int]:
-        return {"num_tokens": tokens(rng, index), "hidden": at_alignment(rng, low, high, multiple)}
+        return {rows: tokens(rng, index), cols: at_alignment(rng, low, high, multiple)}
 
     def draw(rng: random.Random) -> tuple[dict[str, int], ...]:
-        return draw_shapes(rng, make, lambda s: s["num_tokens"] * s["hidden"])
+        return draw_shapes(rng, make, lambda s: s[rows] * s[cols])
 
     return draw

@@ -43,10 +43,6 @@ def torch_eager(t, shape, constants):
     t["loss"].copy_(loss)
 
 
-def _draw_one(rng, index):
-    return {"num_tokens": draws.tokens(rng, index), "vocab": draws.at_alignment(rng, 1024, 131072, 8)}
-
-
 SPEC = KernelSpec(
     name="cross_entropy_rows",
     description=(
@@ -87,6 +83,6 @@ SPEC = KernelSpec(
     dtypes=("float16", "bfloat16", "float32"),
     edge_cases=("large", "ignored"),
     tolerances={"float32": (1e-5, 2e-4)},
-    heldout_draw=lambda rng: draws.draw_shapes(rng, _draw_one, lambda s: s["num_tokens"] * s["vocab"]),
+    heldout_draw=draws.row_draw(8, 1024, 131072, cols="vocab"),
     peers={"torch_eager": torch_eager},
 )

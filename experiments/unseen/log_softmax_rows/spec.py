@@ -34,10 +34,6 @@ def torch_eager(t, shape, constants):
     t["out"].copy_(torch.log_softmax(t["x"], dim=-1))
 
 
-def _draw_one(rng, index):
-    return {"num_tokens": draws.tokens(rng, index), "vocab": draws.at_alignment(rng, 1024, 131072, 8)}
-
-
 SPEC = KernelSpec(
     name="log_softmax_rows",
     description=(
@@ -76,6 +72,6 @@ SPEC = KernelSpec(
     flops=lambda s: 4 * s["num_tokens"] * s["vocab"],
     dtypes=("float16", "bfloat16", "float32"),
     edge_cases=("large", "masked"),
-    heldout_draw=lambda rng: draws.draw_shapes(rng, _draw_one, lambda s: s["num_tokens"] * s["vocab"]),
+    heldout_draw=draws.row_draw(8, 1024, 131072, cols="vocab"),
     peers={"torch_eager": torch_eager},
 )

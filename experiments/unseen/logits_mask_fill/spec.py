@@ -34,10 +34,6 @@ def torch_eager(t, shape, constants):
     t["out"].copy_(t["x"].masked_fill(t["mask"] == 0, constants["fill"]))
 
 
-def _draw_one(rng, index):
-    return {"num_tokens": draws.tokens(rng, index), "vocab": draws.at_alignment(rng, 1024, 131072, 8)}
-
-
 SPEC = KernelSpec(
     name="logits_mask_fill",
     description=(
@@ -82,6 +78,6 @@ SPEC = KernelSpec(
     dtypes=("float16", "bfloat16"),
     edge_cases=("none_allowed", "mask_values"),
     constants={"fill": -math.inf},
-    heldout_draw=lambda rng: draws.draw_shapes(rng, _draw_one, lambda s: s["num_tokens"] * s["vocab"]),
+    heldout_draw=draws.row_draw(8, 1024, 131072, cols="vocab"),
     peers={"torch_eager": torch_eager},
 )

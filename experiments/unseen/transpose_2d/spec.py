@@ -25,10 +25,6 @@ def torch_eager(t, shape, constants):
     t["out"].copy_(t["x"].t())
 
 
-def _draw_one(rng, index):
-    return {"rows": draws.tokens(rng, index), "cols": draws.at_alignment(rng, 256, 16384, 8)}
-
-
 SPEC = KernelSpec(
     name="transpose_2d",
     description=(
@@ -67,6 +63,6 @@ SPEC = KernelSpec(
     flops=lambda s: 0,
     dtypes=("float16", "bfloat16", "float32"),
     edge_cases=("ramp",),
-    heldout_draw=lambda rng: draws.draw_shapes(rng, _draw_one, lambda s: s["rows"] * s["cols"]),
+    heldout_draw=draws.row_draw(8, 256, 16384, rows="rows", cols="cols"),
     peers={"torch_eager": torch_eager},
 )
