@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import itertools
 import json
 import shlex
 import sys
@@ -38,10 +37,7 @@ def tune_points(source: str, grid: bool) -> list[dict[str, int]]:
     from kernels.launch import parse_launch_header
 
     launch = parse_launch_header(source)
-    if not grid or not launch.tune:
-        return [launch.default_params()]
-    names = list(launch.tune)
-    return [dict(zip(names, values, strict=True)) for values in itertools.product(*(launch.tune[n] for n in names))]
+    return list(launch.param_grid()) if grid else [launch.default_params()]
 
 
 def variants_of(folder: Path, grid: bool) -> dict[str, tuple[str, dict[str, int]]]:
