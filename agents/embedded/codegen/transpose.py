@@ -13,15 +13,12 @@ from agents.embedded.codegen.emit import Emitter, Schedule, c_size, entry_args, 
 from agents.embedded.codegen.ir import Program
 from kernels.spec import SCALAR, KernelSpec
 
-_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8, "uint8": 1, "int8": 1, "bool": 1,
-          "float8_e4m3fn": 1}
-
 
 def _element_bytes(spec: KernelSpec, dtype: str) -> int:
     """The largest size an argument of ``dtype`` takes over the spec's run dtypes."""
-    if dtype == SCALAR:
-        return max(_BYTES[d] for d in spec.dtypes)
-    return _BYTES.get(dtype, 8)
+    import torch
+
+    return max(getattr(torch, d).itemsize for d in (spec.dtypes if dtype == SCALAR else (dtype,)))
 
 
 def _entry(spec: KernelSpec) -> str:
