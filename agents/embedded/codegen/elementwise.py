@@ -42,13 +42,12 @@ def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
         rows_launch, cols_launch = program.rows, program.cols
     bases = em.leaf_bases("cg_row")
     bases = em.take_row_lines() + bases  # a gathered row's index is a row value: defined first
-    # A scattered output's row is its index (a row value; negative counts from the end).
+    # A scattered output's row is its index (a row value, a long long; negative counts from the end).
     scatter_bases = []
     for n, sc in scattered.items():
         index = em.row_expr(sc.index)
         em.out_base[n] = f"cg_obase_{n}"
-        scatter_bases.append(f"const long long cg_obase_{n} = (static_cast<long long>({index}) < 0 ? "
-                             f"static_cast<long long>({index}) + {c_size(sc.rows)} : static_cast<long long>({index})) "
+        scatter_bases.append(f"const long long cg_obase_{n} = ({index} < 0 ? {index} + {c_size(sc.rows)} : {index}) "
                              f"* {em.cols};")
     exprs = [(f"out:{n}", e.value if space == "scatter" else e) for n, (space, e) in program.outputs.items()
              if space != "row"]

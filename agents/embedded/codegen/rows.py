@@ -201,12 +201,11 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
         # the stack there.
         tune = {"CL": (8, 4, 2), "ITEMS": tuple(v for v in items if v in (2, 4)) or items, "SPLIT": (128, 512, 32)}
         attrs = " __cluster_dims__(CL, 1, 1)"
-        # At least one block per SM: without it ptxas caps registers low and spills here.
-        bound = "512, 1"
         what = ("below SPLIT rows one row per cluster of CL blocks (sm_90), partial reductions combined through "
                 "distributed shared memory; else as rows/block")
-    if online and mode != "warp":
-        bound = "512, 1"  # as for clusters: without it ptxas caps registers low and spills here
+    if cluster or online and mode != "warp":
+        # At least one block per SM: without it ptxas caps registers low and spills these.
+        bound = "512, 1"
     name = f"rows/{mode}" + ("+online" if online else "")
     what += "; max and sum of exp(x - max) in one pass" if online else ""
     head = header(grid, block, tune, f"{name}: {what}; ITEMS vectors per thread kept in registers between passes, "
