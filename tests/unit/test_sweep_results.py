@@ -138,3 +138,24 @@ def test_recipe_map_candidates_and_ranking():
     reply = {"peers": {"a": {"s1": 1.0, "s2": 2.0}, "torch_compile": {"s1": 2.0, "s2": 2.0}, "b": {"s1": 4.0}}}
     rows = table(reply, ["s1", "s2"])
     assert [r["impl"] for r in rows][0] == "a" and abs(rows[0]["vs_torch_compile"] - 2 ** 0.5) < 1e-9
+
+
+def test_a_library_of_its_own_is_held_to_the_general_agents_targets():
+    """A sweep of ``--library`` kernels (no recipes) reports issue 16's targets: geomean over
+    torch.compile at or above 1.0 and no kernel's range reaching below 0.9; the built-in library's
+    targets (1.15x geomean, FlashInfer on the Astra kernels) are not printed for it."""
+    summary = {"gpu": "G", "command": "c", "evaluator": "gpu", "n_gpus": 1, "wall_s": 1.0, "gpu_busy_fraction": 0.5}
+    level = [kernel_entry(_kernel(n, 2.0, r[0], ranges={"torch_compile": r}))
+             for n, r in (("rmsnorm", (1.15, 1.12, 1.2)), ("layernorm", (0.95, 0.92, 0.97)))]
+    t = check_targets(level)
+    assert t["external_verdict"] == "met" and t["below_floor_vs_torch_compile"] == []
+    text = to_markdown(summary, {"library": "/x/unseen"}, level, t)
+    assert "across a library without recipes: **1.045x [1.015-1.079]**" in text
+    assert "(target 1.0x with no kernel's whole range below 0.9x: met;" in text
+    assert "1.15x" not in text and "FlashInfer on" not in text
+    # one kernel reaching below the floor fails the target even when the geomean clears 1.0
+    floored = [kernel_entry(_kernel("rmsnorm", 2.0, 1.3, ranges={"torch_compile": (1.3, 1.25, 1.35)})),
+               kernel_entry(_kernel("layernorm", 2.0, 0.88, ranges={"torch_compile": (0.88, 0.85, 0.95)}))]
+    t = check_targets(floored)
+    assert t["external_verdict"] != "met" and t["below_floor_vs_torch_compile"] == ["layernorm"]
+    assert "1.15x" in to_markdown(summary, {}, floored, t)
