@@ -20,6 +20,41 @@ struct alignas(sizeof(T) * V >= 16 ? 16 : sizeof(T) * V) Pack {
     T v[V];
 };
 
+// Stores a pack with one vector store. Assigned as a struct, a pack of 2-byte elements came out
+// of the compiler as 2- and 4-byte stores (read in the PTX of the elementwise and transpose
+// schedules), even 16-byte aligned; the __stwb intrinsics are single vector stores with the
+// default (write-back) cache policy, fed with 32-bit words built from the elements' bits.
+template <typename T, int V>
+__device__ __forceinline__ void cg_store(T* p, const Pack<T, V>& x) {
+    constexpr int S = static_cast<int>(sizeof(T)), B = S * V;
+    if constexpr (S <= 4 && 4 % S == 0 && B % 4 == 0 && (B <= 8 || B % 16 == 0)) {
+        constexpr int PER = 4 / S;  // elements per word
+        unsigned int w[B / 4];
+#pragma unroll
+        for (int k = 0; k < B / 4; ++k) {
+            w[k] = 0u;
+#pragma unroll
+            for (int j = 0; j < PER; ++j) {
+                unsigned int bits = 0u;
+                memcpy(&bits, &x.v[k * PER + j], S);
+                w[k] |= bits << (8 * S * j);
+            }
+        }
+        if constexpr (B % 16 == 0) {
+#pragma unroll
+            for (int k = 0; k < B / 16; ++k) {
+                __stwb(reinterpret_cast<uint4*>(p) + k, make_uint4(w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3]));
+            }
+        } else if constexpr (B == 8) {
+            __stwb(reinterpret_cast<uint2*>(p), make_uint2(w[0], w[1]));
+        } else {
+            __stwb(reinterpret_cast<unsigned int*>(p), w[0]);
+        }
+    } else {
+        *reinterpret_cast<Pack<T, V>*>(p) = x;
+    }
+}
+
 // Maximum and minimum that keep NaN, as torch does (fmaxf would drop it).
 __device__ __forceinline__ float cg_max(float a, float b) { return (a != a || b != b) ? a + b : fmaxf(a, b); }
 __device__ __forceinline__ float cg_min(float a, float b) { return (a != a || b != b) ? a + b : fminf(a, b); }

@@ -374,7 +374,7 @@ class Emitter:
         for what, _ in outs:
             arg = what[4:]
             base = self.out_base.get(arg, "cg_obase")
-            lines.append(f"*reinterpret_cast<Pack<{self.c_type(arg)}, V>*>({arg} + {base} + {col0}) = cg_o_{arg};")
+            lines.append(f"cg_store<{self.c_type(arg)}, V>({arg} + {base} + {col0}, cg_o_{arg});")
         return lines
 
 

@@ -89,7 +89,7 @@ def transpose(spec: KernelSpec, program: Program) -> Schedule:
         "#pragma unroll",
         f"            for (int r = 0; r < VW; ++r) o.v[r] = static_cast<{ct_out}>(b.v[r]);",
         "            if (cg_vstore && cg_i + VW <= cg_rows) {",
-        f"                *reinterpret_cast<Pack<{ct_out}, VW>*>({out} + j * cg_rows + cg_i) = o;",
+        f"                cg_store<{ct_out}, VW>({out} + j * cg_rows + cg_i, o);",
         "            } else {",
         "#pragma unroll",
         f"                for (int r = 0; r < VW; ++r) if (cg_i + r < cg_rows) {out}[j * cg_rows + cg_i + r] = o.v[r];",
@@ -106,8 +106,8 @@ def transpose(spec: KernelSpec, program: Program) -> Schedule:
 
 
 def transpose_wide(spec: KernelSpec, program: Program) -> Schedule:
-    """TILE x TILE tiles moved with 16-byte vectors both ways. Loads park whole vectors in shared
-    memory, XOR-swizzled by the row's vector group so that neither the vector writes nor the
+    """TILE x TILE tiles moved with 16-byte vectors both ways. A thread issues all its loads
+    into registers first, then parks the whole vectors in shared memory, XOR-swizzled by the row's vector group so that neither the vector writes nor the
     column reads on the way out collide on a bank; each thread then gathers VL elements of one
     tile column and stores them as one vector of the output row. Scalar code where a row length
     or a pointer forbids vectors."""
@@ -117,8 +117,10 @@ def transpose_wide(spec: KernelSpec, program: Program) -> Schedule:
     em = Emitter(spec, program)
     ct_in, ct_out = em.c_type(arg), em.c_type(out)
     size = _element_bytes(spec, em.dtypes[arg])
-    # A tile of at most 32 KB of input elements, and at least two vectors along its rows.
-    tiles = tuple(t for t in (64, 128, 32) if t * t * size <= 32 * 1024 and t * size >= 32) or (32,)
+    # A tile of at most 16 KB of input elements (a thread's share of it is held in registers
+    # between the loads and the shared-memory stores: a 32 KB tile spilled at 128 threads), and
+    # at least two vectors along its rows.
+    tiles = tuple(t for t in (64, 128, 32) if t * t * size <= 16 * 1024 and t * size >= 32) or (32,)
     vl = f"(16 / static_cast<int>(sizeof({ct_in})))"
     text = [
         PRELUDE,
@@ -133,19 +135,28 @@ def transpose_wide(spec: KernelSpec, program: Program) -> Schedule:
         "    const long long cg_j0 = static_cast<long long>(blockIdx.x) % cg_tiles_x * TILE;",
         f"    const bool cg_vload = cg_cols % VL == 0 && cg_aligned({arg}, 16);",
         f"    const bool cg_vstore = cg_rows % VL == 0 && cg_aligned({out}, sizeof(Pack<{ct_out}, VL>));",
-        "    for (int v = threadIdx.x; v < TILE * GROUPS; v += NT) {",
+        "    // Every load of a thread is issued before the first shared-memory store, so they are all in",
+        "    // flight together (a load-store loop waits for each load before the next).",
+        "    constexpr int PER = (TILE * GROUPS + NT - 1) / NT;  // vectors per thread",
+        f"    Pack<{ct_in}, VL> cg_a[PER];",
+        "#pragma unroll",
+        "    for (int k = 0; k < PER; ++k) {",
+        "        const int v = threadIdx.x + k * NT;",
         "        const int r = v / GROUPS, g = v % GROUPS;",
         "        const long long i = cg_i0 + r, j = cg_j0 + static_cast<long long>(g) * VL;",
-        f"        Pack<{ct_in}, VL> a;",
-        "        if (i < cg_rows) {",
-        "            if (cg_vload && j + VL <= cg_cols) {",
-        f"                a = *reinterpret_cast<const Pack<{ct_in}, VL>*>({arg} + i * cg_cols + j);",
-        "            } else {",
+        "        if (v >= TILE * GROUPS || i >= cg_rows) continue;",
+        "        if (cg_vload && j + VL <= cg_cols) {",
+        f"            cg_a[k] = *reinterpret_cast<const Pack<{ct_in}, VL>*>({arg} + i * cg_cols + j);",
+        "        } else {",
         "#pragma unroll",
-        f"                for (int e = 0; e < VL; ++e) if (j + e < cg_cols) a.v[e] = {arg}[i * cg_cols + j + e];",
-        "            }",
+        f"            for (int e = 0; e < VL; ++e) if (j + e < cg_cols) cg_a[k].v[e] = {arg}[i * cg_cols + j + e];",
         "        }",
-        "        cg_tile[r][g ^ ((r / VL) % GROUPS)] = a;  // swizzled: see the reads below",
+        "    }",
+        "#pragma unroll",
+        "    for (int k = 0; k < PER; ++k) {",
+        "        const int v = threadIdx.x + k * NT;",
+        "        const int r = v / GROUPS, g = v % GROUPS;",
+        "        if (v < TILE * GROUPS) cg_tile[r][g ^ ((r / VL) % GROUPS)] = cg_a[k];  // swizzled: see the reads below",
         "    }",
         "    __syncthreads();",
         "    for (int w = threadIdx.x; w < TILE * GROUPS; w += NT) {",
@@ -156,7 +167,7 @@ def transpose_wide(spec: KernelSpec, program: Program) -> Schedule:
         "#pragma unroll",
         f"        for (int e = 0; e < VL; ++e) o.v[e] = static_cast<{ct_out}>(cg_tile[g * VL + e][(c / VL) ^ g].v[c % VL]);",
         "        if (cg_vstore && i + VL <= cg_rows) {",
-        f"            *reinterpret_cast<Pack<{ct_out}, VL>*>({out} + j * cg_rows + i) = o;",
+        f"            cg_store<{ct_out}, VL>({out} + j * cg_rows + i, o);",
         "        } else {",
         "#pragma unroll",
         f"            for (int e = 0; e < VL; ++e) if (i + e < cg_rows) {out}[j * cg_rows + i + e] = o.v[e];",
