@@ -516,3 +516,24 @@ def test_torch_functional_norms_are_read(tmp_path):
     program = classify(spec)
     assert program.kind == "rowwise"
     _check_against_reference(spec)
+
+
+def test_rows_cluster_splits_a_row_when_rows_are_few_or_a_row_outgrows_a_block():
+    """rows/cluster's launch: CL blocks per row below SPLIT rows or for a row longer than one
+    block's registers hold (512 threads x ITEMS vectors of 8), else rows/block's blocks rounded
+    up to whole clusters; the kernel decides the same way (``cg_split``)."""
+    spec = load_kernel(ROOT / "experiments" / "unseen" / "log_softmax_rows")
+    source = schedules_for(spec)["codegen:rows/cluster"].source
+    launch = parse_launch_header(source)
+    p = {"CL": 8, "ITEMS": 4, "SPLIT": 128}
+
+    def cfg(rows, cols):
+        c = launch.resolve({"num_tokens": rows, "vocab": cols}, p)
+        return c.grid[0], c.block[:2]
+
+    assert cfg(16, 4096) == (16 * 8, (32, 1))  # few rows: split, 512 elements per block
+    assert cfg(512, 128256) == (512 * 8, (512, 1))  # a row longer than 4096 x ITEMS: split
+    assert cfg(4096, 16384) == (4096 // 1, (512, 1))  # fits one block: one row per block
+    assert cfg(65536, 128) == (65536 // 8, (32, 8))  # short rows, 8 to a block
+    assert cfg(1000, 128)[0] % 8 == 0  # whole clusters
+    assert "cg_split = (static_cast<long long>(num_tokens)) < SPLIT || cg_cols > 4096LL * ITEMS;" in source

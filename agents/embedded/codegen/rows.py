@@ -3,8 +3,9 @@ quantisation, losses).
 
 - ``rows/warp``: one row per warp, ROWS rows per block.
 - ``rows/block``: a row per group of threads sized to the row, short rows several to a block.
-- ``rows/cluster`` (sm_90): below SPLIT rows, a row split over a cluster of CL blocks whose
-  partials are combined through distributed shared memory; else as rows/block.
+- ``rows/cluster`` (sm_90): below SPLIT rows, or for rows longer than one block's registers
+  hold, a row split over a cluster of CL blocks whose partials are combined through
+  distributed shared memory; else as rows/block.
 
 Each: one pass over the row per level of dependent reductions, the first ITEMS vectors of
 each thread kept in registers between passes, the rest re-read; fp32 accumulation, warp
@@ -145,8 +146,9 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
     if cluster:
         lines.append("if (cg_split) cg_cluster_sync();  // no block leaves while another may read its shared memory")
         place = [
-            "    // As the launch header computes it: CL blocks per row below SPLIT rows, else one.",
-            f"    const bool cg_split = {em.rows} < SPLIT;",
+            "    // As the launch header computes it: CL blocks per row below SPLIT rows or for a row longer",
+            "    // than one block's registers hold (512 threads x ITEMS vectors of 8), else one.",
+            f"    const bool cg_split = {em.rows} < SPLIT || cg_cols > 4096LL * ITEMS;",
             "    // Split: CL blocks per row. Else blockDim.y rows per block, as in rows/block.",
             "    const long long cg_r = cg_split ? static_cast<long long>(blockIdx.x) / CL",
             "                                    : static_cast<long long>(blockIdx.x) * blockDim.y + threadIdx.y;",
@@ -192,17 +194,22 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
         tune = {"ITEMS": items}
         what = "one row per block of threads sized to the row, short rows several to a block"
     else:
-        split = f"(1 + (CL - 1) * min(1, max(0, SPLIT - {program.rows})))"  # blocks per row: CL or 1
-        tx = f"min(512, max(32, 32 * cdiv({program.cols}, 256 * ITEMS * {split})))"
-        ry = f"max(1, (256 // {tx}) * (2 - min(2, {split})))"  # rows per block: 1 when split
-        grid, block = f"(CL * cdiv(cdiv({program.rows}, {ry}) * {split}, CL),)", f"({tx}, {ry})"
+        # Blocks per row: CL below SPLIT rows (too few rows to fill the GPU) or when a row is longer
+        # than one block's registers hold (it is then read once instead of once per pass), else 1.
+        flag = f"min(1, max(0, SPLIT - {program.rows}, {program.cols} - 4096 * ITEMS))"  # 1: split
+        tx1 = f"min(512, max(32, 32 * cdiv({program.cols}, 256 * ITEMS)))"  # as rows/block
+        tx = f"min(512, max(32, 32 * cdiv({program.cols}, 256 * ITEMS * (1 + (CL - 1) * {flag}))))"
+        # Split: CL blocks per row, one row per block; else rows/block's blocks, rounded up to
+        # whole clusters (R x CL is never fewer than rows/block's count).
+        blocks = f"max(cdiv({program.rows}, max(1, 256 // {tx1})), {flag} * {program.rows} * CL)"
+        grid, block = f"(CL * cdiv({blocks}, CL),)", f"({tx}, max(1, (256 // {tx1}) * (1 - {flag})))"
         # A row split CL ways is short per block: 4 vectors per thread hold a 128K-element fp16
         # row in 8 blocks of 512; 8 spill at fp32 with the cluster code, 1 puts its cache on
         # the stack there.
         tune = {"CL": (8, 4, 2), "ITEMS": tuple(v for v in items if v in (2, 4)) or items, "SPLIT": (128, 512, 32)}
         attrs = " __cluster_dims__(CL, 1, 1)"
-        what = ("below SPLIT rows one row per cluster of CL blocks (sm_90), partial reductions combined through "
-                "distributed shared memory; else as rows/block")
+        what = ("below SPLIT rows or for rows longer than a block holds, one row per cluster of CL blocks (sm_90), "
+                "partial reductions combined through distributed shared memory; else as rows/block")
     if cluster or online and mode != "warp":
         # At least one block per SM: without it ptxas caps registers low and spills these.
         bound = "512, 1"
