@@ -246,7 +246,9 @@ def _admits_everywhere(spec: KernelSpec, cache: Path) -> list[str]:
             assert not isinstance(outcome, Refusal), f"{spec.name} {schedule.name} {dtype}: {outcome.message}"
             result = compile_variant(schedule.source, spec.name, dtype, last, cache_dir=cache)
             assert result.ok, f"{spec.name} {schedule.name} {dtype} {last}:\n{result.log}"
-            assert result.spill_bytes == 0, f"{spec.name} {schedule.name} {dtype} {last} spills"
+            # ptxas may spill a word or two to reach the next occupancy step under a bare
+            # __launch_bounds__ (its own trade); a register cache put on the stack is hundreds.
+            assert result.spill_bytes <= 16, f"{spec.name} {schedule.name} {dtype} {last} spills {result.spill_bytes} B"
     return names
 
 
@@ -537,3 +539,20 @@ def test_rows_cluster_splits_a_row_when_rows_are_few_or_a_row_outgrows_a_block()
     assert cfg(65536, 128) == (65536 // 8, (32, 8))  # short rows, 8 to a block
     assert cfg(1000, 128)[0] % 8 == 0  # whole clusters
     assert "cg_split = (static_cast<long long>(num_tokens)) < SPLIT || cg_cols > 4096LL * ITEMS;" in source
+
+
+def test_rows_block_gives_short_rows_fewer_than_32_threads_and_reduces_inside_them():
+    """rows/block: a row of at most 128, 64 or 32 x ITEMS elements gets 16, 8 or 4 threads (one
+    16-byte vector of 16-bit elements each per item), 256 threads to a block; the warp
+    reduction then stays inside each row's lanes."""
+    spec = load_kernel(ROOT / "experiments" / "unseen" / "l2norm_rows")
+    source = schedules_for(spec)["codegen:rows/block"].source
+    launch = parse_launch_header(source)
+
+    def block(cols, items):
+        return launch.resolve({"num_tokens": 4096, "hidden": cols}, {"ITEMS": items}).block[:2]
+
+    assert block(128, 1) == (16, 16) and block(64, 1) == (8, 32) and block(32, 1) == (4, 64)
+    assert block(256, 2) == (16, 16) and block(129, 1) == (32, 8) and block(8192, 1) == (512, 1)
+    assert "if (o < static_cast<int>(blockDim.x)) v = cg_combine<OP>" in source
+    assert "v = cg_row_warp_reduce<OP>(v);" in source

@@ -76,12 +76,24 @@ __device__ __forceinline__ float cg_warp_reduce(float v) {
     return v;
 }
 
+// As cg_warp_reduce over the blockDim.x lanes of one row: a row narrower than a warp (4, 8 or 16
+// threads) shares the warp with the next rows, and the butterfly stays inside its lanes.
+template <int OP>
+__device__ __forceinline__ float cg_row_warp_reduce(float v) {
+    if (blockDim.x >= 32) return cg_warp_reduce<OP>(v);
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) {
+        if (o < static_cast<int>(blockDim.x)) v = cg_combine<OP>(v, __shfl_xor_sync(0xffffffffu, v, o));
+    }
+    return v;
+}
+
 // Reduces over the blockDim.x threads of one row (threadIdx.y): every thread gets the result.
 // Called by every thread of the block (rows past the end too), so the barriers are uniform.
 template <int OP>
 __device__ __forceinline__ float cg_group_reduce(float v, float identity) {
     __shared__ float part[32][33];
-    v = cg_warp_reduce<OP>(v);
+    v = cg_row_warp_reduce<OP>(v);
     if (blockDim.x > 32) {
         const int lane = threadIdx.x & 31;
         __syncthreads();  // the previous reduction's reads of part are done
@@ -154,6 +166,7 @@ __device__ __forceinline__ void cg_online_combine(float& m, float& s, float m2, 
 __device__ __forceinline__ void cg_online_warp(float& m, float& s) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
+        if (o >= static_cast<int>(blockDim.x)) continue;  // inside the row's lanes, as cg_row_warp_reduce
         const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
         const float s2 = __shfl_xor_sync(0xffffffffu, s, o);
         cg_online_combine(m, s, m2, s2);

@@ -187,8 +187,11 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
         what = "one row per warp, ROWS rows per block"
     elif mode == "block":
         # Threads per row: a warp per 256 * ITEMS elements (ITEMS 16-byte vectors of 16-bit
-        # elements per thread), 32 to 512; rows too short for 256 threads share a block.
-        tx = f"min(512, max(32, 32 * cdiv({program.cols}, 256 * ITEMS)))"
+        # elements per thread), up to 512; a row of at most 128, 64 or 32 x ITEMS elements gets
+        # 16, 8 or 4 threads (no idle lanes); rows shorter than a block share it.
+        c = program.cols
+        narrow = " - ".join(f"{w} * min(1, max(0, {8 * w} * ITEMS + 1 - {c}))" for w in (16, 8, 4))
+        tx = f"min(512, 32 * cdiv({c}, 256 * ITEMS) - {narrow})"
         ry = f"max(1, 256 // {tx})"
         grid, block = f"(cdiv({program.rows}, {ry}),)", f"({tx}, {ry})"
         tune = {"ITEMS": items}
