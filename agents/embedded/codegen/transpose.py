@@ -107,10 +107,11 @@ def transpose(spec: KernelSpec, program: Program) -> Schedule:
 
 def transpose_wide(spec: KernelSpec, program: Program) -> Schedule:
     """TILE x TILE tiles moved with 16-byte vectors both ways. A thread issues all its loads
-    into registers first, then parks the whole vectors in shared memory, XOR-swizzled by the row's vector group so that neither the vector writes nor the
-    column reads on the way out collide on a bank; each thread then gathers VL elements of one
-    tile column and stores them as one vector of the output row. Scalar code where a row length
-    or a pointer forbids vectors."""
+    into registers first, then parks the whole vectors in shared memory, XOR-swizzled by the
+    row's vector group so that neither the vector writes nor the column reads on the way out
+    collide on a bank; each thread then gathers VL elements of one tile column and stores them
+    as one vector of the output row. Scalar code where a row length or a pointer forbids
+    vectors."""
     assert program.transposed is not None
     arg, rows, cols = program.transposed
     out = next(iter(program.outputs))
