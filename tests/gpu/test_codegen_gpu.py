@@ -68,3 +68,39 @@ def test_generated_schedules_are_correct_on_every_shape(evaluator, folder):
                     if ev.status is not Status.OK:
                         failures.append(f"{schedule.name} {params} {dtype} {shape_set}: {ev.status.value} {ev.message}")
     assert not failures, "\n".join(failures)
+
+
+def test_short_rows_reduce_inside_their_lanes(evaluator, tmp_path):
+    """Rows of 8-1000 elements: rows/block gives a row 4, 8 or 16 threads and several rows share
+    a warp, so every reduction, the online max-and-sum included, must stay inside a row's lanes.
+    log_softmax_rows copied with short-row shapes (its own shapes are all long)."""
+    import re
+    import shutil
+
+    folder = tmp_path / "log_softmax_short"
+    shutil.copytree(UNSEEN / "log_softmax_rows", folder)
+    spec_py = folder / "spec.py"
+    text = spec_py.read_text()
+    text = re.sub(r"search_shapes=\(.*?\n    \),\n    heldout_shapes=\(.*?\n    \),",
+                  "search_shapes=({'num_tokens': 1000, 'vocab': 128}, {'num_tokens': 333, 'vocab': 64}, "
+                  "{'num_tokens': 77, 'vocab': 8}, {'num_tokens': 4097, 'vocab': 256}),\n"
+                  "    heldout_shapes=({'num_tokens': 129, 'vocab': 24}, {'num_tokens': 50, 'vocab': 120}, "
+                  "{'num_tokens': 31, 'vocab': 1000}, {'num_tokens': 3, 'vocab': 512}),",
+                  text, flags=re.S)
+    text = re.sub(r"\n    heldout_draw=.*?\n", "\n", text)
+    assert "'vocab': 24" in text and "heldout_draw" not in text
+    spec_py.write_text(text)
+    spec = load_kernel(folder)
+    schedules = {s.name: s for s in generate(spec)}
+    assert {"codegen:rows/block", "codegen:rows/block+online"} <= set(schedules)
+    failures = []
+    for schedule in schedules.values():
+        variant = Variant(spec.name, schedule.source, author="codegen")
+        for params in _settings(schedule.source):
+            for dtype in ("float16", "float32"):
+                for shape_set in ("search", "heldout"):
+                    ev = evaluator.evaluate(EvalRequest(str(folder), variant, params=params, dtype=dtype,
+                                                        shape_set=shape_set, time=False))
+                    if ev.status is not Status.OK:
+                        failures.append(f"{schedule.name} {params} {dtype} {shape_set}: {ev.status.value} {ev.message}")
+    assert not failures, "\n".join(failures)
