@@ -213,7 +213,13 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
         attrs = " __cluster_dims__(CL, 1, 1)"
         what = ("below SPLIT rows or for rows longer than a block holds, one row per cluster of CL blocks (sm_90), "
                 "partial reductions combined through distributed shared memory; else as rows/block")
-    if cluster or online and mode != "warp":
+    if cluster:
+        # Two blocks of 512 per SM: at one (up to 128 registers) ptxas gave log_softmax's ITEMS=4
+        # 72 registers, one 512-thread block per SM, and the unsplit path ran at 128-164% of
+        # rows/block's time on many rows (H200, codegen-probe-h200); at two, ITEMS of 4 and 2
+        # compile in 64 registers without spills.
+        bound = "512, 2"
+    elif online and mode != "warp":
         # At least one block per SM: without it ptxas caps registers low and spills these.
         bound = "512, 1"
     name = f"rows/{mode}" + ("+online" if online else "")
