@@ -32,6 +32,10 @@ ROWS = [
     [88.0, -88.0, 0.0, 87.5],
     [0.0],
     list(np.random.default_rng(0).normal(0, 30, 257)),
+    [-INF] * 8 + [3.0] + [-INF] * 7 + [1.0, 2.0],  # a chunk of -inf only, then chunks with some
+    [1.0] * 9 + [INF] + [0.5] * 6,
+    [2.0] * 12 + [math.nan] + [1.0] * 5,
+    list(np.random.default_rng(1).normal(0, 30, 64)) + [-INF] * 8,
 ]
 PARTS = (1, 2, 3, 8, 40)  # partial pairs per row; more than elements leaves some empty
 
@@ -66,6 +70,19 @@ int main() {{
             for (int width = 1; width < p; width *= 2)
                 for (int k = 0; k + width < p; k += 2 * width) cg_online_combine(m[k], s[k], m[k + width], s[k + width]);
             printf("%d %d %.9g %.9g\\n", r, p, m[0], cg_online_end(m[0], s[0], lengths[r]));
+            // The same with whole 8-element chunks through cg_online_vec (chunk c to partial
+            // c % p, as a thread's vectors), the tail element by element; reported as -p.
+            for (int k = 0; k < p; ++k) {{ m[k] = -INFINITY; s[k] = 0.0f; }}
+            int i = 0;
+            for (int c = 0; i + 8 <= lengths[r]; ++c, i += 8) {{
+                float chunk[8];
+                for (int e = 0; e < 8; ++e) chunk[e] = rows[r][i + e];
+                cg_online_vec<8>(m[c % p], s[c % p], chunk);
+            }}
+            for (; i < lengths[r]; ++i) cg_online(m[0], s[0], rows[r][i]);
+            for (int width = 1; width < p; width *= 2)
+                for (int k = 0; k + width < p; k += 2 * width) cg_online_combine(m[k], s[k], m[k + width], s[k + width]);
+            printf("%d %d %.9g %.9g\\n", r, -p, m[0], cg_online_end(m[0], s[0], lengths[r]));
         }}
     }}
 }}
@@ -85,11 +102,11 @@ def test_online_pairs_give_the_two_pass_max_and_sum(tmp_path):
                    capture_output=True)
     out = subprocess.run([str(tmp_path / "online")], capture_output=True, text=True, check=True).stdout.split("\n")
     lines = [line.split() for line in out if line]
-    assert len(lines) == len(ROWS) * len(PARTS)
+    assert len(lines) == 2 * len(ROWS) * len(PARTS)
     for r, p, m, s in lines:
         want_m, want_s = _two_pass(ROWS[int(r)])
         got_m, got_s = float(m), float(s)
-        where = f"row {r} in {p} partials"
+        where = f"row {r} in {abs(int(p))} partials" + (", 8-element chunks" if int(p) < 0 else "")
         assert (math.isnan(got_m), math.isnan(got_s)) == (math.isnan(want_m), math.isnan(want_s)), where
         if not math.isnan(want_m):
             assert np.float32(got_m) == np.float32(want_m), where  # printed with 9 digits: float32 exactly

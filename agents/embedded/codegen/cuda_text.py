@@ -153,6 +153,21 @@ __device__ __forceinline__ void cg_online(float& m, float& s, float x) {
     else if (x != __int_as_float(0xff800000)) { s += expf(x - m); }
 }
 
+// V elements at once: one rescale per vector at most, and no branch per element (the per-element
+// update above costs a compare and a branch for each). Same results as V calls of cg_online up to
+// rounding: a NaN makes both NaN, elements of -inf add nothing.
+template <int V>
+__device__ __forceinline__ void cg_online_vec(float& m, float& s, const float (&x)[V]) {
+    float top = x[0];
+#pragma unroll
+    for (int e = 1; e < V; ++e) top = (top != top || x[e] != x[e]) ? top + x[e] : fmaxf(top, x[e]);
+    if (top != top || m != m) { m = m + top; s = s + top; return; }
+    if (top == __int_as_float(0xff800000)) return;
+    if (top > m) { s = s == 0.0f ? 0.0f : s * expf(m - top); m = top; }
+#pragma unroll
+    for (int e = 0; e < V; ++e) s += expf(x[e] - m);
+}
+
 // Commutative (the same bits whichever pair comes first), so butterfly shuffles agree.
 __device__ __forceinline__ void cg_online_combine(float& m, float& s, float m2, float s2) {
     if (m != m || m2 != m2) { m = m + m2; s = s + s2; return; }

@@ -354,6 +354,9 @@ class Emitter:
         for what, _ in outs:
             arg = what[4:]
             lines.append(f"Pack<{self.c_type(arg)}, V> cg_o_{arg};")
+        onlines = [what[7:].split(":") for what, _ in exprs if what.startswith("online:")]
+        # An online pair takes the chunk's V values at once, after the loop (cg_online_vec).
+        lines += [f"float cg_ov{i_max}[V];" for i_max, _ in onlines]
         lines.append("#pragma unroll")
         lines.append("for (int e = 0; e < V; ++e) {")
         memo: dict[int, str] = {}
@@ -361,8 +364,8 @@ class Emitter:
         for what, expr in exprs:
             value = self.element_expr(expr, leaf_text, body, memo)
             if what.startswith("online:"):
-                i_max, i_sum = what[7:].split(":")
-                body.append(f"cg_online(cg_acc{i_max}, cg_acc{i_sum}, static_cast<float>({value}));")
+                i_max, _ = what[7:].split(":")
+                body.append(f"cg_ov{i_max}[e] = static_cast<float>({value});")
             elif what.startswith("red:"):
                 r = self.p.reductions[int(what[4:])]
                 body.append(f"cg_acc{r.index} = cg_combine<{OPCODE[r.kind]}>(cg_acc{r.index}, static_cast<float>({value}));")
@@ -371,6 +374,7 @@ class Emitter:
                 body.append(f"cg_o_{arg}.v[e] = {self.store_value(arg, value, self.kind(expr))};")
         lines += ["    " + b for b in body]
         lines.append("}")
+        lines += [f"cg_online_vec<V>(cg_acc{i_max}, cg_acc{i_sum}, cg_ov{i_max});" for i_max, i_sum in onlines]
         for what, _ in outs:
             arg = what[4:]
             base = self.out_base.get(arg, "cg_obase")

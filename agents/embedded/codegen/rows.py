@@ -194,7 +194,7 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
         tx = f"min(512, 32 * cdiv({c}, 256 * ITEMS) - {narrow})"
         ry = f"max(1, 256 // {tx})"
         grid, block = f"(cdiv({program.rows}, {ry}),)", f"({tx}, {ry})"
-        tune = {"ITEMS": items}
+        tune = {"ITEMS": tuple(v for v in items if v != 8) if online else items}
         what = "one row per block of threads sized to the row, short rows several to a block"
     else:
         # Blocks per row: CL below SPLIT rows (too few rows to fill the GPU) or when a row is longer
@@ -213,15 +213,13 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
         attrs = " __cluster_dims__(CL, 1, 1)"
         what = ("below SPLIT rows or for rows longer than a block holds, one row per cluster of CL blocks (sm_90), "
                 "partial reductions combined through distributed shared memory; else as rows/block")
-    if cluster:
+    if cluster or online:
         # Two blocks of 512 per SM: at one (up to 128 registers) ptxas gave log_softmax's ITEMS=4
-        # 72 registers, one 512-thread block per SM, and the unsplit path ran at 128-164% of
-        # rows/block's time on many rows (H200, codegen-probe-h200); at two, ITEMS of 4 and 2
-        # compile in 64 registers without spills.
+        # 72 registers, one 512-thread block per SM, and the unsplit cluster path ran at 128-164%
+        # of rows/block's time on many rows (H200, codegen-probe-h200); at two, ITEMS of 4 and
+        # 2 compile in 64 registers without spills (8 spills: not in these grids). The bare bound
+        # lets ptxas cap these at 32 registers and spill.
         bound = "512, 2"
-    elif online and mode != "warp":
-        # At least one block per SM: without it ptxas caps registers low and spills these.
-        bound = "512, 1"
     name = f"rows/{mode}" + ("+online" if online else "")
     what += "; max and sum of exp(x - max) in one pass" if online else ""
     head = header(grid, block, tune, f"{name}: {what}; ITEMS vectors per thread kept in registers between passes, "
