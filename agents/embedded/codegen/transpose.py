@@ -27,6 +27,20 @@ def _entry(spec: KernelSpec) -> str:
             f"    cg_run({entry_args(spec)});\n}}\n")
 
 
+def _store_lines(out: str, ct_out: str, width: str, start: str, var: str, indent: str) -> list[str]:
+    """Stores pack ``o`` at output row ``j`` from column ``start``: one vector store where the
+    row holds the whole pack and vectors are allowed (``cg_vstore``), else element by element."""
+    return [
+        f"{indent}if (cg_vstore && {start} + {width} <= cg_rows) {{",
+        f"{indent}    cg_store<{ct_out}, {width}>({out} + j * cg_rows + {start}, o);",
+        f"{indent}}} else {{",
+        "#pragma unroll",
+        f"{indent}    for (int {var} = 0; {var} < {width}; ++{var}) if ({start} + {var} < cg_rows) "
+        f"{out}[j * cg_rows + {start} + {var}] = o.v[{var}];",
+        f"{indent}}}",
+    ]
+
+
 def transpose(spec: KernelSpec, program: Program) -> Schedule:
     """Tiles of 32 x 32 blocks of VW x VW elements. A thread reads VW rows of one VW-wide
     vector, transposes the VW x VW block in registers and parks its VW columns in shared
@@ -88,12 +102,7 @@ def transpose(spec: KernelSpec, program: Program) -> Schedule:
         f"            Pack<{ct_out}, VW> o;",
         "#pragma unroll",
         f"            for (int r = 0; r < VW; ++r) o.v[r] = static_cast<{ct_out}>(b.v[r]);",
-        "            if (cg_vstore && cg_i + VW <= cg_rows) {",
-        f"                cg_store<{ct_out}, VW>({out} + j * cg_rows + cg_i, o);",
-        "            } else {",
-        "#pragma unroll",
-        f"                for (int r = 0; r < VW; ++r) if (cg_i + r < cg_rows) {out}[j * cg_rows + cg_i + r] = o.v[r];",
-        "            }",
+        *_store_lines(out, ct_out, "VW", "cg_i", "r", " " * 12),
         "        }",
         "    }",
         "}",
@@ -167,12 +176,7 @@ def transpose_wide(spec: KernelSpec, program: Program) -> Schedule:
         f"        Pack<{ct_out}, VL> o;",
         "#pragma unroll",
         f"        for (int e = 0; e < VL; ++e) o.v[e] = static_cast<{ct_out}>(cg_tile[g * VL + e][(c / VL) ^ g].v[c % VL]);",
-        "        if (cg_vstore && i + VL <= cg_rows) {",
-        f"            cg_store<{ct_out}, VL>({out} + j * cg_rows + i, o);",
-        "        } else {",
-        "#pragma unroll",
-        f"            for (int e = 0; e < VL; ++e) if (i + e < cg_rows) {out}[j * cg_rows + i + e] = o.v[e];",
-        "        }",
+        *_store_lines(out, ct_out, "VL", "i", "e", " " * 8),
         "    }",
         "}",
     ]

@@ -256,12 +256,17 @@ def _row_quant(spec: KernelSpec) -> str:
     return _fill("row_quant.cu", spec, f"({rows},)", _row_block(hidden), "MAX_THREADS", tune, call, what=what)
 
 
-def _merge(spec: KernelSpec) -> str:
+def _merge_call(spec: KernelSpec) -> tuple[str, str, str, str]:
+    """(tokens, heads, head_dim, the call of ``merge_states``) for a two-state merge."""
     out, inp = _tensors(spec, "out"), _tensors(spec, "in")
     if len(out) != 2 or len(inp) != 4:
         raise RecipeError(f"{spec.name}: expected v_out, s_out, v_a, s_a, v_b, s_b")
     tokens, heads, head_dim = _ints(spec, 3)
-    call = f"merge_states({', '.join(out + inp)}, {tokens}, {heads}, {head_dim})"
+    return tokens, heads, head_dim, f"merge_states({', '.join(out + inp)}, {tokens}, {heads}, {head_dim})"
+
+
+def _merge(spec: KernelSpec) -> str:
+    tokens, heads, head_dim, call = _merge_call(spec)
     grid = f"(cdiv({tokens} * {heads} * {head_dim}, BLOCK * 8 * ITEMS),)"
     tune = {"BLOCK": (256, 128, 512), "ITEMS": (1, 2, 4)}
     return _fill("merge_flat.cu", spec, grid, "(BLOCK,)", "BLOCK", tune, call)
@@ -269,11 +274,7 @@ def _merge(spec: KernelSpec) -> str:
 
 def _merge_pairs(spec: KernelSpec) -> str:
     """Two states, a row of threads per (token, head) pair: the weights once per thread."""
-    out, inp = _tensors(spec, "out"), _tensors(spec, "in")
-    if len(out) != 2 or len(inp) != 4:
-        raise RecipeError(f"{spec.name}: expected v_out, s_out, v_a, s_a, v_b, s_b")
-    tokens, heads, head_dim = _ints(spec, 3)
-    call = f"merge_states({', '.join(out + inp)}, {tokens}, {heads}, {head_dim})"
+    tokens, heads, head_dim, call = _merge_call(spec)
     # A row of threads: one 16-byte vector of 16-bit elements per ITEMS, at most a warp.
     block = f"(min(32, cdiv({head_dim}, 8 * ITEMS)), PAIRS)"
     grid = f"(cdiv({tokens} * {heads}, PAIRS),)"
