@@ -320,12 +320,17 @@ extern "C" __global__ void centred_tanh(scalar_t* y, float* centre, const scalar
 '''
 
 
-def test_a_kernel_written_here_gets_generated_schedules(tmp_path):
-    folder = tmp_path / "centred_tanh"
+def _kernel_here(tmp_path: Path, name: str, spec_text: str, baseline: str) -> KernelSpec:
+    """A kernel folder written in the test (spec.py and baseline.cu), loaded."""
+    folder = tmp_path / name
     folder.mkdir()
-    (folder / "spec.py").write_text(_NEW_SPEC)
-    (folder / "baseline.cu").write_text(_NEW_BASELINE)
-    spec = load_kernel(folder)
+    (folder / "spec.py").write_text(spec_text)
+    (folder / "baseline.cu").write_text(baseline)
+    return load_kernel(folder)
+
+
+def test_a_kernel_written_here_gets_generated_schedules(tmp_path):
+    spec = _kernel_here(tmp_path, "centred_tanh", _NEW_SPEC, _NEW_BASELINE)
     program = classify(spec)
     assert program.kind == "rowwise" and program.cols == "width" and program.rows == "n"
     assert {n: s for n, (s, _) in program.outputs.items()} == {"y": "full", "centre": "row"}
@@ -439,11 +444,7 @@ extern "C" __global__ void head_affine(scalar_t* out, const scalar_t* x, const s
 def test_partial_broadcasts_read_the_row_they_broadcast_from(tmp_path):
     """[H, D] and [T, 1, D] over [T, H, D], and one value per head ([H, 1]): each read at the
     row of the iteration space's row it broadcasts to, checked against the reference."""
-    folder = tmp_path / "head_affine"
-    folder.mkdir()
-    (folder / "spec.py").write_text(_BROADCAST_SPEC)
-    (folder / "baseline.cu").write_text(_BROADCAST_BASELINE)
-    spec = load_kernel(folder)
+    spec = _kernel_here(tmp_path, "head_affine", _BROADCAST_SPEC, _BROADCAST_BASELINE)
     program = classify(spec)
     assert program.kind == "elementwise" and program.rows in ("tokens * heads", "heads * tokens") and program.cols == "dim"
     loads = {n.arg: n for n in walk(program.all_roots()) if isinstance(n, Load)}
@@ -478,12 +479,8 @@ def test_layer_norm_reads_as_row_reductions(tmp_path):
 
 
 def _written_here(tmp_path: Path, name: str, old: str, new: str) -> KernelSpec:
-    folder = tmp_path / name
-    folder.mkdir()
     assert old in _NEW_SPEC
-    (folder / "spec.py").write_text(_NEW_SPEC.replace(old, new))
-    (folder / "baseline.cu").write_text(_NEW_BASELINE)
-    return load_kernel(folder)
+    return _kernel_here(tmp_path, name, _NEW_SPEC.replace(old, new), _NEW_BASELINE)
 
 
 def test_numbers_made_from_the_shape_are_the_row_length_or_refused(tmp_path):
