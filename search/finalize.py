@@ -189,8 +189,9 @@ class EndOfRun:
 
         shapes = [*k.st.search_shapes(), *k.st.heldout_shapes()]
         # Sanitizer runs are separate, mostly host-bound processes: they overlap on an actor.
-        self.ctl.recorded_call(_call_key("sanitize", k), done, "sanitize", k.st.ref, k.winner.variant.source, k.st.dtype, dict(k.winner.params),
-                      shapes, exclusive=False, what=f"{k.st.name} {k.winner.variant.id}")
+        self.ctl.recorded_call(_call_key("sanitize", k), done, "sanitize", k.st.ref, k.winner.variant.source,
+                               k.st.dtype, dict(k.winner.params), shapes, exclusive=False,
+                               what=f"{k.st.name} {k.winner.variant.id}")
 
     def _to_baseline(self, k: _Progress) -> None:
         assert k.winner is not None and k.st.baseline_scored is not None
@@ -224,8 +225,9 @@ class EndOfRun:
         ours = {"best": (k.winner.variant.source, dict(k.winner.params)), "baseline": (k.st.baseline.source, {})}
 
         def submit() -> None:
-            self.ctl.recorded_call(_call_key("peers", k, len(runs)), done, "time_peers", k.st.ref, k.st.dtype, ShapeSet.SEARCH.value, ours, True,
-                          cfg.compile_trials, what=f"{k.st.name} peers, run {len(runs) + 1} of {cfg.peer_runs}")
+            self.ctl.recorded_call(_call_key("peers", k, len(runs)), done, "time_peers", k.st.ref, k.st.dtype,
+                                   ShapeSet.SEARCH.value, ours, True, cfg.compile_trials,
+                                   what=f"{k.st.name} peers, run {len(runs) + 1} of {cfg.peer_runs}")
 
         def done(reply: dict[str, Any] | None, error: str) -> None:
             assert k.winner is not None
