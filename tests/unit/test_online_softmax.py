@@ -1,8 +1,8 @@
 """The generator's one-pass (online) max and sum of exp(x - max), checked on the CPU.
 
-The scalar device functions of the online prelude (the element update, the combination of two
-partial pairs, the end fix-up) are compiled as host C++ (the CUDA-only qualifiers defined
-away) and fold rows split into several partial pairs, the way threads and warps split a row;
+The scalar device functions of the online prelude (the update by a vector, one element long
+on the scalar path, the combination of two partial pairs, the end fix-up) are compiled as host
+C++ (the CUDA-only qualifiers defined away) and fold rows split into several partial pairs, the way threads and warps split a row;
 the result must be the two-pass formula's, max(x) and sum(exp(x - max(x))), including its NaN
 for rows of -inf only, rows holding +inf or NaN, and with empty partials.
 """
@@ -66,7 +66,7 @@ int main() {{
             // Element i goes to partial i % p (as lane i of p threads); partials combined in a tree.
             float m[64], s[64];
             for (int k = 0; k < p; ++k) {{ m[k] = -INFINITY; s[k] = 0.0f; }}
-            for (int i = 0; i < lengths[r]; ++i) cg_online(m[i % p], s[i % p], rows[r][i]);
+            for (int i = 0; i < lengths[r]; ++i) cg_online_vec<1>(m[i % p], s[i % p], {{rows[r][i]}});
             for (int width = 1; width < p; width *= 2)
                 for (int k = 0; k + width < p; k += 2 * width) cg_online_combine(m[k], s[k], m[k + width], s[k + width]);
             printf("%d %d %.9g %.9g\\n", r, p, m[0], cg_online_end(m[0], s[0], lengths[r]));
@@ -79,7 +79,7 @@ int main() {{
                 for (int e = 0; e < 8; ++e) chunk[e] = rows[r][i + e];
                 cg_online_vec<8>(m[c % p], s[c % p], chunk);
             }}
-            for (; i < lengths[r]; ++i) cg_online(m[0], s[0], rows[r][i]);
+            for (; i < lengths[r]; ++i) cg_online_vec<1>(m[0], s[0], {{rows[r][i]}});
             for (int width = 1; width < p; width *= 2)
                 for (int k = 0; k + width < p; k += 2 * width) cg_online_combine(m[k], s[k], m[k + width], s[k + width]);
             printf("%d %d %.9g %.9g\\n", r, -p, m[0], cg_online_end(m[0], s[0], lengths[r]));

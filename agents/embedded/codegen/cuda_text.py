@@ -147,15 +147,9 @@ __device__ __forceinline__ float cg_cluster_reduce(float v, float identity, bool
 # Elements of -inf and empty pairs add nothing; NaN makes both NaN (as cg_max keeps NaN); the
 # caller's fix-up (cg_online_end) gives NaN where the two-pass formula does: a max of +-inf.
 ONLINE_PRELUDE = """\
-__device__ __forceinline__ void cg_online(float& m, float& s, float x) {
-    if (x != x || m != m) { m = m + x; s = s + x; return; }
-    if (x > m) { s = (s == 0.0f ? 0.0f : s * expf(m - x)) + 1.0f; m = x; }
-    else if (x != __int_as_float(0xff800000)) { s += expf(x - m); }
-}
-
-// V elements at once: one rescale per vector at most, and no branch per element (the per-element
-// update above costs a compare and a branch for each). Same results as V calls of cg_online up to
-// rounding: a NaN makes both NaN, elements of -inf add nothing.
+// V elements at once (V = 1 on the scalar path): one rescale per vector at most and no branch
+// per element (an update per element measured slower than two passes). A NaN makes both NaN,
+// elements of -inf add nothing.
 template <int V>
 __device__ __forceinline__ void cg_online_vec(float& m, float& s, const float (&x)[V]) {
     float top = x[0];
