@@ -52,40 +52,66 @@ def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
     exprs = [(f"out:{n}", e.value if space == "scatter" else e) for n, (space, e) in program.outputs.items()
              if space != "row"]
     body = em.chunk_body(exprs, set(), set(), "cg_c", None)
+    decls, loads, staged = em.staged_chunk(exprs, "cg_c", "cg_j", "CG_N")
     # A per-row output is written once, by the chunk that holds the row's first column.
     row_stores = [f"{n}[cg_row] = {em.store_value(n, em.row_expr(e), em.kind(e))};" for n, e in per_row.items()]
     row_defs = em.take_row_lines() + scatter_bases
     if row_stores:
-        body += ["if (cg_c == 0) {", *("    " + x for x in row_stores), "}"]
+        once = ["if (cg_c == 0) {", *("    " + x for x in row_stores), "}"]
+        body, staged = body + once, staged + once
+    row_lines = ["const long long cg_obase = cg_row * " + em.cols + ";", *bases, *row_defs]
     args = entry_args(spec)
     text = [
         PRELUDE,
-        "// One V-wide chunk of one row at column cg_c (V = 1 for tails and unaligned data).",
+        "// One V-wide chunk of one row at column cg_c (the scalar tail past the last whole vector).",
         f"template <int V>\n__device__ __forceinline__ void cg_chunk_at({entry_params(spec)}, long long cg_row, long long cg_c) {{",
-        f"    const long long cg_obase = cg_row * {em.cols};",
-        *("    " + b for b in bases),
-        *("    " + d for d in row_defs),
+        *("    " + b for b in row_lines),
         *("    " + b for b in body),
         "}",
         "",
         f"template <int V>\n__device__ __forceinline__ void cg_run({entry_params(spec)}) {{",
         f"    const long long cg_cols = {em.cols};",
         "    // blockDim.y rows per block, blockDim.x threads along a row (BLOCK in all: several",
-        "    // rows to a block when a row is shorter than BLOCK threads' share).",
+        "    // rows to a block when a row is shorter than BLOCK threads' share). blockIdx.x and the",
+        "    // chunk count fit 32 bits: the block's row and chunk come from a 32-bit division.",
         "    const long long cg_size = static_cast<long long>(blockDim.x) * 8 * ITEMS;",
-        "    const long long cg_chunks = (cg_cols + cg_size - 1) / cg_size;",
-        "    const long long cg_row = static_cast<long long>(blockIdx.x) / cg_chunks * blockDim.y + threadIdx.y;",
+        "    const unsigned cg_chunks = static_cast<unsigned>((cg_cols + cg_size - 1) / cg_size);",
+        "    const long long cg_row = static_cast<long long>(blockIdx.x / cg_chunks) * blockDim.y + threadIdx.y;",
         f"    if (cg_row >= {c_size(rows_launch)}) return;",
-        "    const long long cg_begin = static_cast<long long>(blockIdx.x) % cg_chunks * cg_size;",
+        "    const long long cg_begin = static_cast<long long>(blockIdx.x % cg_chunks) * cg_size;",
         "    const long long cg_end = min(cg_cols, cg_begin + cg_size);",
-        "    // Whole vectors, then what is left past the last whole vector one element at a time.",
         "    const long long cg_vend = cg_begin + (cg_end - cg_begin) / V * V;",
-        "    for (long long cg_c = cg_begin + static_cast<long long>(threadIdx.x) * V; cg_c < cg_vend;",
-        "         cg_c += static_cast<long long>(blockDim.x) * V) {",
-        f"        cg_chunk_at<V>({args}, cg_row, cg_c);",
-        "    }",
-        "    for (long long cg_c = cg_vend + threadIdx.x; cg_c < cg_end; cg_c += blockDim.x) {",
-        f"        cg_chunk_at<1>({args}, cg_row, cg_c);",
+        "    if constexpr (V == 1) {",
+        "        // Data off vector boundaries: one element at a time. Staged, single elements would take",
+        "        // 8 * ITEMS registers per input, and a kernel is given the registers of its larger path.",
+        "        for (long long cg_c = cg_begin + threadIdx.x; cg_c < cg_end; cg_c += blockDim.x) {",
+        f"            cg_chunk_at<1>({args}, cg_row, cg_c);",
+        "        }",
+        "    } else {",
+        *("        " + b for b in row_lines),
+        "        // The thread's CG_N chunks of the block's share: every load first, so that they are all in",
+        "        // flight together (a load-compute-store loop waits for each chunk's loads in turn), then",
+        "        // the math and the stores; the chunks of a step are consecutive across the threads.",
+        "        constexpr int CG_N = (8 * ITEMS + V - 1) / V;",
+        *("        " + d for d in decls),
+        "#pragma unroll",
+        "        for (int cg_j = 0; cg_j < CG_N; ++cg_j) {",
+        "            const long long cg_c = cg_begin + (static_cast<long long>(cg_j) * blockDim.x + threadIdx.x) * V;",
+        "            if (cg_c < cg_vend) {",
+        *("                " + x for x in loads),
+        "            }",
+        "        }",
+        "#pragma unroll",
+        "        for (int cg_j = 0; cg_j < CG_N; ++cg_j) {",
+        "            const long long cg_c = cg_begin + (static_cast<long long>(cg_j) * blockDim.x + threadIdx.x) * V;",
+        "            if (cg_c < cg_vend) {",
+        *("                " + x for x in staged),
+        "            }",
+        "        }",
+        "        // What is left past the last whole vector, one element at a time.",
+        "        for (long long cg_c = cg_vend + threadIdx.x; cg_c < cg_end; cg_c += blockDim.x) {",
+        f"            cg_chunk_at<1>({args}, cg_row, cg_c);",
+        "        }",
         "    }",
         "}",
     ]

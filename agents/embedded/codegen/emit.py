@@ -329,6 +329,31 @@ class Emitter:
             by_value[leaf] = leaf_text[id(leaf)]
         return self._element_loop(exprs, lines, leaf_text, col0)
 
+    def staged_chunk(self, exprs: list[tuple[str, object]], col0: str, slot: str,
+                     count: str) -> tuple[list[str], list[str], list[str]]:
+        """One V-wide chunk split in two phases, for a thread that handles ``count`` chunks: its
+        leaves' packs are loaded into arrays indexed by ``slot`` (all loads of all chunks can then
+        be in flight together), and the element loop reads them from there. Returns (array
+        declarations, the load statements, the element statements) for one chunk."""
+        decls: list[str] = []
+        loads: list[str] = []
+        leaf_text: dict[int, str] = {}
+        by_value: dict[Load, str] = {}
+        needed = [n for _, e in exprs for n in walk([e]) if isinstance(n, Load) and not self.row_only(n)]
+        for leaf in needed:
+            if leaf not in by_value:
+                pack = f"Pack<{self.c_type(leaf.arg)}, V>"
+                if leaf.access == "col":
+                    name, src = f"cg_sc{self.col_leaves().index(leaf)}", f"{leaf.arg} + {col0}"
+                else:
+                    i = self.full_leaves.index(leaf)
+                    name, src = f"cg_sp{i}", f"{leaf.arg} + cg_base{i} + {col0}"
+                decls.append(f"{pack} {name}[{count}];")
+                loads.append(f"{name}[{slot}] = *reinterpret_cast<const {pack}*>({src});")
+                by_value[leaf] = self.convert_load(leaf.arg, f"{name}[{slot}].v[e]")
+            leaf_text[id(leaf)] = by_value[leaf]
+        return decls, loads, self._element_loop(exprs, [], leaf_text, col0)
+
     def _leaf_code(self, leaf: Load, cached: set[int], fill: set[int], col0: str, slot: str | None,
                    lines: list[str], leaf_text: dict[int, str]) -> None:
         """Loads one leaf's V elements (or reads them from registers) and names element e."""
