@@ -1,0 +1,192 @@
+"""CUDA kernels run on the CPU: a test tool for the generated schedules' index math.
+
+A kernel source is compiled as host C++ (C++20) with a small shim. Every CUDA thread of a
+block is a host thread, ``__syncthreads`` a barrier over them, ``__shared__`` a static array
+(the blocks of a grid run one after another), a warp shuffle an exchange through a per-warp
+buffer between two barriers of the warp's threads. What it checks is which elements each
+thread reads and writes and what it computes, on small shapes: it is neither a timer nor the
+GPU's memory model, and thread-block clusters (``barrier.cluster``, distributed shared memory)
+are out of its reach. The GPU tests remain the authority; this catches an indexing mistake
+before a GPU is at hand.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from kernels.launch import parse_launch_header
+from kernels.nvrtc import full_source, include_dirs
+from kernels.spec import KernelSpec
+
+CXX = shutil.which("g++") or shutil.which("c++")
+
+_C_SCALAR = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
+
+SHIM = r"""
+#include <barrier>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+// The CUDA headers' qualifiers, as plain C++ for one host thread per CUDA thread.
+#undef __global__
+#define __global__
+#undef __device__
+#define __device__
+#undef __host__
+#define __host__
+#undef __forceinline__
+#define __forceinline__ inline
+#undef __launch_bounds__
+#define __launch_bounds__(...)
+#undef __shared__
+#define __shared__ static
+#define __restrict__ __restrict
+
+struct cg_dim3 { unsigned x = 0, y = 0, z = 0; };
+static thread_local cg_dim3 threadIdx, blockIdx;
+static cg_dim3 blockDim, gridDim;
+static std::barrier<>* cg_block_barrier = nullptr;
+static std::vector<std::unique_ptr<std::barrier<>>> cg_warp_barriers;
+static std::vector<unsigned long long> cg_warp_slots;
+
+static inline void __syncthreads() { cg_block_barrier->arrive_and_wait(); }
+static inline unsigned cg_lane_id() { return threadIdx.x + threadIdx.y * blockDim.x + threadIdx.z * blockDim.x * blockDim.y; }
+template <typename T>
+static inline T __shfl_xor_sync(unsigned, T v, int mask) {
+    static_assert(sizeof(T) <= 8, "a shuffled value is at most 8 bytes");
+    const unsigned id = cg_lane_id(), warp = id / 32;
+    unsigned long long bits = 0;
+    std::memcpy(&bits, &v, sizeof(T));
+    cg_warp_slots[id] = bits;
+    cg_warp_barriers[warp]->arrive_and_wait();
+    const unsigned from = warp * 32 + ((id % 32) ^ static_cast<unsigned>(mask));
+    if (from >= cg_warp_slots.size()) { std::fprintf(stderr, "shuffle from lane %u past the block\n", from); std::abort(); }
+    bits = cg_warp_slots[from];
+    cg_warp_barriers[warp]->arrive_and_wait();
+    T out;
+    std::memcpy(&out, &bits, sizeof(T));
+    return out;
+}
+template <typename T> static inline void __stwb(T* p, T v) { *p = v; }
+template <typename T> static inline T __ldg(const T* p) { return *p; }
+static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
+template <typename A, typename B> static inline auto min(A a, B b) { return a < b ? a : b; }
+template <typename A, typename B> static inline auto max(A a, B b) { return a < b ? b : a; }
+
+// Runs fn once per thread of every block, one block at a time.
+template <typename F>
+static void cg_launch(cg_dim3 grid, cg_dim3 block, F fn) {
+    gridDim = grid;
+    blockDim = block;
+    const unsigned n = block.x * block.y * block.z;
+    std::barrier<> bar(n);
+    cg_block_barrier = &bar;
+    cg_warp_barriers.clear();
+    for (unsigned w = 0; w < (n + 31) / 32; ++w) cg_warp_barriers.emplace_back(new std::barrier<>(std::min(32u, n - 32 * w)));
+    cg_warp_slots.assign(n, 0);
+    for (unsigned bz = 0; bz < grid.z; ++bz)
+        for (unsigned by = 0; by < grid.y; ++by)
+            for (unsigned bx = 0; bx < grid.x; ++bx) {
+                std::vector<std::thread> threads;
+                threads.reserve(n);
+                for (unsigned tz = 0; tz < block.z; ++tz)
+                    for (unsigned ty = 0; ty < block.y; ++ty)
+                        for (unsigned tx = 0; tx < block.x; ++tx)
+                            threads.emplace_back([=] {
+                                blockIdx = {bx, by, bz};
+                                threadIdx = {tx, ty, tz};
+                                fn();
+                            });
+                for (auto& t : threads) t.join();
+            }
+}
+
+static void* cg_read(const char* path, size_t bytes) {
+    void* p = std::aligned_alloc(256, bytes < 256 ? 256 : (bytes + 255) / 256 * 256);
+    FILE* f = std::fopen(path, "rb");
+    if (!f || std::fread(p, 1, bytes, f) != bytes) { std::fprintf(stderr, "cannot read %s\n", path); std::exit(2); }
+    std::fclose(f);
+    return p;
+}
+
+static void cg_write(const char* path, const void* p, size_t bytes) {
+    FILE* f = std::fopen(path, "wb");
+    std::fwrite(p, 1, bytes, f);
+    std::fclose(f);
+}
+"""
+
+
+def available() -> str:
+    """Why kernels cannot run here (no compiler, no CUDA headers), or "" when they can."""
+    if CXX is None:
+        return "no host C++ compiler"
+    if not any((Path(d) / "crt" / "host_defines.h").exists() for d in include_dirs()):
+        return "no CUDA headers with crt/host_defines.h"
+    return ""
+
+
+def _float_arg(x: float) -> str:
+    if math.isnan(x):
+        return "NAN"
+    if math.isinf(x):
+        return "INFINITY" if x > 0 else "-INFINITY"
+    return f"{x!r}f"
+
+
+def run(spec: KernelSpec, source: str, dtype: str, params: Mapping[str, int],
+        cases: Sequence[tuple[Mapping[str, int], Mapping[str, np.ndarray]]], workdir: Path) -> list[dict[str, np.ndarray]]:
+    """Launches ``source``'s entry point once per case, a case being a shape and every tensor
+    argument's bytes (outputs included, as numpy arrays), over the grid its launch header gives
+    for the shape and ``params``; returns each case's written tensors' bytes after its launch.
+    One compilation serves every case."""
+    head = parse_launch_header(source)
+    params = {**head.default_params(), **params}
+    workdir.mkdir(parents=True, exist_ok=True)
+    body = []
+    for n, (shape, inputs) in enumerate(cases):
+        launch = head.resolve(shape, params)
+        args, lines = [], []
+        for a, (ctype, _) in zip(spec.args, spec.c_signature(), strict=True):
+            if a.kind == "tensor":
+                buf = np.ascontiguousarray(inputs[a.name]).view(np.uint8).reshape(-1)
+                path = workdir / f"{n}.{a.name}.bin"
+                path.write_bytes(buf.tobytes())
+                lines.append(f'auto* {a.name} = static_cast<{ctype}*>(cg_read("{path}", {buf.size}));')
+                args.append(a.name)
+            elif a.kind == "int":
+                args.append(str(int(shape[a.name])))
+            else:
+                args.append(_float_arg(float(spec.constants[a.name])))
+        grid = "{" + ", ".join(map(str, launch.grid)) + "}"
+        block = "{" + ", ".join(map(str, launch.block)) + "}"
+        lines.append(f"cg_launch({grid}, {block}, [&] {{ {spec.name}({', '.join(args)}); }});")
+        lines += [f'cg_write("{workdir / f"{n}.{a.name}.out"}", {a.name}, {np.asarray(inputs[a.name]).nbytes});'
+                  for a in spec.args if a.kind == "tensor" and a.role != "in"]
+        body.append("    {\n" + "\n".join("        " + x for x in lines) + "\n    }")
+    defines = "".join(f"#define {k} {v}\n" for k, v in params.items())
+    includes = full_source("").split("#line", 1)[0]  # the headers every variant is compiled with
+    text = (f"#define scalar_t {_C_SCALAR[dtype]}\n{defines}{includes}{SHIM}\n{source}\n"
+            "int main() {\n" + "\n".join(body) + "\n}\n")
+    (workdir / "kernel.cpp").write_text(text)
+    flags = [f"-I{d}" for d in include_dirs()]
+    built = subprocess.run([CXX, "-std=c++20", "-O1", "-w", "-pthread", *flags, "kernel.cpp", "-o", "kernel"],
+                           cwd=workdir, capture_output=True, text=True)
+    if built.returncode:
+        raise RuntimeError(f"host compilation failed:\n{built.stderr[-4000:]}")
+    ran = subprocess.run([str(workdir / "kernel")], cwd=workdir, capture_output=True, text=True, timeout=600)
+    if ran.returncode:
+        raise RuntimeError(f"the kernel run failed ({ran.returncode}):\n{ran.stderr[-4000:]}")
+    return [{a.name: np.fromfile(workdir / f"{n}.{a.name}.out", dtype=np.uint8)
+             for a in spec.args if a.kind == "tensor" and a.role != "in"} for n in range(len(cases))]

@@ -1,0 +1,122 @@
+"""The generated schedules run on the CPU (``tests/cuda_on_cpu.py``): outputs against the
+spec's reference on small shapes, with short rows, rows off vector boundaries, partial tiles
+and tails, in fp16 and fp32, at the default tuning and at the last value of every parameter.
+
+This checks what each thread reads and writes before a GPU is at hand; the GPU tests
+(``tests/gpu/test_codegen_gpu.py``) remain the authority. Cluster schedules need the
+hardware's distributed shared memory and are left to those."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agents.embedded.codegen import generate
+from evaluators import validate as V
+from evaluators.context import tolerances
+from kernels.launch import parse_launch_header
+from kernels.spec import KernelSpec, load_kernel
+from tests import cuda_on_cpu
+from tests.unit.test_codegen import _NEW_BASELINE, _NEW_SPEC, _kernel_here
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.skipif(bool(cuda_on_cpu.available()), reason=cuda_on_cpu.available() or "ok")
+
+ROOT = Path(__file__).resolve().parents[2]
+UNSEEN = ROOT / "experiments" / "unseen"
+
+# Small shapes: short and long rows, row counts that are not multiples of a block's rows, tiles
+# cut by the matrix's edge, rows off 16-byte boundaries where the spec allows them.
+SHAPES = {
+    "bias_gelu": [{"num_tokens": 3, "hidden": 1000}, {"num_tokens": 2, "hidden": 40}],
+    "embedding_gather": [{"num_tokens": 5, "hidden": 264, "vocab": 50}],
+    "kv_cache_write": [{"num_tokens": 7, "hidden": 136, "num_slots": 40}],
+    "logits_mask_fill": [{"num_tokens": 3, "vocab": 1000}, {"num_tokens": 2, "vocab": 24}],
+    "transpose_2d": [{"rows": 13, "cols": 200}, {"rows": 40, "cols": 72}, {"rows": 3, "cols": 8}],
+    "cross_entropy_rows": [{"num_tokens": 5, "vocab": 200}, {"num_tokens": 3, "vocab": 1000},
+                           {"num_tokens": 9, "vocab": 24}],
+    "log_softmax_rows": [{"num_tokens": 5, "vocab": 200}, {"num_tokens": 3, "vocab": 1000},
+                         {"num_tokens": 9, "vocab": 24}],
+    "l2norm_rows": [{"num_tokens": 5, "hidden": 200}, {"num_tokens": 3, "hidden": 1000},
+                    {"num_tokens": 9, "hidden": 24}],
+    "minmax_quant_u8": [{"num_tokens": 5, "hidden": 208}, {"num_tokens": 3, "hidden": 1008},
+                        {"num_tokens": 9, "hidden": 32}],
+    # The kernel written in test_codegen: rows of 36 and 1028 elements (4-element multiples
+    # only), so fp16's 8-element vectors leave a scalar tail.
+    "centred_tanh": [{"n": 7, "width": 36}, {"n": 3, "width": 1028}],
+}
+
+
+def _cases() -> list[tuple[str, str]]:
+    return [(str(UNSEEN / name), name) for name in SHAPES if (UNSEEN / name).is_dir()] + [("", "centred_tanh")]
+
+
+def _spec(folder: str, tmp_path: Path) -> KernelSpec:
+    if folder:
+        return load_kernel(folder)
+    return _kernel_here(tmp_path, "centred_tanh", _NEW_SPEC, _NEW_BASELINE)
+
+
+def _poisoned(spec: KernelSpec, inputs: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """Every tensor's bytes, outputs filled with NaN (or 0x55 bytes) so that an element left
+    unwritten cannot pass for a result."""
+    out = {}
+    for a in spec.args:
+        if a.kind != "tensor":
+            continue
+        t = inputs[a.name].clone()
+        if a.role == "out":
+            if t.dtype.is_floating_point:
+                t.fill_(float("nan"))
+            else:
+                t.view(torch.uint8).fill_(0x55)
+        out[a.name] = t.contiguous().view(torch.uint8).numpy()
+    return out
+
+
+def _check(spec: KernelSpec, source: str, dtype: str, params: dict[str, int], workdir: Path) -> None:
+    shapes = SHAPES[spec.name]
+    cases, expected, like = [], [], []
+    for n, shape in enumerate(shapes):
+        spec.check_shape(shape)
+        gen = torch.Generator().manual_seed(n)
+        inputs = spec.make_inputs(shape, getattr(torch, dtype), gen, "random", "cpu")
+        expected.append(spec.reference({k: v.clone() for k, v in inputs.items()}, shape, spec.constants))
+        like.append(inputs)
+        cases.append((shape, _poisoned(spec, inputs)))
+    results = cuda_on_cpu.run(spec, source, dtype, params, cases, workdir)
+    for shape, got_bytes, want, inputs in zip(shapes, results, expected, like, strict=True):
+        got = {k: torch.from_numpy(b.copy()).view(inputs[k].dtype).reshape(inputs[k].shape)
+               for k, b in got_bytes.items()}
+        finding = V.check_outputs(got, want, tolerances(spec, dtype), spec.compare, f"(shape {shape}, {dtype}, {params})")
+        assert finding is None, finding.message
+
+
+@pytest.mark.parametrize(("folder", "name"), _cases(), ids=[n for _, n in _cases()])
+def test_generated_schedules_compute_the_reference_on_the_cpu(folder, name, tmp_path):
+    spec = _spec(folder, tmp_path)
+    dtypes = [d for d in ("float16", "float32") if d in spec.dtypes] or [spec.dtypes[0]]
+    ran = 0
+    for schedule in generate(spec):
+        if "cluster" in schedule.name:
+            continue
+        tune = parse_launch_header(schedule.source).tune
+        for params in ({}, {k: v[-1] for k, v in tune.items()}):
+            for dtype in dtypes:
+                workdir = tmp_path / f"{schedule.name.replace('/', '_')}-{dtype}-{len(params)}"
+                _check(spec, schedule.source, dtype, params, workdir)
+                ran += 1
+    assert ran, f"{spec.name}: no schedule to run"
+
+
+def test_a_wrong_index_is_caught(tmp_path):
+    """The tool fails a schedule with a planted indexing mistake (a transpose that stores each
+    output row reversed, in bounds), so a pass above means something."""
+    spec = load_kernel(UNSEEN / "transpose_2d")
+    source = next(s.source for s in generate(spec) if s.name == "codegen:transpose/wide")
+    planted = "out[j * cg_rows + (cg_rows - 1 - i)] = "
+    assert "out[j * cg_rows + i] = " in source
+    with pytest.raises(AssertionError, match="mismatch|expected"):
+        _check(spec, source.replace("out[j * cg_rows + i] = ", planted), "float16", {}, tmp_path)
