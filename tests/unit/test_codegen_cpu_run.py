@@ -1,6 +1,8 @@
 """The generated schedules run on the CPU (``tests/cuda_on_cpu.py``): outputs against the
 spec's reference on small shapes, with short rows, rows off vector boundaries, partial tiles
-and tails, in fp16 and fp32, at the default tuning and at the last value of every parameter.
+and tails, in two dtypes (fp16 and fp32, or bf16 where a kernel has no fp32), at the default
+tuning and at the last value of every parameter; for the unseen kernels, the library kernels
+the generator reads, and a kernel written in the tests.
 
 This checks what each thread reads and writes before a GPU is at hand; the GPU tests
 (``tests/gpu/test_codegen_gpu.py``) remain the authority. Cluster schedules need the
@@ -26,6 +28,7 @@ pytestmark = pytest.mark.skipif(bool(cuda_on_cpu.available()), reason=cuda_on_cp
 
 ROOT = Path(__file__).resolve().parents[2]
 UNSEEN = ROOT / "experiments" / "unseen"
+LIBRARY = ROOT / "kernels"
 
 # Small shapes: short and long rows, row counts that are not multiples of a block's rows, tiles
 # cut by the matrix's edge, rows off 16-byte boundaries where the spec allows them.
@@ -43,6 +46,17 @@ SHAPES = {
                     {"num_tokens": 9, "hidden": 24}],
     "minmax_quant_u8": [{"num_tokens": 5, "hidden": 208}, {"num_tokens": 3, "hidden": 1008},
                         {"num_tokens": 9, "hidden": 32}],
+    # Library kernels the generator also reads (their recipes are not involved here).
+    "rmsnorm": [{"num_tokens": 5, "hidden": 200}, {"num_tokens": 3, "hidden": 1000}, {"num_tokens": 9, "hidden": 24}],
+    "fused_add_rmsnorm": [{"num_tokens": 5, "hidden": 200}, {"num_tokens": 9, "hidden": 24}],
+    "gemma_fused_add_rmsnorm": [{"num_tokens": 5, "hidden": 200}, {"num_tokens": 9, "hidden": 24}],
+    "layernorm": [{"num_tokens": 5, "hidden": 200}, {"num_tokens": 3, "hidden": 1000}],
+    "per_token_fp8_quant": [{"num_tokens": 5, "hidden": 208}, {"num_tokens": 9, "hidden": 32}],
+    "silu_and_mul": [{"num_tokens": 3, "d": 1000}, {"num_tokens": 2, "d": 40}],
+    "gelu_and_mul": [{"num_tokens": 3, "d": 1000}],
+    "gelu_tanh_and_mul": [{"num_tokens": 3, "d": 1000}],
+    "merge_attn_states_lse": [{"num_tokens": 3, "num_heads": 5, "head_dim": 24},
+                              {"num_tokens": 2, "num_heads": 4, "head_dim": 128}],
     # The kernel written in test_codegen: rows of 36 and 1028 elements (4-element multiples
     # only), so fp16's 8-element vectors leave a scalar tail.
     "centred_tanh": [{"n": 7, "width": 36}, {"n": 3, "width": 1028}],
@@ -50,7 +64,11 @@ SHAPES = {
 
 
 def _cases() -> list[tuple[str, str]]:
-    return [(str(UNSEEN / name), name) for name in SHAPES if (UNSEEN / name).is_dir()] + [("", "centred_tanh")]
+    out = []
+    for name in SHAPES:
+        folder = next((d for d in (UNSEEN / name, LIBRARY / name) if d.is_dir()), None)
+        out.append((str(folder) if folder else "", name))
+    return out
 
 
 def _spec(folder: str, tmp_path: Path) -> KernelSpec:
@@ -97,7 +115,7 @@ def _check(spec: KernelSpec, source: str, dtype: str, params: dict[str, int], wo
 @pytest.mark.parametrize(("folder", "name"), _cases(), ids=[n for _, n in _cases()])
 def test_generated_schedules_compute_the_reference_on_the_cpu(folder, name, tmp_path):
     spec = _spec(folder, tmp_path)
-    dtypes = [d for d in ("float16", "float32") if d in spec.dtypes] or [spec.dtypes[0]]
+    dtypes = [d for d in ("float16", "float32", "bfloat16") if d in spec.dtypes][:2]
     ran = 0
     for schedule in generate(spec):
         if "cluster" in schedule.name:
