@@ -547,9 +547,34 @@ def test_rows_block_gives_short_rows_fewer_than_32_threads_and_reduces_inside_th
     launch = parse_launch_header(source)
 
     def block(cols, items):
-        return launch.resolve({"num_tokens": 4096, "hidden": cols}, {"ITEMS": items}).block[:2]
+        return launch.resolve({"num_tokens": 65536, "hidden": cols}, {"ITEMS": items}).block[:2]
 
     assert block(128, 1) == (16, 16) and block(64, 1) == (8, 32) and block(32, 1) == (4, 64)
     assert block(256, 2) == (16, 16) and block(129, 1) == (32, 8) and block(8192, 1) == (512, 1)
     assert "if (o < static_cast<int>(blockDim.x)) v = cg_combine<OP>" in source
     assert "v = cg_row_warp_reduce<OP>(v);" in source
+
+
+def test_short_rows_share_a_block_only_while_the_grid_keeps_fill_blocks():
+    """rows/block and elementwise/rows pack short rows several to a block, but not below
+    FILL_BLOCKS blocks: 1024 rows of 256 elements took 64 blocks of 512 threads (half of an
+    H200's SMs idle), now 256 of 128."""
+    from agents.embedded.codegen.emit import FILL_BLOCKS
+
+    def launch_of(folder, name, shape, params):
+        spec = load_kernel(ROOT / "experiments" / "unseen" / folder)
+        return parse_launch_header(schedules_for(spec)[name].source).resolve(shape, params)
+
+    ew = launch_of("kv_cache_write", "codegen:elementwise/rows", {"num_tokens": 1024, "hidden": 256, "num_slots": 9},
+                   {"BLOCK": 512, "ITEMS": 1})
+    assert ew.block[:2] == (32, 4) and ew.grid[0] == 256
+    ew = launch_of("kv_cache_write", "codegen:elementwise/rows", {"num_tokens": 16, "hidden": 512, "num_slots": 9},
+                   {"BLOCK": 512, "ITEMS": 1})
+    assert ew.block[:2] == (64, 1) and ew.grid[0] == 16
+    ew = launch_of("kv_cache_write", "codegen:elementwise/rows", {"num_tokens": 65536, "hidden": 256, "num_slots": 9},
+                   {"BLOCK": 512, "ITEMS": 1})
+    assert ew.block[:2] == (32, 16)  # many rows: as many to a block as BLOCK holds
+    rb = launch_of("l2norm_rows", "codegen:rows/block", {"num_tokens": 16, "hidden": 128}, {"ITEMS": 1})
+    assert rb.block[:2] == (16, 1) and rb.grid[0] == 16
+    rb = launch_of("l2norm_rows", "codegen:rows/block", {"num_tokens": 4096, "hidden": 128}, {"ITEMS": 1})
+    assert rb.grid[0] >= FILL_BLOCKS - 8 and rb.block[:2] == (16, 16)

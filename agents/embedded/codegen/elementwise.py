@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from agents.embedded.codegen.cuda_text import PRELUDE
 from agents.embedded.codegen.emit import (
+    FILL_BLOCKS,
     Emitter,
     Schedule,
     c_size,
@@ -116,9 +117,10 @@ def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
         "}",
     ]
     # Threads along a row: one per 8 * ITEMS elements, in steps of 8 (a warp may hold several
-    # short rows), at most BLOCK; the rest of BLOCK takes further rows.
+    # short rows), at most BLOCK; the rest of BLOCK takes further rows, but no more than keep
+    # FILL_BLOCKS blocks: a few hundred short rows packed 16 to a block of 512 left most SMs idle.
     tx = f"min(BLOCK, max(8, 8 * cdiv({cols_launch}, 64 * ITEMS)))"
-    ry = f"max(1, BLOCK // {tx})"
+    ry = f"max(1, min(BLOCK // {tx}, cdiv({rows_launch}, {FILL_BLOCKS})))"
     grid = f"(cdiv({rows_launch}, {ry}) * cdiv({cols_launch}, {tx} * 8 * ITEMS),)"
     tune = {"BLOCK": (256, 128, 512), "ITEMS": (2, 1, 4)}
     name = "elementwise/flat" if flat else "elementwise/rows"

@@ -47,6 +47,11 @@ class Schedule:
     source: str
 
 
+# Short rows packed several to a block stop at this many blocks: about two per SM of a 132-SM
+# GPU (H100, H200), so that a few hundred short rows still reach every SM.
+FILL_BLOCKS = 264
+
+
 def c_size(expr: str) -> str:
     """A launch-style size expression (``2 * d``) as 64-bit C."""
     terms = [f"{t}LL" if t.isdigit() else f"static_cast<long long>({t})" for t in expr.split(" * ")]

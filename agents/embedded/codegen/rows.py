@@ -24,6 +24,7 @@ from agents.embedded.codegen.cuda_text import (
     PRELUDE,
 )
 from agents.embedded.codegen.emit import (
+    FILL_BLOCKS,
     IDENTITY,
     OPCODE,
     Emitter,
@@ -188,11 +189,12 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
     elif mode == "block":
         # Threads per row: a warp per 256 * ITEMS elements (ITEMS 16-byte vectors of 16-bit
         # elements per thread), up to 512; a row of at most 128, 64 or 32 x ITEMS elements gets
-        # 16, 8 or 4 threads (no idle lanes); rows shorter than a block share it.
+        # 16, 8 or 4 threads (no idle lanes); rows shorter than a block share it, as long as
+        # FILL_BLOCKS blocks remain.
         c = program.cols
         narrow = " - ".join(f"{w} * min(1, max(0, {8 * w} * ITEMS + 1 - {c}))" for w in (16, 8, 4))
         tx = f"min(512, 32 * cdiv({c}, 256 * ITEMS) - {narrow})"
-        ry = f"max(1, 256 // {tx})"
+        ry = f"max(1, min(256 // {tx}, cdiv({program.rows}, {FILL_BLOCKS})))"
         grid, block = f"(cdiv({program.rows}, {ry}),)", f"({tx}, {ry})"
         tune = {"ITEMS": tuple(v for v in items if v != 8) if online else items}
         what = "one row per block of threads sized to the row, short rows several to a block"
