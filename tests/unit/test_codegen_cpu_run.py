@@ -38,12 +38,13 @@ SHAPES = {
     "kv_cache_write": [{"num_tokens": 7, "hidden": 136, "num_slots": 40}],
     "logits_mask_fill": [{"num_tokens": 3, "vocab": 1000}, {"num_tokens": 2, "vocab": 24}],
     "transpose_2d": [{"rows": 13, "cols": 200}, {"rows": 40, "cols": 72}, {"rows": 3, "cols": 8}],
+    # Rows of 9000: longer than a block's registers hold at ITEMS=1 (the re-read part of a pass).
     "cross_entropy_rows": [{"num_tokens": 5, "vocab": 200}, {"num_tokens": 3, "vocab": 1000},
-                           {"num_tokens": 9, "vocab": 24}],
+                           {"num_tokens": 9, "vocab": 24}, {"num_tokens": 2, "vocab": 9000}],
     "log_softmax_rows": [{"num_tokens": 5, "vocab": 200}, {"num_tokens": 3, "vocab": 1000},
-                         {"num_tokens": 9, "vocab": 24}],
+                         {"num_tokens": 9, "vocab": 24}, {"num_tokens": 2, "vocab": 9000}],
     "l2norm_rows": [{"num_tokens": 5, "hidden": 200}, {"num_tokens": 3, "hidden": 1000},
-                    {"num_tokens": 9, "hidden": 24}],
+                    {"num_tokens": 9, "hidden": 24}, {"num_tokens": 2, "hidden": 9000}],
     "minmax_quant_u8": [{"num_tokens": 5, "hidden": 208}, {"num_tokens": 3, "hidden": 1008},
                         {"num_tokens": 9, "hidden": 32}],
     # Library kernels the generator also reads (their recipes are not involved here).
@@ -138,3 +139,16 @@ def test_a_wrong_index_is_caught(tmp_path):
     assert "out[j * cg_rows + i] = " in source
     with pytest.raises(AssertionError, match="mismatch|expected"):
         _check(spec, source.replace("out[j * cg_rows + i] = ", planted), "float16", {}, tmp_path)
+
+
+def test_rows_reread_in_groups_give_the_same_bits(tmp_path):
+    """rows/block's RU (vectors re-read at a time past the registers) changes when loads are
+    issued, not the order in which a thread folds its vectors: the outputs are bit-identical."""
+    spec = load_kernel(UNSEEN / "log_softmax_rows")
+    source = next(s.source for s in generate(spec) if s.name == "codegen:rows/block")
+    shape = {"num_tokens": 2, "vocab": 9000}
+    inputs = spec.make_inputs(shape, torch.float16, torch.Generator().manual_seed(3), "random", "cpu")
+    case = [(shape, _poisoned(spec, inputs))]
+    got = [cuda_on_cpu.run(spec, source, "float16", {"ITEMS": 1, "RU": ru}, case, tmp_path / f"ru{ru}")[0]
+           for ru in (1, 4)]
+    assert got[0].keys() == got[1].keys() and all(np.array_equal(got[0][k], got[1][k]) for k in got[0])

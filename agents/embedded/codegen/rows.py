@@ -73,11 +73,15 @@ def _levels(program: Program, fused: Mapping[int, int] | None = None) -> list[li
     return out
 
 
-def _pass(em: Emitter, exprs: list[tuple[str, object]], cached: set[int], fill: set[int]) -> list[str]:
+def _pass(em: Emitter, exprs: list[tuple[str, object]], cached: set[int], fill: set[int], unroll: str) -> list[str]:
     """One pass over the row: the first ITEMS vectors of each thread (kept in registers), then
-    the rest of the row, re-read."""
+    the rest of the row, re-read ``unroll`` vectors at a time with their loads issued first
+    (one load per iteration leaves a long row's pass waiting on memory once per vector; more
+    costs registers, so occupancy, in every launch). Each thread still takes its vectors in
+    order, so a reduction's bits do not depend on it."""
     regs = em.chunk_body(exprs, cached, fill, "cg_c", "cg_j")
-    rest = em.chunk_body(exprs, cached, set(), "cg_c", None)
+    decls, loads, staged = em.staged_chunk(exprs, "cg_c", "cg_u", unroll)
+    step = "static_cast<long long>(cg_u) * cg_g"
     return [
         "#pragma unroll",
         "for (int cg_j = 0; cg_j < ITEMS; ++cg_j) {",
@@ -87,9 +91,22 @@ def _pass(em: Emitter, exprs: list[tuple[str, object]], cached: set[int], fill: 
         *("        " + b for b in regs),
         "    }",
         "}",
-        "for (long long cg_i = cg_lane + static_cast<long long>(ITEMS) * cg_g; cg_active && cg_i < cg_nvec; cg_i += cg_g) {",
-        "    const long long cg_c = cg_i * V;",
-        *("    " + b for b in rest),
+        f"for (long long cg_i0 = cg_lane + static_cast<long long>(ITEMS) * cg_g; cg_active && cg_i0 < cg_nvec; cg_i0 += {unroll} * cg_g) {{",
+        *("    " + d for d in decls),
+        "#pragma unroll",
+        f"    for (int cg_u = 0; cg_u < {unroll}; ++cg_u) {{",
+        f"        const long long cg_c = (cg_i0 + {step}) * V;",
+        f"        if (cg_i0 + {step} < cg_nvec) {{",
+        *("            " + x for x in loads),
+        "        }",
+        "    }",
+        "#pragma unroll",
+        f"    for (int cg_u = 0; cg_u < {unroll}; ++cg_u) {{",
+        f"        const long long cg_c = (cg_i0 + {step}) * V;",
+        f"        if (cg_i0 + {step} < cg_nvec) {{",
+        *("            " + x for x in staged),
+        "        }",
+        "    }",
         "}",
     ]
 
@@ -108,6 +125,11 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
     cached = {i for i, leaf in enumerate(em.full_leaves) if em.is_float_arg(leaf.arg)}
     # Registers kept per thread: cached leaves x ITEMS x 8 floats, at most 64.
     items = tuple(v for v in (4, 2, 8, 1) if max(1, len(cached)) * v * 8 <= 64) or (1,)
+    # Vectors re-read at a time past the registers' ITEMS: RU, 1 first as measured so far, at
+    # most 2 under the online schedules' 64-register bound. The cluster schedule keeps 1: it
+    # splits the long rows it is for, and RU=2 spilled there (layer norm, bf16).
+    unroll = "1" if cluster else "RU"
+    ru = (1, 2) if online else (1, 2, 4)
     bases = em.leaf_bases("cg_row")
     lines = em.take_row_lines() + bases
     lines += [f"float cg_cache{i}[ITEMS][V];" for i in sorted(cached)]
@@ -118,7 +140,7 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
         exprs: list[tuple[str, object]] = [(f"red:{r.index}", r.body) for r in plain]
         exprs += [(f"online:{r.index}:{partner[r.index]}", r.body) for r in group if r.index in partner]
         fill = (em.used_leaves(exprs) & cached) - filled
-        body = _pass(em, exprs, cached, fill)
+        body = _pass(em, exprs, cached, fill, unroll)
         filled |= fill
         lines += em.take_row_lines()
         lines += [f"float cg_acc{r.index} = {IDENTITY[r.kind]};" for r in group]
@@ -133,7 +155,7 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
                           f"const float cg_red{i_sum} = cg_online_end(cg_acc{i_max}, cg_acc{i_sum}, cg_cols);"]
     full_out = [(f"out:{n}", e) for n, (space, e) in program.outputs.items() if space == "full"]
     if full_out:
-        body = _pass(em, full_out, cached, (em.used_leaves(full_out) & cached) - filled)
+        body = _pass(em, full_out, cached, (em.used_leaves(full_out) & cached) - filled, unroll)
         lines += em.take_row_lines()
         lines += body
     row_out = [(n, e) for n, (space, e) in program.outputs.items() if space != "full"]
@@ -184,7 +206,7 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
     bound, attrs = "512", ""
     if mode == "warp":
         grid, block, bound = f"(cdiv({program.rows}, ROWS),)", "(32, ROWS)", "32 * ROWS"
-        tune = {"ROWS": (4, 2, 8, 1), "ITEMS": items}
+        tune = {"ROWS": (4, 2, 8, 1), "ITEMS": items, "RU": ru}
         what = "one row per warp, ROWS rows per block"
     elif mode == "block":
         # Threads per row: a warp per 256 * ITEMS elements (ITEMS 16-byte vectors of 16-bit
@@ -196,7 +218,7 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
         tx = f"min(512, 32 * cdiv({c}, 256 * ITEMS) - {narrow})"
         ry = f"max(1, min(256 // {tx}, cdiv({program.rows}, {FILL_BLOCKS})))"
         grid, block = f"(cdiv({program.rows}, {ry}),)", f"({tx}, {ry})"
-        tune = {"ITEMS": tuple(v for v in items if v != 8) if online else items}
+        tune = {"ITEMS": tuple(v for v in items if v != 8) if online else items, "RU": ru}
         what = "one row per block of threads sized to the row, short rows several to a block"
     else:
         # Blocks per row: CL below SPLIT rows (too few rows to fill the GPU) or when a row is longer
