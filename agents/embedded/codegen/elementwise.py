@@ -53,13 +53,13 @@ def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
     exprs = [(f"out:{n}", e.value if space == "scatter" else e) for n, (space, e) in program.outputs.items()
              if space != "row"]
     body = em.chunk_body(exprs, set(), set(), "cg_c", None)
-    decls, loads, staged = em.staged_chunk(exprs, "cg_c", "cg_j", "CG_N")
     # A per-row output is written once, by the chunk that holds the row's first column.
     row_stores = [f"{n}[cg_row] = {em.store_value(n, em.row_expr(e), em.kind(e))};" for n, e in per_row.items()]
-    row_defs = em.take_row_lines() + scatter_bases
-    if row_stores:
-        once = ["if (cg_c == 0) {", *("    " + x for x in row_stores), "}"]
-        body, staged = body + once, staged + once
+    once = ["if (cg_c == 0) {", *("    " + x for x in row_stores), "}"] if row_stores else []
+    body += once
+    chunk = "cg_begin + (static_cast<long long>(cg_j) * blockDim.x + threadIdx.x) * V"
+    staged = em.staged_loops(exprs, "CG_N", "cg_j", chunk, "cg_c < cg_vend", once)
+    row_defs = em.take_row_lines() + scatter_bases  # every row value the bodies above use
     row_lines = ["const long long cg_obase = cg_row * " + em.cols + ";", *bases, *row_defs]
     args = entry_args(spec)
     text = [
@@ -94,21 +94,7 @@ def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
         "        // flight together (a load-compute-store loop waits for each chunk's loads in turn), then",
         "        // the math and the stores; the chunks of a step are consecutive across the threads.",
         "        constexpr int CG_N = (8 * ITEMS + V - 1) / V;",
-        *("        " + d for d in decls),
-        "#pragma unroll",
-        "        for (int cg_j = 0; cg_j < CG_N; ++cg_j) {",
-        "            const long long cg_c = cg_begin + (static_cast<long long>(cg_j) * blockDim.x + threadIdx.x) * V;",
-        "            if (cg_c < cg_vend) {",
-        *("                " + x for x in loads),
-        "            }",
-        "        }",
-        "#pragma unroll",
-        "        for (int cg_j = 0; cg_j < CG_N; ++cg_j) {",
-        "            const long long cg_c = cg_begin + (static_cast<long long>(cg_j) * blockDim.x + threadIdx.x) * V;",
-        "            if (cg_c < cg_vend) {",
-        *("                " + x for x in staged),
-        "            }",
-        "        }",
+        *("        " + x for x in staged),
         "        // What is left past the last whole vector, one element at a time.",
         "        for (long long cg_c = cg_vend + threadIdx.x; cg_c < cg_end; cg_c += blockDim.x) {",
         f"            cg_chunk_at<1>({args}, cg_row, cg_c);",

@@ -11,7 +11,7 @@ spec's exact name and argument list. The schedules themselves live beside this m
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from agents.embedded.codegen.cuda_text import NEG_INF, POS_INF
@@ -334,12 +334,13 @@ class Emitter:
             by_value[leaf] = leaf_text[id(leaf)]
         return self._element_loop(exprs, lines, leaf_text, col0)
 
-    def staged_chunk(self, exprs: list[tuple[str, object]], col0: str, slot: str,
-                     count: str) -> tuple[list[str], list[str], list[str]]:
-        """One V-wide chunk split in two phases, for a thread that handles ``count`` chunks: its
-        leaves' packs are loaded into arrays indexed by ``slot`` (all loads of all chunks can then
-        be in flight together), and the element loop reads them from there. Returns (array
-        declarations, the load statements, the element statements) for one chunk."""
+    def staged_loops(self, exprs: list[tuple[str, object]], count: str, slot: str, col: str, guard: str,
+                     after: Sequence[str] = ()) -> list[str]:
+        """A thread's ``count`` V-wide chunks in two unrolled loops over ``slot``: first every
+        chunk's loads, into arrays indexed by the slot (so that they are all in flight
+        together; a load-compute-store loop waits for each chunk's loads in turn), then every
+        chunk's element loop reading them, followed by ``after``. ``col``: the chunk's first
+        column (``cg_c``); ``guard``: whether the chunk exists."""
         decls: list[str] = []
         loads: list[str] = []
         leaf_text: dict[int, str] = {}
@@ -349,15 +350,21 @@ class Emitter:
             if leaf not in by_value:
                 pack = f"Pack<{self.c_type(leaf.arg)}, V>"
                 if leaf.access == "col":
-                    name, src = f"cg_sc{self.col_leaves().index(leaf)}", f"{leaf.arg} + {col0}"
+                    name, src = f"cg_sc{self.col_leaves().index(leaf)}", f"{leaf.arg} + cg_c"
                 else:
                     i = self.full_leaves.index(leaf)
-                    name, src = f"cg_sp{i}", f"{leaf.arg} + cg_base{i} + {col0}"
+                    name, src = f"cg_sp{i}", f"{leaf.arg} + cg_base{i} + cg_c"
                 decls.append(f"{pack} {name}[{count}];")
                 loads.append(f"{name}[{slot}] = *reinterpret_cast<const {pack}*>({src});")
                 by_value[leaf] = self.convert_load(leaf.arg, f"{name}[{slot}].v[e]")
             leaf_text[id(leaf)] = by_value[leaf]
-        return decls, loads, self._element_loop(exprs, [], leaf_text, col0)
+        work = self._element_loop(exprs, [], leaf_text, "cg_c") + list(after)
+        out = decls
+        for body in (loads, work):
+            out += ["#pragma unroll", f"for (int {slot} = 0; {slot} < {count}; ++{slot}) {{",
+                    f"    const long long cg_c = {col};", f"    if ({guard}) {{",
+                    *("        " + x for x in body), "    }", "}"]
+        return out
 
     def _leaf_code(self, leaf: Load, cached: set[int], fill: set[int], col0: str, slot: str | None,
                    lines: list[str], leaf_text: dict[int, str]) -> None:

@@ -80,8 +80,8 @@ def _pass(em: Emitter, exprs: list[tuple[str, object]], cached: set[int], fill: 
     costs registers, so occupancy, in every launch). Each thread still takes its vectors in
     order, so a reduction's bits do not depend on it."""
     regs = em.chunk_body(exprs, cached, fill, "cg_c", "cg_j")
-    decls, loads, staged = em.staged_chunk(exprs, "cg_c", "cg_u", unroll)
-    step = "static_cast<long long>(cg_u) * cg_g"
+    vec = "cg_i0 + static_cast<long long>(cg_u) * cg_g"
+    rest = em.staged_loops(exprs, unroll, "cg_u", f"({vec}) * V", f"{vec} < cg_nvec")
     return [
         "#pragma unroll",
         "for (int cg_j = 0; cg_j < ITEMS; ++cg_j) {",
@@ -92,21 +92,7 @@ def _pass(em: Emitter, exprs: list[tuple[str, object]], cached: set[int], fill: 
         "    }",
         "}",
         f"for (long long cg_i0 = cg_lane + static_cast<long long>(ITEMS) * cg_g; cg_active && cg_i0 < cg_nvec; cg_i0 += {unroll} * cg_g) {{",
-        *("    " + d for d in decls),
-        "#pragma unroll",
-        f"    for (int cg_u = 0; cg_u < {unroll}; ++cg_u) {{",
-        f"        const long long cg_c = (cg_i0 + {step}) * V;",
-        f"        if (cg_i0 + {step} < cg_nvec) {{",
-        *("            " + x for x in loads),
-        "        }",
-        "    }",
-        "#pragma unroll",
-        f"    for (int cg_u = 0; cg_u < {unroll}; ++cg_u) {{",
-        f"        const long long cg_c = (cg_i0 + {step}) * V;",
-        f"        if (cg_i0 + {step} < cg_nvec) {{",
-        *("            " + x for x in staged),
-        "        }",
-        "    }",
+        *("    " + x for x in rest),
         "}",
     ]
 
