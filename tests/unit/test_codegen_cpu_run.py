@@ -152,3 +152,22 @@ def test_rows_reread_in_groups_give_the_same_bits(tmp_path):
     got = [cuda_on_cpu.run(spec, source, "float16", {"ITEMS": 1, "RU": ru}, case, tmp_path / f"ru{ru}")[0]
            for ru in (1, 4)]
     assert got[0].keys() == got[1].keys() and all(np.array_equal(got[0][k], got[1][k]) for k in got[0])
+
+
+def test_transposes_of_rows_off_vector_boundaries_on_both_sides(tmp_path):
+    """A transpose whose spec allows any row length (the unseen one asks for multiples of 8):
+    both sides of the generated transposes take their single-element paths, and the result
+    is bit-exact."""
+    text = (UNSEEN / "transpose_2d" / "spec.py").read_text()
+    assert 'Arg("cols", "int", multiple_of=8)' in text
+    spec = _kernel_here(tmp_path, "transpose_2d", text.replace('Arg("cols", "int", multiple_of=8)', 'Arg("cols", "int")'),
+                        (UNSEEN / "transpose_2d" / "baseline.cu").read_text())
+    shapes = [{"rows": 13, "cols": 37}, {"rows": 40, "cols": 75}, {"rows": 7, "cols": 3}]
+    for schedule in generate(spec):
+        inputs = [spec.make_inputs(s, torch.float16, torch.Generator().manual_seed(n), "random", "cpu")
+                  for n, s in enumerate(shapes)]
+        cases = [(s, _poisoned(spec, i)) for s, i in zip(shapes, inputs, strict=True)]
+        outs = cuda_on_cpu.run(spec, schedule.source, "float16", {}, cases, tmp_path / schedule.name.replace("/", "_"))
+        for s, i, o in zip(shapes, inputs, outs, strict=True):
+            got = torch.from_numpy(o["out"].copy()).view(torch.float16).reshape(i["out"].shape)
+            assert torch.equal(got, i["x"].t()), f"{schedule.name} {s}"
