@@ -2,7 +2,8 @@
 
 - ``elementwise/rows``: blocks over (row, column chunk); 16-byte vector loads and stores of
   every tensor when the row length, strides, offsets and pointers allow it, else scalar code;
-  a scalar tail for the last partial vector. An output scattered by rows (``target[index] =
+  a scalar tail for the last partial vector. A thread issues the loads of all its vectors
+  before their math and stores. An output scattered by rows (``target[index] =
   values``) is stored at its index's row; a per-row output once per row.
 - ``elementwise/flat``: the same over one flat row of R*C elements, when every access is
   contiguous.
@@ -64,7 +65,8 @@ def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
     args = entry_args(spec)
     text = [
         PRELUDE,
-        "// One V-wide chunk of one row at column cg_c (the scalar tail past the last whole vector).",
+        "// One V-wide chunk of one row at column cg_c; used with V = 1, for data off vector boundaries",
+        "// and for the tail past the last whole vector.",
         f"template <int V>\n__device__ __forceinline__ void cg_chunk_at({entry_params(spec)}, long long cg_row, long long cg_c) {{",
         *("    " + b for b in row_lines),
         *("    " + b for b in body),
