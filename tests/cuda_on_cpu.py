@@ -21,12 +21,10 @@ from pathlib import Path
 import numpy as np
 
 from kernels.launch import parse_launch_header
-from kernels.nvrtc import full_source, include_dirs
+from kernels.nvrtc import build_options, full_source, include_dirs
 from kernels.spec import KernelSpec
 
 CXX = shutil.which("g++") or shutil.which("c++")
-
-_C_SCALAR = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 
 SHIM = r"""
 #include <barrier>
@@ -176,12 +174,11 @@ def run(spec: KernelSpec, source: str, dtype: str, params: Mapping[str, int],
         lines += [f'cg_write("{workdir / f"{n}.{a.name}.out"}", {a.name}, {np.asarray(inputs[a.name]).nbytes});'
                   for a in spec.args if a.kind == "tensor" and a.role != "in"]
         body.append("    {\n" + "\n".join("        " + x for x in lines) + "\n    }")
-    defines = "".join(f"#define {k} {v}\n" for k, v in params.items())
     includes = full_source("").split("#line", 1)[0]  # the headers every variant is compiled with
-    text = (f"#define scalar_t {_C_SCALAR[dtype]}\n{defines}{includes}{SHIM}\n{source}\n"
-            "int main() {\n" + "\n".join(body) + "\n}\n")
+    text = f"{includes}{SHIM}\n{source}\nint main() {{\n" + "\n".join(body) + "\n}\n"
     (workdir / "kernel.cpp").write_text(text)
-    flags = [f"-I{d}" for d in include_dirs()]
+    # The evaluator's macros (scalar_t, the tune parameters) and include paths, as NVRTC gets them.
+    flags = [o for o in build_options(source, dtype, params) if o.startswith(("-D", "-I"))]
     built = subprocess.run([CXX, "-std=c++20", "-O1", "-w", "-pthread", *flags, "kernel.cpp", "-o", "kernel"],
                            cwd=workdir, capture_output=True, text=True)
     if built.returncode:
