@@ -202,7 +202,8 @@ class Controller(Evaluations):
             run.evals[params_key(evaluation.params)] = evaluation
             return self._variant_done(run, evaluation)
         run.defaults = launch.default_params()
-        run.study = self.tuning.study(st.name, run.variant.id, st.dtype, launch.tune, self.config.search.trials)
+        run.study = self.tuning.study(st.name, run.variant.id, st.dtype, launch.tune, self.config.search.trials,
+                                      parent=run.variant.parent)
         self._next_trial(run)
 
     def _next_trial(self, run: VariantRun) -> None:

@@ -6,8 +6,17 @@ baseline; a failed evaluation is told as ``TrialState.FAIL``, never as a huge ti
 larger than the trial budget are enumerated exhaustively (TPE would only re-ask points it has
 already seen).
 
+A larger grid is first walked one parameter at a time, in declared order, from a centre: the
+defaults, or for a variant derived from a tuned parent with the same parameters, the parent's
+best point (the parent's other measured points are not measured again). A handful of trials then
+covers the first parameter's every value, and a lineage of derived variants goes on to the
+next parameters, a coordinate search across generations; TPE draws what budget is left. With
+three or four trials per variant, TPE alone drew two parameters at random, and a value that
+mattered most (a row schedule's ITEMS=1) could go untried while a second parameter was added.
+
 Studies live in memory. Each ask draws from a sampler seeded by the run's seed, the study's
-name and the trial's number, so a study is a pure function of the verdicts told to it: a
+name and the trial's number, so a study is a pure function of the verdicts told to it and to
+its parent's study (finished before anything is derived from it): a
 resumed run asks the same parameters in the same order and finds their verdicts in
 ``evaluations.jsonl`` (each record holds its trial number and parameters), which is why no
 separate Optuna storage is needed to resume, and none can disagree with the records.
@@ -40,9 +49,11 @@ class VariantStudy:
         tune: parameter name -> declared values (first = default).
         budget: total trials for this variant, defaults included.
         seed: the run's seed; each ask's sampler is seeded from it, the name and the trial.
+        parent: the study of the variant this one was derived from, finished, if it had one.
     """
 
-    def __init__(self, study: optuna.Study, tune: Mapping[str, tuple[int, ...]], budget: int, seed: int = 0) -> None:
+    def __init__(self, study: optuna.Study, tune: Mapping[str, tuple[int, ...]], budget: int, seed: int = 0,
+                 parent: optuna.Study | None = None) -> None:
         self.study = study
         self.seed = seed
         self.tune = {k: tuple(v) for k, v in tune.items()}
@@ -52,18 +63,38 @@ class VariantStudy:
         self.budget = min(budget, grid)
         self._dists: dict[str, BaseDistribution] = {k: CategoricalDistribution(list(v)) for k, v in self.tune.items()}
         if not study.trials:
-            self._seed_queue(grid)
+            self._seed_queue(grid, parent)
 
-    def _seed_queue(self, grid: int) -> None:
+    def _seed_queue(self, grid: int, parent: optuna.Study | None) -> None:
         # The defaults first: the variant's first screening run doubles as trial 0.
         defaults = {k: v[0] for k, v in self.tune.items()}
-        self.study.enqueue_trial(defaults)
         if grid <= self.budget:
-            keys = list(self.tune)
-            for combo in itertools.product(*(self.tune[k] for k in keys)):
-                params = dict(zip(keys, combo, strict=True))
-                if params != defaults:
-                    self.study.enqueue_trial(params)
+            grid_points = (dict(zip(self.tune, combo, strict=True)) for combo in itertools.product(*self.tune.values()))
+            queue = [p for p in grid_points if p != defaults]
+        else:
+            queue = self._coordinate_plan(defaults, parent)[: self.budget - 1]
+        for params in [defaults, *queue]:
+            self.study.enqueue_trial(params)
+
+    def _coordinate_plan(self, defaults: dict[str, int], parent: optuna.Study | None) -> list[dict[str, int]]:
+        """The centre, then each parameter's other values with the rest at the centre."""
+        centre, measured = dict(defaults), set()
+        if parent is not None:
+            finished = [t for t in parent.get_trials(deepcopy=False) if t.state.is_finished()]
+            same = [t for t in finished if set(t.params) == set(self.tune)
+                    and all(t.params[k] in self.tune[k] for k in self.tune)]
+            measured = {_key(t.params) for t in same}
+            done = [t for t in same if t.state == TrialState.COMPLETE]
+            if done:
+                best = max(done, key=lambda t: (t.value, -t.number))
+                centre = {k: int(best.params[k]) for k in self.tune}
+        plan = [centre]
+        for name, values in self.tune.items():
+            for value in values:
+                point = {**centre, name: value}
+                if point not in plan and _key(point) not in measured:
+                    plan.append(point)
+        return [p for p in plan if p != defaults]
 
     def _finished(self) -> list[optuna.trial.FrozenTrial]:
         return [t for t in self.study.get_trials(deepcopy=False) if t.state.is_finished()]
@@ -112,8 +143,24 @@ class TuningStore:
         self.seed = seed
         self.storage = optuna.storages.InMemoryStorage()
 
-    def study(self, kernel: str, variant_id: str, dtype: str, tune: Mapping[str, tuple[int, ...]], budget: int) -> VariantStudy:
-        """The variant's study, created on first use (the same object's state on later calls)."""
+    def study(self, kernel: str, variant_id: str, dtype: str, tune: Mapping[str, tuple[int, ...]], budget: int,
+              parent: str = "") -> VariantStudy:
+        """The variant's study, created on first use (the same object's state on later calls).
+
+        ``parent`` is the id of the variant it was derived from: its study, where there is one,
+        centres this one's first trials (see the module docstring). A parent is finished before
+        anything is derived from it, so a resumed run finds the same parent study.
+        """
         name = study_name(kernel, variant_id, dtype)
         study = optuna.create_study(study_name=name, storage=self.storage, direction="maximize", load_if_exists=True)
-        return VariantStudy(study, tune, budget, self.seed)
+        return VariantStudy(study, tune, budget, self.seed, self._existing(study_name(kernel, parent, dtype)) if parent else None)
+
+    def _existing(self, name: str) -> optuna.Study | None:
+        try:
+            return optuna.load_study(study_name=name, storage=self.storage)
+        except KeyError:
+            return None
+
+
+def _key(params: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
+    return tuple(sorted((k, int(v)) for k, v in params.items()))
