@@ -110,7 +110,8 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
     partner = {i_max: i_sum for i_sum, i_max in fused.items()}
     reduce_fn = "cg_cluster_reduce" if cluster else "cg_group_reduce"
     cached = {i for i, leaf in enumerate(em.full_leaves) if em.is_float_arg(leaf.arg)}
-    # Registers kept per thread: cached leaves x ITEMS x 8 floats, at most 64.
+    # Registers kept per thread: cached leaves x ITEMS vectors, at most 64 counted at fp32 (8
+    # per vector; a 16-bit vector takes 4).
     items = tuple(v for v in (4, 2, 8, 1) if max(1, len(cached)) * v * 8 <= 64) or (1,)
     # Vectors re-read at a time past the registers' ITEMS: RU, 1 first as measured so far, at
     # most 2 under the online schedules' 64-register bound. The cluster schedule keeps 1: it
@@ -119,7 +120,7 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
     ru = (1, 2) if online else (1, 2, 4)
     bases = em.leaf_bases("cg_row")
     lines = em.take_row_lines() + bases
-    lines += [f"float cg_cache{i}[ITEMS][V];" for i in sorted(cached)]
+    lines += [f"Pack<{em.c_type(em.full_leaves[i].arg)}, V> cg_cache{i}[ITEMS];" for i in sorted(cached)]
     filled: set[int] = set()
     extra = ", cg_split" if cluster else ""
     for group in _levels(program, fused):
