@@ -252,6 +252,18 @@ def _admits_everywhere(spec: KernelSpec, cache: Path) -> list[str]:
     return names
 
 
+def test_a_rows_register_cache_of_16_bit_inputs_keeps_them_as_loaded(tmp_path):
+    # A vector is 16 bytes in either dtype (8 fp16 or 4 fp32 elements). Cached as fp32 copies,
+    # fp16 vectors took twice the registers (l2norm's rows/block at ITEMS=8: 127 against 63
+    # at fp32); kept as loaded, about as many as fp32's.
+    spec = load_kernel(ROOT / "experiments" / "unseen" / "l2norm_rows")
+    source = next(s.source for s in generate(spec) if s.name == "codegen:rows/block")
+    regs = {dtype: compile_variant(source, spec.name, dtype, {"ITEMS": 8, "RU": 1}, cache_dir=tmp_path).registers
+            for dtype in ("float16", "float32")}
+    assert regs["float16"] is not None and regs["float32"] is not None
+    assert regs["float16"] <= regs["float32"] + 8, regs
+
+
 @pytest.mark.parametrize("folder", UNSEEN, ids=[f.name for f in UNSEEN])
 def test_generated_sources_pass_admission_in_every_dtype(folder, tmp_path):
     spec = load_kernel(folder)
