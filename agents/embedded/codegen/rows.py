@@ -8,9 +8,9 @@ quantisation, losses).
   distributed shared memory; else as rows/block.
 
 Each: one pass over the row per level of dependent reductions, the first ITEMS vectors of
-each thread kept in registers between passes, the rest re-read RU vectors at a time (1 in the
-cluster schedule); fp32 accumulation, warp
-shuffles then shared memory across warps. ``+online`` (block and cluster): a max and a sum of
+each thread kept in registers between passes (as loaded, in the input's dtype), the rest
+re-read RU vectors at a time (1 in the cluster schedule); fp32 accumulation, warp shuffles
+then shared memory across warps. ``+online`` (block and cluster): a max and a sum of
 exp(x - max) over the same row in one pass (online softmax).
 """
 
