@@ -32,6 +32,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import TrialState
 
 from agents.base import derive_seed
+from kernels.records import params_key
 from kernels.verdict import Evaluation
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -83,7 +84,7 @@ class VariantStudy:
             finished = [t for t in parent.get_trials(deepcopy=False) if t.state.is_finished()]
             same = [t for t in finished if set(t.params) == set(self.tune)
                     and all(t.params[k] in self.tune[k] for k in self.tune)]
-            measured = {_key(t.params) for t in same}
+            measured = {params_key(t.params) for t in same}
             done = [t for t in same if t.state == TrialState.COMPLETE]
             if done:
                 best = max(done, key=lambda t: (t.value, -t.number))
@@ -92,7 +93,7 @@ class VariantStudy:
         for name, values in self.tune.items():
             for value in values:
                 point = {**centre, name: value}
-                if point not in plan and _key(point) not in measured:
+                if point not in plan and params_key(point) not in measured:
                     plan.append(point)
         return [p for p in plan if p != defaults]
 
@@ -161,6 +162,3 @@ class TuningStore:
         except KeyError:
             return None
 
-
-def _key(params: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
-    return tuple(sorted((k, int(v)) for k, v in params.items()))
