@@ -7,15 +7,25 @@ Per kernel, in one fresh sandbox process each:
 - ``evaluator``: our baseline evaluated against itself, timed by the evaluator's own path
   (``run_evaluate``; the baseline binary twice, once as "candidate");
 - ``loop``: the peers' loop (``run_peers``) with the same binary as ``baseline``, no peers;
+- ``loop_peers``: the same loop with the kernel's peers interleaved (FlashInfer, torch eager,
+  torch.compile: the end-of-run loop as a search runs it);
+- ``direct`` and ``padded``: the baseline alone on one working set, restored and flushed as
+  everywhere, without verification; ``padded`` queues a GPU sleep of about 50 us after each
+  flush, so that the GPU is still busy when the host queues the timed launch (a time that
+  drops with the pad is host latency inside the window);
 - ``split``: the evaluator's former set-up, rebuilt here for comparison: baseline and
   candidate on a working set each, the candidate compared with the baseline's outputs after
   every repetition.
 
-It prints, per shape, the baseline's median in each set-up and the ratio of the evaluator's
-to the loop's (1.00 means one timing truth), and the L2 persistence state the timing ran
-under. ``--out FILE.json`` keeps everything. A search run at c7d532f reported fused_add_rmsnorm
+It prints, per shape, the baseline's median in each set-up, the ratio of the evaluator's
+to the loop's (1.00 means one timing truth) and to the loop's with peers, and the L2
+persistence state the timing ran under. ``--out FILE.json`` keeps everything. A search run at c7d532f reported fused_add_rmsnorm
 [256, 4096] at 18.06 us in the evaluator and 12.16 us in the loop; on the H200 this probe found
 the three set-ups within 5% of each other (``experiments/results/timing-truth-h200.json``).
+The search run at efb7523 (``experiments/results/search-h200.md``) again had the loop faster
+than the evaluator on the baselines of fused_add_rmsnorm and merge_attn_states_lse (evaluator
+/ loop 1.01-1.43, silu_and_mul 1.00-1.02), with the loop's peers in it: ``loop_peers`` asks
+whether the peers are what changes the baseline's time.
 """
 
 from __future__ import annotations
@@ -64,6 +74,42 @@ def _split_setup(ctx: Any, job: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+PAD_CYCLES = 100_000  # about 50 us at the H200's 1980 MHz
+
+
+def _direct_setup(ctx: Any, job: dict[str, Any], pad_cycles: int) -> dict[str, float]:
+    """The baseline alone on one working set (restored and flushed before every launch, not
+    verified), with ``pad_cycles`` of GPU sleep queued after each flush; the baseline's
+    median per shape label (ms)."""
+    import torch
+
+    from evaluators.context import torch_dtype
+    from evaluators.timing import Timed, time_interleaved
+    from evaluators.verify import RepInputs
+    from kernels.spec import shape_label
+
+    spec = ctx.spec(job["kernel_dir"])
+    base = ctx.kernel(spec, job["baseline"], job["shapes"])
+    warmup, reps = job["timing"]["warmup"], job["timing"]["repetitions"]
+
+    def flush() -> None:
+        ctx.flush()
+        if pad_cycles:
+            torch.cuda._sleep(pad_cycles)
+
+    out = {}
+    for shape in job["shapes"]:
+        label = shape_label(shape)
+        sets = [spec.make_inputs(shape, torch_dtype(job["dtype"]), torch.Generator(device=ctx.device).manual_seed(k),
+                                 "random", ctx.device) for k in (10_000, 10_001)]
+        inputs = RepInputs(spec, sets, warmup + reps, torch.Generator(device=ctx.device).manual_seed(1))
+        buf = inputs.buffer()
+        impl = Timed("baseline", functools.partial(inputs.restore, buf),
+                     functools.partial(base.launch, label, base.args(buf, shape)))
+        out[label] = time_interleaved([impl], flush, warmup, reps)["baseline"].median_ms
+    return out
+
+
 def probe_kernel(kernel: str, dtype: str, repetitions: int) -> dict[str, Any]:
     """The three set-ups for one kernel's baseline, each in a fresh context of this process."""
     import torch
@@ -91,26 +137,45 @@ def probe_kernel(kernel: str, dtype: str, repetitions: int) -> dict[str, Any]:
     loop = run_peers(ctx, {"kernel_dir": str(spec.directory), "dtype": dtype, "shapes": job["shapes"],
                            "warmup": 20, "repetitions": repetitions, "kernels": {"baseline": part},
                            "baseline": part, "peers": False}, lambda _: None)
+    with_peers = run_peers(ctx, {"kernel_dir": str(spec.directory), "dtype": dtype, "shapes": job["shapes"],
+                                 "warmup": 20, "repetitions": repetitions, "kernels": {"baseline": part},
+                                 "baseline": part, "peers": True}, lambda _: None)
+    l2_after_peers = l2_persistence(torch.cuda.current_stream().cuda_stream, clear=False)
     split = _split_setup(ctx, job)
+    try:  # new set-ups: a failure here must not lose the others
+        direct, padded, direct_error = _direct_setup(ctx, job, 0), _direct_setup(ctx, job, PAD_CYCLES), ""
+    except Exception as exc:  # noqa: BLE001
+        direct, padded, direct_error = {}, {}, f"{type(exc).__name__}: {exc}"
     rows = []
     for s in evaluated["shapes"]:
         label = shape_label(s["shape"])
         ev, lp = s["baseline_ms"], loop["peers"].get("baseline", {}).get(label)
-        rows.append({"shape": label, "evaluator_ms": ev, "loop_ms": lp, "split_ms": split.get(label),
-                     "evaluator_over_loop": ev / lp if lp else None})
+        lpp = with_peers["peers"].get("baseline", {}).get(label)
+        rows.append({"shape": label, "evaluator_ms": ev, "loop_ms": lp, "loop_peers_ms": lpp,
+                     "split_ms": split.get(label), "direct_ms": direct.get(label), "padded_ms": padded.get(label),
+                     "evaluator_over_loop": ev / lp if lp else None,
+                     "evaluator_over_loop_peers": ev / lpp if lpp else None,
+                     "peers_ms": {name: t.get(label) for name, t in with_peers["peers"].items() if name != "baseline"}})
     return {"kernel": kernel, "dtype": dtype, "gpu": torch.cuda.get_device_name(0), "rows": rows,
             "l2_persistence": l2_persistence(torch.cuda.current_stream().cuda_stream),
-            "loop_failed": loop.get("failed", {})}
+            "l2_persistence_after_peers": l2_after_peers, "direct_error": direct_error,
+            "loop_failed": {**loop.get("failed", {}), **with_peers.get("failed", {})},
+            "peer_errors": with_peers.get("errors", {})}
 
 
 def _print(result: dict[str, Any]) -> None:
     print(f"\n{result['kernel']} ({result['dtype']}) on {result['gpu']}, L2 persistence {result['l2_persistence']}")
-    print(f"  {'shape':<24}{'evaluator us':>14}{'loop us':>10}{'split us':>10}{'eval/loop':>11}")
+    print(f"  L2 persistence after the loop with peers: {result['l2_persistence_after_peers']}")
+    print(f"  {'shape':<24}{'evaluator us':>14}{'loop us':>10}{'+peers us':>11}{'split us':>10}{'direct us':>11}"
+          f"{'padded us':>11}{'eval/loop':>11}{'eval/+peers':>13}")
     for r in result["rows"]:
         def us(v: float | None) -> str:
             return "-" if v is None else f"{v * 1e3:.2f}"
-        ratio = "-" if r["evaluator_over_loop"] is None else f"{r['evaluator_over_loop']:.3f}"
-        print(f"  {r['shape']:<24}{us(r['evaluator_ms']):>14}{us(r['loop_ms']):>10}{us(r['split_ms']):>10}{ratio:>11}")
+        def ratio(v: float | None) -> str:
+            return "-" if v is None else f"{v:.3f}"
+        print(f"  {r['shape']:<24}{us(r['evaluator_ms']):>14}{us(r['loop_ms']):>10}{us(r['loop_peers_ms']):>11}"
+              f"{us(r['split_ms']):>10}{us(r['direct_ms']):>11}{us(r['padded_ms']):>11}"
+              f"{ratio(r['evaluator_over_loop']):>11}{ratio(r['evaluator_over_loop_peers']):>13}")
     if result["loop_failed"]:
         print(f"  !! failed in the loop: {result['loop_failed']}")
 
