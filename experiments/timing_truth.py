@@ -7,12 +7,17 @@ Per kernel, in one fresh sandbox process each:
 - ``evaluator``: our baseline evaluated against itself, timed by the evaluator's own path
   (``run_evaluate``; the baseline binary twice, once as "candidate");
 - ``loop``: the peers' loop (``run_peers``) with the same binary as ``baseline``, no peers;
+- ``loop_graph``: the same loop with the baseline also captured in a CUDA graph and replayed
+  beside itself (``baseline@graph``), no peers: do graph replays in the loop change the
+  direct launch's time?
 - ``loop_peers``: the same loop with the kernel's peers interleaved (FlashInfer, torch eager,
   torch.compile: the end-of-run loop as a search runs it);
 - ``direct`` and ``padded``: the baseline alone on one working set, restored and flushed as
   everywhere, without verification; ``padded`` queues a GPU sleep of about 50 us after each
   flush, so that the GPU is still busy when the host queues the timed launch (a time that
   drops with the pad is host latency inside the window);
+- ``evaluator_after_peers``: the evaluator's path again, after the loop with peers (this and
+  the set-ups below run in a process where torch.compile and FlashInfer have run);
 - ``split``: the evaluator's former set-up, rebuilt here for comparison: baseline and
   candidate on a working set each, the candidate compared with the baseline's outputs after
   every repetition.
@@ -137,10 +142,16 @@ def probe_kernel(kernel: str, dtype: str, repetitions: int) -> dict[str, Any]:
     loop = run_peers(ctx, {"kernel_dir": str(spec.directory), "dtype": dtype, "shapes": job["shapes"],
                            "warmup": 20, "repetitions": repetitions, "kernels": {"baseline": part},
                            "baseline": part, "peers": False}, lambda _: None)
+    with_graph = run_peers(ctx, {"kernel_dir": str(spec.directory), "dtype": dtype, "shapes": job["shapes"],
+                                 "warmup": 20, "repetitions": repetitions, "kernels": {"baseline": part},
+                                 "baseline": part, "peers": False, "graph_ours": True}, lambda _: None)
     with_peers = run_peers(ctx, {"kernel_dir": str(spec.directory), "dtype": dtype, "shapes": job["shapes"],
                                  "warmup": 20, "repetitions": repetitions, "kernels": {"baseline": part},
                                  "baseline": part, "peers": True}, lambda _: None)
     l2_after_peers = l2_persistence(torch.cuda.current_stream().cuda_stream, clear=False)
+    # The set-ups below run after the peers' compilations: a time that drops now and not
+    # before is something the peers left behind in the process, not the loop's doing.
+    after = {shape_label(s["shape"]): s["baseline_ms"] for s in run_evaluate(ctx, job, lambda _: None)["shapes"]}
     split = _split_setup(ctx, job)
     try:  # new set-ups: a failure here must not lose the others
         direct, padded, direct_error = _direct_setup(ctx, job, 0), _direct_setup(ctx, job, PAD_CYCLES), ""
@@ -151,7 +162,10 @@ def probe_kernel(kernel: str, dtype: str, repetitions: int) -> dict[str, Any]:
         label = shape_label(s["shape"])
         ev, lp = s["baseline_ms"], loop["peers"].get("baseline", {}).get(label)
         lpp = with_peers["peers"].get("baseline", {}).get(label)
-        rows.append({"shape": label, "evaluator_ms": ev, "loop_ms": lp, "loop_peers_ms": lpp,
+        graph = with_graph["peers"]
+        rows.append({"shape": label, "evaluator_ms": ev, "evaluator_after_peers_ms": after.get(label), "loop_ms": lp, "loop_peers_ms": lpp,
+                     "loop_graph_ms": graph.get("baseline", {}).get(label),
+                     "loop_graph_replayed_ms": graph.get("baseline@graph", {}).get(label),
                      "split_ms": split.get(label), "direct_ms": direct.get(label), "padded_ms": padded.get(label),
                      "evaluator_over_loop": ev / lp if lp else None,
                      "evaluator_over_loop_peers": ev / lpp if lpp else None,
@@ -159,21 +173,25 @@ def probe_kernel(kernel: str, dtype: str, repetitions: int) -> dict[str, Any]:
     return {"kernel": kernel, "dtype": dtype, "gpu": torch.cuda.get_device_name(0), "rows": rows,
             "l2_persistence": l2_persistence(torch.cuda.current_stream().cuda_stream),
             "l2_persistence_after_peers": l2_after_peers, "direct_error": direct_error,
-            "loop_failed": {**loop.get("failed", {}), **with_peers.get("failed", {})},
+            "loop_failed": {**loop.get("failed", {}), **with_graph.get("failed", {}), **with_peers.get("failed", {})},
             "peer_errors": with_peers.get("errors", {})}
 
 
 def _print(result: dict[str, Any]) -> None:
     print(f"\n{result['kernel']} ({result['dtype']}) on {result['gpu']}, L2 persistence {result['l2_persistence']}")
     print(f"  L2 persistence after the loop with peers: {result['l2_persistence_after_peers']}")
-    print(f"  {'shape':<24}{'evaluator us':>14}{'loop us':>10}{'+peers us':>11}{'split us':>10}{'direct us':>11}"
+    print("  evaluator after the peers: " + ", ".join(
+        f"{r['shape']} " + ("-" if r["evaluator_after_peers_ms"] is None else f"{r['evaluator_after_peers_ms'] * 1e3:.2f} us")
+        for r in result["rows"]))
+    print(f"  {'shape':<24}{'evaluator us':>14}{'loop us':>10}{'+graph us':>11}{'graph us':>10}{'+peers us':>11}{'split us':>10}{'direct us':>11}"
           f"{'padded us':>11}{'eval/loop':>11}{'eval/+peers':>13}")
     for r in result["rows"]:
         def us(v: float | None) -> str:
             return "-" if v is None else f"{v * 1e3:.2f}"
         def ratio(v: float | None) -> str:
             return "-" if v is None else f"{v:.3f}"
-        print(f"  {r['shape']:<24}{us(r['evaluator_ms']):>14}{us(r['loop_ms']):>10}{us(r['loop_peers_ms']):>11}"
+        print(f"  {r['shape']:<24}{us(r['evaluator_ms']):>14}{us(r['loop_ms']):>10}{us(r['loop_graph_ms']):>11}"
+              f"{us(r['loop_graph_replayed_ms']):>10}{us(r['loop_peers_ms']):>11}"
               f"{us(r['split_ms']):>10}{us(r['direct_ms']):>11}{us(r['padded_ms']):>11}"
               f"{ratio(r['evaluator_over_loop']):>11}{ratio(r['evaluator_over_loop_peers']):>13}")
     if result["loop_failed"]:
