@@ -38,7 +38,10 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import statistics
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,10 +85,12 @@ def _split_setup(ctx: Any, job: dict[str, Any]) -> dict[str, float]:
 PAD_CYCLES = 100_000  # about 50 us at the H200's 1980 MHz
 
 
-def _direct_setup(ctx: Any, job: dict[str, Any], pad_cycles: int) -> dict[str, float]:
+def _direct_setup(ctx: Any, job: dict[str, Any], pad_cycles: int,
+                  host: dict[str, list[float]] | None = None) -> dict[str, float]:
     """The baseline alone on one working set (restored and flushed before every launch, not
     verified), with ``pad_cycles`` of GPU sleep queued after each flush; the baseline's
-    median per shape label (ms)."""
+    median per shape label (ms). ``host``, if given, gets the host's seconds per launch
+    call (``launch``) and per flush call (``flush``)."""
     import torch
 
     from evaluators.context import torch_dtype
@@ -98,9 +103,18 @@ def _direct_setup(ctx: Any, job: dict[str, Any], pad_cycles: int) -> dict[str, f
     warmup, reps = job["timing"]["warmup"], job["timing"]["repetitions"]
 
     def flush() -> None:
+        t = time.perf_counter()
         ctx.flush()
         if pad_cycles:
             torch.cuda._sleep(pad_cycles)
+        if host is not None:
+            host.setdefault("flush", []).append(time.perf_counter() - t)
+
+    def timed_launch(launch: Callable[[], None]) -> None:
+        t = time.perf_counter()
+        launch()
+        if host is not None:
+            host.setdefault("launch", []).append(time.perf_counter() - t)
 
     out = {}
     for shape in job["shapes"]:
@@ -110,9 +124,24 @@ def _direct_setup(ctx: Any, job: dict[str, Any], pad_cycles: int) -> dict[str, f
         inputs = RepInputs(spec, sets, warmup + reps, torch.Generator(device=ctx.device).manual_seed(1))
         buf = inputs.buffer()
         impl = Timed("baseline", functools.partial(inputs.restore, buf),
-                     functools.partial(base.launch, label, base.args(buf, shape)))
+                     functools.partial(timed_launch, functools.partial(base.launch, label, base.args(buf, shape))))
         out[label] = time_interleaved([impl], flush, warmup, reps)["baseline"].median_ms
     return out
+
+
+def _flush_gpu_us(ctx: Any, reps: int = 20) -> float:
+    """The GPU's time for one L2 flush, microseconds (median of ``reps``)."""
+    import torch
+
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        ctx.flush()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
 
 
 def probe_kernel(kernel: str, dtype: str, repetitions: int) -> dict[str, Any]:
@@ -153,8 +182,9 @@ def probe_kernel(kernel: str, dtype: str, repetitions: int) -> dict[str, Any]:
     # before is something the peers left behind in the process, not the loop's doing.
     after = {shape_label(s["shape"]): s["baseline_ms"] for s in run_evaluate(ctx, job, lambda _: None)["shapes"]}
     split = _split_setup(ctx, job)
+    host: dict[str, list[float]] = {}
     try:  # new set-ups: a failure here must not lose the others
-        direct, padded, direct_error = _direct_setup(ctx, job, 0), _direct_setup(ctx, job, PAD_CYCLES), ""
+        direct, padded, direct_error = _direct_setup(ctx, job, 0, host), _direct_setup(ctx, job, PAD_CYCLES), ""
     except Exception as exc:  # noqa: BLE001
         direct, padded, direct_error = {}, {}, f"{type(exc).__name__}: {exc}"
     rows = []
@@ -173,6 +203,12 @@ def probe_kernel(kernel: str, dtype: str, repetitions: int) -> dict[str, Any]:
     return {"kernel": kernel, "dtype": dtype, "gpu": torch.cuda.get_device_name(0), "rows": rows,
             "l2_persistence": l2_persistence(torch.cuda.current_stream().cuda_stream),
             "l2_persistence_after_peers": l2_after_peers, "direct_error": direct_error,
+            # Host microseconds per call in the direct set-up (median, 90th percentile), and the
+            # GPU's microseconds per flush: a launch call that outlasts the flush puts host time
+            # inside the window.
+            "host_us": {k: (statistics.median(v) * 1e6, statistics.quantiles(v, n=10)[-1] * 1e6)
+                        for k, v in host.items() if len(v) > 1},
+            "flush_gpu_us": _flush_gpu_us(ctx),
             "loop_failed": {**loop.get("failed", {}), **with_graph.get("failed", {}), **with_peers.get("failed", {})},
             "peer_errors": with_peers.get("errors", {})}
 
@@ -180,6 +216,7 @@ def probe_kernel(kernel: str, dtype: str, repetitions: int) -> dict[str, Any]:
 def _print(result: dict[str, Any]) -> None:
     print(f"\n{result['kernel']} ({result['dtype']}) on {result['gpu']}, L2 persistence {result['l2_persistence']}")
     print(f"  L2 persistence after the loop with peers: {result['l2_persistence_after_peers']}")
+    print(f"  host us per call (median, p90): {result['host_us']}; GPU us per flush: {result['flush_gpu_us']:.1f}")
     print("  evaluator after the peers: " + ", ".join(
         f"{r['shape']} " + ("-" if r["evaluator_after_peers_ms"] is None else f"{r['evaluator_after_peers_ms'] * 1e3:.2f} us")
         for r in result["rows"]))
