@@ -61,7 +61,12 @@ def find_best(best_dir: Path | None, kernel: str) -> tuple[Path, dict[str, Any]]
     for folder in candidates:
         source, evidence = folder / f"{kernel}.cu", folder / f"{kernel}.json"
         if source.is_file() and evidence.is_file():
-            return source, json.loads(evidence.read_text())
+            found = json.loads(evidence.read_text())
+            if found.get("dispatch"):
+                # best/<kernel>.cu is the dispatch's primary kernel; the others run on some shapes.
+                print(f"note: {kernel}'s result dispatches {len(found['dispatch']['members'])} kernels by shape; "
+                      f"'best' here is the primary alone ({source})", file=sys.stderr)
+            return source, found
     return None
 
 

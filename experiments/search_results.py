@@ -18,6 +18,7 @@ from typing import Any
 
 from kernels.records import EvalRecord, Stage, read_evaluations
 from search import spread
+from search.dispatch import describe
 from search.progress import busy_label
 
 SEARCH_STAGES = (Stage.SCREEN, Stage.FULL)  # the search's own work, before the end of the run
@@ -164,8 +165,10 @@ def to_markdown(summary: dict[str, Any], targets: list[dict[str, Any]]) -> str:
     for k in summary["kernels"]:
         # Two timings side by side, each labelled: the evaluator's (validated, one run) and the
         # end-of-run loops' (every ratio is taken within one loop, then the median over the loops).
-        lines += ["", f"## {k['kernel']} ({k['dtype']}): winner {k['winner']} {k['params']}", "",
-                  "evaluator: the full protocol against our baseline (validated, one run); loop: median over the "
+        lines += ["", f"## {k['kernel']} ({k['dtype']}): winner {k['winner']} {k['params']}", ""]
+        if describe(k.get("dispatch")):
+            lines += [describe(k.get("dispatch")) + "; the 'best' columns are each shape's kernel", ""]
+        lines += ["evaluator: the full protocol against our baseline (validated, one run); loop: median over the "
                   "end-of-run loops of each implementation's time, and per shape the ratio other / best over "
                   "those loops [min-max]", "",
                   "| shape | baseline us (evaluator) | best us (evaluator) | speedup (evaluator) | copy bw | "

@@ -24,6 +24,7 @@ from kernels.folders import KernelRef
 from kernels.spec import KernelSpec, load_kernel
 from kernels.verdict import geomean
 from search import spread
+from search.dispatch import describe
 from search.progress import busy_label
 
 TC_MEDIAN_TARGET = 1.1
@@ -72,6 +73,7 @@ def kernel_entry(k: dict[str, Any]) -> dict[str, Any]:
     over = k["speedup_over_peers"]
     return {
         "kernel": k["kernel"], "dtype": k["dtype"], "winner": k["winner"], "params": k["params"],
+        "dispatch": k.get("dispatch"),
         "speedup_vs_baseline": k["speedup_search"], "heldout_status": k["heldout_status"],
         "vs_baseline_source": k.get("speedup_search_source", "evaluator"),
         "speedup_heldout": k["speedup_heldout"], "speedup_vs_torch_compile": over.get("torch_compile"),
@@ -267,7 +269,9 @@ def to_markdown(summary: dict[str, Any], meta: dict[str, Any], entries: list[dic
               + (", ".join(e["kernel"] for e in entries if not e["speedup_vs_production"]) or "none") + "."]
     for e in entries:
         lines += ["", f"## {e['kernel']} ({e['dtype']}): winner {e['winner']} {e['params']}", "",
-                  f"found by: {', '.join(e['lineage'])}", "", *shape_table(e["bench"])]
+                  f"found by: {', '.join(e['lineage'])}", "",
+                  *([describe(e.get("dispatch")) + "; 'best' is each shape's kernel", ""] if describe(e.get("dispatch"))
+                    else []), *shape_table(e["bench"])]
         if e.get("compiled_won"):
             lines += ["", "torch.compile: the fastest of its compilations per shape and loop; shapes won by mode: "
                       + ", ".join(f"{m} {n}" for m, n in sorted(e["compiled_won"].items()))]

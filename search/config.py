@@ -40,6 +40,8 @@ class SearchConfig:
         top_k: elites kept per kernel.
         migrate_every: every this many rounds an agent may continue from a global elite.
         contenders: variants per kernel per round that get the full timing protocol.
+        dispatch: the most variants a kernel's result may hold, each launched on the shapes
+            where it was fastest (:mod:`search.dispatch`); 1 keeps one kernel for all shapes.
     """
 
     population: int = 8
@@ -49,6 +51,7 @@ class SearchConfig:
     top_k: int = 4
     migrate_every: int = 2
     contenders: int = 2
+    dispatch: int = 3
 
     def __post_init__(self) -> None:
         _positive("search", **dataclasses.asdict(self))

@@ -21,20 +21,24 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from evaluators.peer_warmup import PeerWarmup
 from kernels.records import ShapeSet, Stage
-from kernels.verdict import Evaluation
+from kernels.spec import shape_label
+from kernels.verdict import Evaluation, ShapeResult
 from search.controller import Controller
+from search.dispatch import Dispatch, choose, single
 from search.jobs import Job
 from search.selection import Scored
 from search.spread import median_times
 from search.state import KernelState
 
 LOOP_ERROR = "peers' loop"  # key of peer_errors when the whole loop could not run
+MEMBER_PREFIX = "best:"  # a dispatch member's name in the peers' loop is this and its variant id
 
 
 @dataclass
@@ -43,9 +47,12 @@ class KernelResult:
 
     Attributes:
         state: the kernel's search state.
-        winner: the variant reported (at its best parameters).
-        heldout: its verdict on the held-out shapes.
-        final: its full-protocol timing on the search shapes, in a fresh evaluator.
+        winner: the variant reported (at its best parameters); with dispatch members, the
+            primary (the one that runs where no member was faster).
+        heldout: its verdict on the held-out shapes (with members: each shape's result from
+            the member that runs there, :meth:`search.dispatch.Dispatch.member_for`).
+        final: its full-protocol timing on the search shapes, in a fresh evaluator (composed
+            the same way).
         peers: ``{implementation: {shape label: ms}}`` from the peers' loop on the search
             shapes; empty when the winner failed verification in that loop.
         rejected: variants that were better on the search shapes but failed held-out (or
@@ -57,6 +64,9 @@ class KernelResult:
         rejected_why: ``{variant id: why}`` for winners dropped after the held-out stage: a
             winner that fails verification in the peers' loop is replaced by the baseline (and
             listed in ``rejected``), so no cheat is reported as a winner or with ratios.
+        dispatch: the winner and the variants dispatched beside it by shape (None: the
+            winner alone); ``member_heldout``, ``member_final``, ``member_sanitizer``: each
+            member's own verdicts by variant id.
     """
 
     state: KernelState
@@ -71,6 +81,10 @@ class KernelResult:
     rejected_why: dict[str, str] = field(default_factory=dict)
     peer_runs: list[dict[str, dict[str, float]]] = field(default_factory=list)
     peer_extra: dict[str, Any] = field(default_factory=dict)
+    dispatch: Dispatch | None = None
+    member_heldout: dict[str, Evaluation] = field(default_factory=dict)
+    member_final: dict[str, Evaluation] = field(default_factory=dict)
+    member_sanitizer: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def combine_runs(result: KernelResult, runs: list[dict[str, Any]]) -> None:
@@ -80,12 +94,16 @@ def combine_runs(result: KernelResult, runs: list[dict[str, Any]]) -> None:
     ``peer_runs`` keeps each loop's times; ``peers`` their per-shape medians (for the
     tables); a kernel of ours that failed verification in any loop gets no ratios at all.
     ``peer_extra`` keeps, per loop, which torch.compile compilation won each shape, what each
-    peer's time covers, and the L2 persistence state the loop ran under.
+    peer's time covers, and the L2 persistence state the loop ran under; with dispatch
+    members (replies made by :func:`compose_reply`), each member's own times per loop and
+    the members that failed verification (they were dropped, their shapes given to the
+    winner, which the same loops timed: the ratios stand).
     """
     errors: dict[str, str] = {}
     failed: dict[str, str] = {}
     timed: list[dict[str, dict[str, float]]] = []
     extra: dict[str, Any] = {"compiled": [], "notes": {}, "l2_persistence": [], "l2_findings": []}
+    member_failures: dict[str, str] = {}
     for i, reply in enumerate(runs, 1):
         if "loop_error" in reply:
             errors[f"{LOOP_ERROR} (run {i})"] = reply["loop_error"]
@@ -93,13 +111,17 @@ def combine_runs(result: KernelResult, runs: list[dict[str, Any]]) -> None:
         for peer, why in reply.get("errors", {}).items():
             errors.setdefault(peer, why)
         for ours, why in reply.get("failed", {}).items():
-            failed.setdefault(ours, f"run {i}: {why}")
+            (member_failures if ours.startswith(MEMBER_PREFIX) else failed).setdefault(ours, f"run {i}: {why}")
+        if "members_ms" in reply:
+            extra.setdefault("members_ms", []).append(reply["members_ms"])
         timed.append(dict(reply.get("peers", {})))
         extra["compiled"].append(dict(reply.get("compiled", {})))
         extra["notes"].update(reply.get("notes", {}))
         extra["l2_persistence"].append(reply.get("l2_persistence", {}))
         if reply.get("l2_finding"):
             extra["l2_findings"].append(f"run {i}: {reply['l2_finding']}")
+    if member_failures:
+        extra["member_failures"] = member_failures
     result.peer_errors, result.peer_failures, result.peer_extra = errors, failed, extra
     # A kernel that failed verification in a loop gets no ratios from any of them.
     result.peer_runs = [] if failed else timed
@@ -118,6 +140,54 @@ class _Progress:
     sanitizer: dict[str, Any] = field(default_factory=dict)
     rejected_why: dict[str, str] = field(default_factory=dict)
     result: KernelResult | None = None
+    # Per-shape dispatch (search.dispatch): the winner and the members that joined it, and
+    # per member (variant id) its held-out verdict, sanitizer report and final timing.
+    dispatch: Dispatch | None = None
+    member_heldout: dict[str, Evaluation] = field(default_factory=dict)
+    member_sanitizer: dict[str, dict[str, Any]] = field(default_factory=dict)
+    member_final: dict[str, Evaluation] = field(default_factory=dict)
+
+
+def member_name(item: Scored) -> str:
+    """A dispatch member's name in the peers' loop (the primary is ``best``)."""
+    return f"{MEMBER_PREFIX}{item.variant.id}"
+
+
+def compose_reply(reply: dict[str, Any], dispatch: Dispatch) -> dict[str, Any]:
+    """A loop's reply with ``best`` made of each shape's member (``members_ms`` keeps every
+    member's own times, which are not peers and leave ``peers``)."""
+    peers = {n: dict(t) for n, t in reply.get("peers", {}).items()}
+    members = {n: peers.pop(n) for n in list(peers) if n.startswith(MEMBER_PREFIX)}
+    if "best" in peers:
+        for label, i in dispatch.table.items():
+            if i > 0:
+                mine = members.get(member_name(dispatch.members[i]), {})
+                if label in mine:
+                    peers["best"][label] = mine[label]
+    return {**reply, "peers": peers, "members_ms": members}
+
+
+def compose_evaluation(dispatch: Dispatch, per_member: Mapping[str, Evaluation],
+                       shapes: Sequence[Mapping[str, int]]) -> Evaluation:
+    """One evaluation of the dispatch on ``shapes``: each shape's result from its member's
+    evaluation (every member was evaluated on all of them); a shape its member has no time
+    for (a validated-only shape) keeps the primary's, if any. The primary's evaluation itself
+    where there is one member or the primary's verdict is not OK."""
+    primary = per_member[dispatch.primary.variant.id]
+    if len(dispatch.members) == 1 or not primary.status.is_ok:
+        return primary
+
+    def timed(evaluation: Evaluation) -> dict[str, ShapeResult]:
+        return {shape_label(r.shape): r for r in evaluation.shapes}
+
+    own = timed(primary)
+    results = []
+    for shape in shapes:
+        label = shape_label(dict(shape))
+        found = timed(per_member[dispatch.members[dispatch.member_for(shape)].variant.id]).get(label, own.get(label))
+        if found is not None:
+            results.append(found)
+    return replace(primary, shapes=tuple(results))
 
 
 class EndOfRun:
@@ -137,10 +207,21 @@ class EndOfRun:
     # -- held-out -------------------------------------------------------------------------
 
     def heldout(self) -> None:
-        """Walks each kernel's elites in rank order until one passes on the held-out shapes."""
+        """Walks each kernel's elites in rank order until one passes on the held-out shapes,
+        then checks the members that would join it (:mod:`search.dispatch`) on the same
+        shapes; a member that fails them is left out."""
         for k in self.kernels.values():
             self._next_heldout(k)
         self.ctl.drain(lambda: all(k.winner is not None for k in self.kernels.values()))
+        for k in self.kernels.values():
+            self._choose_members(k)
+        self.ctl.drain(lambda: all(self._members_checked(k) for k in self.kernels.values()))
+        for k in self.kernels.values():
+            assert k.dispatch is not None
+            for item in k.dispatch.members[1:]:
+                verdict = k.member_heldout[item.variant.id]
+                if not verdict.status.is_ok:
+                    self._drop_member(k, item, f"held-out: {verdict.status.value} {verdict.message}")
 
     def _heldout_job(self, st: KernelState, item: Scored, then: Callable[[Evaluation], None]) -> Job:
         return Job(st, item.variant, Stage.HELDOUT, item.params, then, shape_set=ShapeSet.HELDOUT)
@@ -160,6 +241,31 @@ class EndOfRun:
 
         self.ctl.submit(self._heldout_job(k.st, item, done))
 
+    def _choose_members(self, k: _Progress) -> None:
+        assert k.winner is not None and k.heldout is not None
+        shapes = k.st.search_shapes()
+        k.member_heldout = {k.winner.variant.id: k.heldout}
+        if k.winner.variant.id == k.st.baseline.id:
+            k.dispatch = single(k.winner, shapes)
+            return
+        others = [s for s in k.st.archive.ranked(limit=False)
+                  if s.variant.id not in (k.winner.variant.id, k.st.baseline.id)]
+        k.dispatch = choose(k.winner, others, shapes, max_members=self.ctl.config.search.dispatch)
+        for item in k.dispatch.members[1:]:
+            def done(evaluation: Evaluation, item: Scored = item) -> None:
+                k.member_heldout[item.variant.id] = evaluation
+
+            self.ctl.submit(self._heldout_job(k.st, item, done))
+
+    def _members_checked(self, k: _Progress) -> bool:
+        return k.dispatch is not None and all(m.variant.id in k.member_heldout for m in k.dispatch.members)
+
+    def _drop_member(self, k: _Progress, item: Scored, why: str) -> None:
+        assert k.dispatch is not None
+        index = next(i for i, m in enumerate(k.dispatch.members) if m.variant.id == item.variant.id)
+        k.dispatch = k.dispatch.without(index)
+        k.rejected_why[item.variant.id] = f"dispatch member dropped: {why}"[:500]
+
     # -- sanitizer, final timing, peers -----------------------------------------------------
 
     def finish(self) -> list[KernelResult]:
@@ -170,80 +276,125 @@ class EndOfRun:
         return [self.kernels[st.name].result for st in self.ctl.states]  # type: ignore[misc]
 
     def _sanitize(self, k: _Progress) -> None:
-        assert k.winner is not None
+        """compute-sanitizer on every member of the kernel's result (the winner and those
+        joining it), all at once; then the final timing."""
+        assert k.winner is not None and k.dispatch is not None
         cfg = self.ctl.config.evaluator
         if not cfg.sanitize or k.winner.variant.id == k.st.baseline.id:
             k.sanitizer = {"status": "SKIPPED", "summary": "not asked for" if not cfg.sanitize else "baseline"}
             self._final(k)
             return
+        members = list(k.dispatch.members)
+        k.member_sanitizer = {}
 
-        def done(report: dict[str, Any] | None, error: str) -> None:
-            k.sanitizer = report if report is not None else {"status": "ERROR", "summary": error}
-            print(f"end {k.st.name}: sanitizer {k.sanitizer.get('status')}", file=sys.stderr, flush=True)
+        def done(item: Scored, report: dict[str, Any] | None, error: str) -> None:
+            report = report if report is not None else {"status": "ERROR", "summary": error}
+            k.member_sanitizer[item.variant.id] = report
+            print(f"end {k.st.name}: sanitizer {report.get('status')}"
+                  + ("" if item is members[0] else f" (dispatch member {item.variant.id})"), file=sys.stderr, flush=True)
+            if len(k.member_sanitizer) < len(members):
+                return
+            assert k.winner is not None
+            k.sanitizer = k.member_sanitizer[k.winner.variant.id]
             if k.sanitizer.get("status") == "FINDINGS":
-                assert k.winner is not None
                 k.rejected_why[k.winner.variant.id] = f"sanitizer: {k.sanitizer.get('summary', '')}"[:500]
                 self._to_baseline(k)  # a latent memory bug or race: not reported, whatever its speed
-            else:
-                self._final(k)
+                return
+            for other in members[1:]:
+                found = k.member_sanitizer[other.variant.id]
+                if found.get("status") == "FINDINGS":
+                    self._drop_member(k, other, f"sanitizer: {found.get('summary', '')}")
+            self._final(k)
 
         shapes = [*k.st.search_shapes(), *k.st.heldout_shapes()]
-        # Sanitizer runs are separate, mostly host-bound processes: they overlap on an actor.
-        self.ctl.recorded_call(_call_key("sanitize", k), done, "sanitize", k.st.ref, k.winner.variant.source,
-                               k.st.dtype, dict(k.winner.params), shapes, exclusive=False,
-                               what=f"{k.st.name} {k.winner.variant.id}")
+        for item in members:
+            # Sanitizer runs are separate, mostly host-bound processes: they overlap on an actor.
+            self.ctl.recorded_call(_call_key("sanitize", k, item=item), partial(done, item), "sanitize", k.st.ref,
+                                   item.variant.source, k.st.dtype, dict(item.params), shapes, exclusive=False,
+                                   what=f"{k.st.name} {item.variant.id}")
 
     def _to_baseline(self, k: _Progress) -> None:
         assert k.winner is not None and k.st.baseline_scored is not None
         k.rejected.append(k.winner.variant.id)
         k.winner = k.st.baseline_scored
+        k.dispatch = single(k.winner, k.st.search_shapes())
 
         def done(evaluation: Evaluation) -> None:
             k.heldout = evaluation
+            k.member_heldout = {k.st.baseline.id: evaluation}
             self._final(k)
 
         self.ctl.submit(self._heldout_job(k.st, k.winner, done))
 
     def _final(self, k: _Progress) -> None:
-        assert k.winner is not None
-        item = k.winner
-        self.ctl.submit(Job(k.st, item.variant, Stage.FINAL, item.params, lambda ev: self._peers(k, ev)))
+        """The final timing of every member, then the peers' loops."""
+        assert k.winner is not None and k.dispatch is not None
+        members = list(k.dispatch.members)
+        k.member_final = {}
+
+        def done(item: Scored, evaluation: Evaluation) -> None:
+            k.member_final[item.variant.id] = evaluation
+            if len(k.member_final) < len(members):
+                return
+            assert k.dispatch is not None
+            for other in members[1:]:
+                if not k.member_final[other.variant.id].status.is_ok:
+                    verdict = k.member_final[other.variant.id]
+                    self._drop_member(k, other, f"final timing: {verdict.status.value} {verdict.message}")
+            self._peers(k, compose_evaluation(k.dispatch, k.member_final, k.st.search_shapes()))
+
+        for item in members:
+            self.ctl.submit(Job(k.st, item.variant, Stage.FINAL, item.params, partial(done, item)))
 
     def _peers(self, k: _Progress, final: Evaluation) -> None:
-        """The end-of-run loop (winner, baseline and peers interleaved), repeated in
-        ``peer_runs`` fresh sandbox processes one after the other; every ratio reported comes
-        from these loops (:mod:`search.spread`)."""
-        assert k.winner is not None and k.heldout is not None
-        result = KernelResult(k.st, k.winner, k.heldout, final, rejected=k.rejected, sanitizer=k.sanitizer)
+        """The end-of-run loop (winner, dispatch members, baseline and peers interleaved),
+        repeated in ``peer_runs`` fresh sandbox processes one after the other; every ratio
+        reported comes from these loops (:mod:`search.spread`)."""
+        assert k.winner is not None and k.heldout is not None and k.dispatch is not None
+        heldout = compose_evaluation(k.dispatch, k.member_heldout, k.st.heldout_shapes())
+        result = KernelResult(k.st, k.winner, heldout, final, rejected=k.rejected, sanitizer=k.sanitizer,
+                              dispatch=k.dispatch, member_heldout=dict(k.member_heldout),
+                              member_final=dict(k.member_final), member_sanitizer=dict(k.member_sanitizer))
         cfg = self.ctl.config.evaluator
         if not cfg.peers:
             self._done(k, result)
             return
         runs: list[dict[str, Any]] = []
-        # The winner and the baseline are timed again in the same interleaved loop as the
-        # peers, so that "vs baseline" and "vs peers" are ratios of one loop's times.
+        # The winner, its dispatch members and the baseline are timed again in the same
+        # interleaved loop as the peers, so that "vs baseline" and "vs peers" are ratios of
+        # one loop's times; which member runs on which shape was fixed before (no member is
+        # chosen on the times it is reported with).
         ours = {"best": (k.winner.variant.source, dict(k.winner.params)), "baseline": (k.st.baseline.source, {})}
+        for item in k.dispatch.members[1:]:
+            ours[member_name(item)] = (item.variant.source, dict(item.params))
+        names = sorted(ours)
 
         def submit() -> None:
-            self.ctl.recorded_call(_call_key("peers", k, len(runs)), done, "time_peers", k.st.ref, k.st.dtype,
-                                   ShapeSet.SEARCH.value, ours, True, cfg.compile_trials,
-                                   what=f"{k.st.name} peers, run {len(runs) + 1} of {cfg.peer_runs}")
+            self.ctl.recorded_call(_call_key("peers", k, len(runs), *([names] if len(names) > 2 else [])), done,
+                                   "time_peers", k.st.ref, k.st.dtype, ShapeSet.SEARCH.value, ours, True,
+                                   cfg.compile_trials, what=f"{k.st.name} peers, run {len(runs) + 1} of {cfg.peer_runs}")
 
         def done(reply: dict[str, Any] | None, error: str) -> None:
-            assert k.winner is not None
-            if reply is not None and "best" in reply.get("failed", {}) and k.winner.variant.id != k.st.baseline.id:
+            assert k.winner is not None and k.dispatch is not None
+            failed = reply.get("failed", {}) if reply is not None else {}
+            if "best" in failed and k.winner.variant.id != k.st.baseline.id:
                 # A winner that misbehaves in the peers' loop is a cheat or a latent bug:
                 # it is not reported, as for a sanitizer finding; the baseline is.
-                k.rejected_why[k.winner.variant.id] = f"failed in the peers' loop: {reply['failed']['best']}"
+                k.rejected_why[k.winner.variant.id] = f"failed in the peers' loop: {failed['best']}"
                 self._to_baseline(k)
                 return
+            for item in list(k.dispatch.members[1:]):
+                if member_name(item) in failed:  # its shapes go to the winner, timed in the same loop
+                    self._drop_member(k, item, f"failed in the peers' loop: {failed[member_name(item)]}")
+                    result.dispatch = k.dispatch
             runs.append(reply if reply is not None else {"loop_error": error})
             print(f"end {k.st.name}: peers' loop {len(runs)} of {cfg.peer_runs} "
                   + ("done" if reply is not None else f"failed: {error}"), file=sys.stderr, flush=True)
             if len(runs) < cfg.peer_runs:
                 submit()
                 return
-            combine_runs(result, runs)
+            assert result.dispatch is not None
+            combine_runs(result, [r if "loop_error" in r else compose_reply(r, result.dispatch) for r in runs])
             result.rejected_why = dict(k.rejected_why)
             self._done(k, result)
 
@@ -251,16 +402,20 @@ class EndOfRun:
 
     def _done(self, k: _Progress, result: KernelResult) -> None:
         k.result = result
+        members = len(result.dispatch.members) if result.dispatch is not None else 1
         print(f"final {k.st.name}: {result.final.status.value}, {len(result.peers)} implementations timed "
-              f"beside it" + (f"; failed in the peers' loop: {result.peer_failures}" if result.peer_failures else ""),
+              f"beside it" + (f", {members} kernels dispatched by shape" if members > 1 else "")
+              + (f"; failed in the peers' loop: {result.peer_failures}" if result.peer_failures else ""),
               file=sys.stderr, flush=True)
 
 
-def _call_key(what: str, k: _Progress, *more: Any) -> str:
-    """The key an end-of-run call's answer is recorded under: the call, the kernel, its winner
-    (variant and parameters) and what else tells two calls apart (the loop's number)."""
-    assert k.winner is not None
-    return json.dumps([what, k.st.name, k.st.dtype, k.winner.variant.id, sorted(k.winner.params.items()), *more])
+def _call_key(what: str, k: _Progress, *more: Any, item: Scored | None = None) -> str:
+    """The key an end-of-run call's answer is recorded under: the call, the kernel, the
+    variant it is about (the winner unless ``item``) and its parameters, and what else tells
+    two calls apart (the loop's number, the dispatch members in the loop)."""
+    item = item or k.winner
+    assert item is not None
+    return json.dumps([what, k.st.name, k.st.dtype, item.variant.id, sorted(item.params.items()), *more])
 
 
 def finalize(ctl: Controller, warmup: PeerWarmup | None = None) -> tuple[list[KernelResult], str]:
@@ -288,7 +443,7 @@ def write_best(ctl: Controller, result: KernelResult) -> None:
     st, variant = result.state, result.winner.variant
     mine = sorted((r for r in ctl.cache.values() if r.variant.id == variant.id and r.kernel == st.name),
                   key=lambda r: r.key)
-    evidence = {
+    evidence: dict[str, Any] = {
         "kernel": st.name,
         "dtype": st.dtype,
         "variant": variant.to_dict(),
@@ -308,4 +463,24 @@ def write_best(ctl: Controller, result: KernelResult) -> None:
         "lineage": st.lineage(variant.id),
         "evaluations": [r.to_dict() for r in mine],
     }
+    d = result.dispatch
+    if d is not None and len(d.members) > 1:
+        # Everything a user of the result needs to launch the members where they run: the
+        # rule, the search shapes' table, each member's source and its own verdicts.
+        evidence["dispatch"] = {
+            **d.to_dict(),
+            "search_shapes": [dict(s) for s in d.shapes],
+            "members": [{"variant": m.variant.to_dict(), "params": m.params,
+                         "heldout": _dict_of(result.member_heldout.get(m.variant.id)),
+                         "final": _dict_of(result.member_final.get(m.variant.id)),
+                         "sanitizer": result.member_sanitizer.get(m.variant.id, {}),
+                         "lineage": st.lineage(m.variant.id),
+                         "evaluations": [r.to_dict() for r in sorted(
+                             (r for r in ctl.cache.values() if r.variant.id == m.variant.id and r.kernel == st.name),
+                             key=lambda r: r.key)] if m is not d.primary else []} for m in d.members],
+        }
     ctl.records.write_best(st.name, variant.source, json.loads(json.dumps(evidence, default=str)))
+
+
+def _dict_of(evaluation: Evaluation | None) -> dict[str, Any] | None:
+    return evaluation.to_dict() if evaluation is not None else None

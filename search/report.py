@@ -106,6 +106,10 @@ def kernel_summary(result: Any, records: list[EvalRecord]) -> dict[str, Any]:
         "dtype": st.dtype,
         "winner": result.winner.variant.id,
         "params": result.winner.params,
+        # the variants dispatched by shape beside the winner (search.dispatch); ``best`` in
+        # every loop and per-shape time is the member that runs on that shape
+        "dispatch": (result.dispatch.to_dict() if getattr(result, "dispatch", None) is not None
+                     and len(result.dispatch.members) > 1 else None),
         "final_status": final.status.value,
         # from the end-of-run loops when they ran (the evaluator's own figure stays beside it)
         "speedup_search": vs_baseline.median if vs_baseline is not None else final.speedup,

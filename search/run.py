@@ -72,6 +72,8 @@ def add_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--population", type=int, help="agent actors, one lineage each")
     p.add_argument("--variants", type=int, help="proposals per agent per round")
     p.add_argument("--trials", type=int, help="Optuna trials per tunable variant")
+    p.add_argument("--dispatch", type=int, help="most kernels in a result, each run on the shapes where it was "
+                                                 "fastest (1: one kernel for every shape)")
     p.add_argument("--dtype", choices=("float16", "bfloat16", "float32"))
     p.add_argument("--gpus", type=int, help="evaluator actors (default: every GPU of the cluster)")
     p.add_argument("--address", help="address of an existing Ray cluster")
@@ -106,7 +108,7 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
         "kernels": tuple(args.kernels) if args.kernels else None, "kernel_dir": args.kernel_dir,
         "dtype": args.dtype, "out": args.out, "seed": args.seed, "address": args.address,
         "search.population": args.population, "search.rounds": args.rounds, "search.variants": args.variants,
-        "search.trials": args.trials, "agent.kind": args.agent, "agent.model": args.model,
+        "search.trials": args.trials, "search.dispatch": args.dispatch, "agent.kind": args.agent, "agent.model": args.model,
         "evaluator.kind": args.evaluator, "evaluator.gpus": args.gpus,
     })
 

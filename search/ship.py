@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import kernels.dispatch_rule
 import kernels.launch
 from evaluators.admit import Artifact, admit
 from evaluators.compile import DEFAULT_ARCH, nvrtc_version, target_arch
@@ -43,6 +44,9 @@ from search.ship_dims import DimsError, arg_infos, derive_dims, manifest_dims
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "ship_template"
 TEMPLATE_FILES = ("__init__.py", "_checks.py", "_errors.py", "_ops.py", "_runtime.py")
+# Verbatim copies of the engine's own standard-library modules, so the package resolves
+# launches and dispatch exactly as the run did without importing the engine.
+COPIED = {"_launch.py": kernels.launch, "_dispatch.py": kernels.dispatch_rule}
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FORMAT = 1
 ALIGN_BYTES = 16  # the widest vector access of our kernels; torch's allocator gives 512
@@ -56,8 +60,20 @@ class ShipError(ValueError):
 
 
 @dataclass(frozen=True)
+class Member:
+    """A kernel dispatched by shape beside a winner (:mod:`search.dispatch`)."""
+
+    source: str
+    params: dict[str, int]
+    variant_id: str
+    compile_key: str
+
+
+@dataclass(frozen=True)
 class Winner:
-    """One kernel's winner of one run, with what the package needs to ship it."""
+    """One kernel's winner of one run, with what the package needs to ship it; ``members``
+    and ``dispatch`` (``{"shapes": search shapes, "table": member index per shape}``, 0
+    being the winner) when the run dispatched several kernels by shape."""
 
     run_dir: Path
     name: str  # the kernel's name in the run (file names under best/)
@@ -68,6 +84,8 @@ class Winner:
     variant_id: str
     compile_key: str  # as recorded for the final evaluation ('' if the run has none)
     evidence: dict[str, Any]
+    members: tuple[Member, ...] = ()
+    dispatch: dict[str, Any] | None = None
 
 
 def _read_json(path: Path) -> Any:
@@ -86,7 +104,8 @@ def _load_spec(entry: dict[str, Any]) -> KernelSpec:
 
 
 def _final_compile_key(best: dict[str, Any], variant_id: str, params: dict[str, int]) -> str:
-    for d in best.get("evaluations", []):
+    for d in best.get("evaluations", []) + [e for m in best.get("dispatch", {}).get("members", [])
+                                             for e in m.get("evaluations", [])]:
         rec = EvalRecord.from_dict(d)
         if rec.stage is Stage.FINAL and rec.variant.id == variant_id and rec.params == params:
             return rec.compile_key
@@ -131,11 +150,29 @@ def read_winners(run_dir: Path) -> list[Winner]:
         source = (run_dir / "best" / f"{name}.cu").read_text()
         params = {k: int(v) for k, v in best["params"].items()}
         variant_id = best["variant"]["id"]
+        members, dispatch = _members(best)
         winners.append(Winner(run_dir, name, _load_spec(entry), best["dtype"], source, params, variant_id,
-                              _final_compile_key(best, variant_id, params), _evidence(summary, entry, best)))
+                              _final_compile_key(best, variant_id, params), _evidence(summary, entry, best),
+                              members, dispatch))
     if not winners:
         raise ShipError(f"{run_dir}: summary.json lists no kernels")
     return winners
+
+
+def _members(best: dict[str, Any]) -> tuple[tuple[Member, ...], dict[str, Any] | None]:
+    """The kernels dispatched beside the winner, and the table that places them."""
+    d = best.get("dispatch")
+    if not d:
+        return (), None
+    from kernels.spec import shape_label
+
+    members = []
+    for m in d["members"][1:]:
+        params = {k: int(v) for k, v in m["params"].items()}
+        vid = m["variant"]["id"]
+        members.append(Member(m["variant"]["source"], params, vid, _final_compile_key(best, vid, params)))
+    shapes = [dict(s) for s in d["search_shapes"]]
+    return tuple(members), {"shapes": shapes, "table": [int(d["table"][shape_label(s)]) for s in shapes]}
 
 
 def collect(run_dirs: Sequence[Path]) -> list[Winner]:
@@ -157,8 +194,9 @@ def collect(run_dirs: Sequence[Path]) -> list[Winner]:
     return out
 
 
-def _compile(w: Winner, arch: str) -> Artifact:
-    outcome = admit(w.spec, w.source, w.dtype, w.params, arch=arch)
+def _compile(w: Winner, arch: str, member: Member | None = None) -> Artifact:
+    source, params = (member.source, member.params) if member else (w.source, w.params)
+    outcome = admit(w.spec, source, w.dtype, params, arch=arch)
     if not isinstance(outcome, Artifact):
         raise ShipError(f"{w.spec.name} ({w.dtype}) from {w.run_dir}: {outcome.status.value}: "
                         f"{' '.join(outcome.message.split())[:300]}")
@@ -230,19 +268,40 @@ def build(winners: Sequence[Winner], out: Path, name: str, arch: str | None = No
         atomic_write(pkg / "cubins" / f"{stem}.cubin", artifact.cubin)
         atomic_write(pkg / "sources" / f"{stem}.cu", w.source)
         entry = manifest["kernels"].setdefault(w.spec.name, _kernel_entry(w.spec, dims))
-        entry["builds"][w.dtype] = {
+        build_entry: dict[str, Any] = {
             "cubin": f"cubins/{stem}.cubin", "source": f"sources/{stem}.cu", "params": artifact.params,
             "variant_id": w.variant_id, "compile_key": artifact.compile_key,
             "binary_as_evaluated": bool(w.compile_key) and artifact.compile_key == w.compile_key,
             "cubin_sha256": hashlib.sha256(artifact.cubin).hexdigest(),
             "registers": artifact.registers, "run_dir": str(w.run_dir.resolve()), "evidence": w.evidence,
         }
+        entry["builds"][w.dtype] = build_entry
+        if w.members and w.dispatch:
+            # Kernels dispatched by shape beside the winner: member i's cubin is launched on
+            # the shapes the table gives it (kernels/dispatch_rule.py, copied as _dispatch.py).
+            members: list[dict[str, Any]] = []
+            build_entry["members"] = members
+            for i, m in enumerate(w.members, 1):
+                art = _compile(w, chosen, m)
+                if arch is None and m.compile_key and art.compile_key != m.compile_key:
+                    raise ShipError(f"{w.spec.name} ({w.dtype}): the compile of dispatch member {m.variant_id} "
+                                    f"for {chosen} is not the binary the run evaluated; pass --arch to ship a "
+                                    f"fresh compile anyway")
+                atomic_write(pkg / "cubins" / f"{stem}.{i}.cubin", art.cubin)
+                atomic_write(pkg / "sources" / f"{stem}.{i}.cu", m.source)
+                members.append({
+                    "cubin": f"cubins/{stem}.{i}.cubin", "source": f"sources/{stem}.{i}.cu", "params": art.params,
+                    "variant_id": m.variant_id, "compile_key": art.compile_key,
+                    "binary_as_evaluated": bool(m.compile_key) and art.compile_key == m.compile_key,
+                    "cubin_sha256": hashlib.sha256(art.cubin).hexdigest(), "registers": art.registers})
+            build_entry["dispatch"] = w.dispatch
     if not manifest["kernels"]:
         raise ShipError("no kernel could be shipped: " + "; ".join(manifest["skipped"].values()))
     for file in TEMPLATE_FILES:
         shutil.copyfile(TEMPLATE_DIR / file, pkg / file)
-    # The package resolves launch headers with the evaluator's own module (standard library only).
-    shutil.copyfile(Path(kernels.launch.__file__), pkg / "_launch.py")
+    # The package resolves launch headers and dispatch with the engine's own modules.
+    for file, module in COPIED.items():
+        shutil.copyfile(Path(str(module.__file__)), pkg / file)
     atomic_write(pkg / "manifest.json", json.dumps(manifest, indent=2, default=str))
     atomic_write(pkg / "README.md", readme(manifest))
     atomic_write(out / "pyproject.toml", _pyproject(name))

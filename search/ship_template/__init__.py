@@ -44,8 +44,9 @@ _runtime: Runtime | None = None
 if MANIFEST:
     _runtime = Runtime(
         MANIFEST["namespace"], MANIFEST["arch"], MANIFEST["nvrtc"],
-        {(kernel, dtype): PACKAGE_DIR / build["cubin"]
-         for kernel, entry in MANIFEST["kernels"].items() for dtype, build in entry["builds"].items()},
+        {(kernel, dtype, i): PACKAGE_DIR / b["cubin"]
+         for kernel, entry in MANIFEST["kernels"].items() for dtype, build in entry["builds"].items()
+         for i, b in enumerate([build, *build.get("members", [])])},
     )
     ops = register_all(MANIFEST["namespace"], MANIFEST, _runtime, PACKAGE_DIR)
     globals().update(ops)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from . import _launch
+from . import _dispatch, _launch
 from ._checks import ArgInfo, DimRule, Signature
 from ._errors import LaunchError, LayoutError
 from ._runtime import Runtime
@@ -29,22 +29,37 @@ MAX_CACHED_LAUNCHES = 4096  # resolved launches kept per op (one per dtype and s
 
 
 class LaunchPlans:
-    """Grid, block and shared memory of one op, per dtype, from the shipped source's header."""
+    """Which kernel runs, and its grid, block and shared memory, per dtype and shape, from the
+    shipped sources' headers: the winner's, or (a dispatch) the one the run's table gives the
+    shape (``_dispatch.member_for``)."""
 
     def __init__(self, kernel: str, builds: Mapping[str, Mapping[str, Any]], package_dir: Path) -> None:
         self.kernel = kernel
-        self.specs = {dtype: _launch.parse_launch_header((package_dir / b["source"]).read_text())
-                      for dtype, b in builds.items()}
-        self.params = {dtype: {k: int(v) for k, v in b["params"].items()} for dtype, b in builds.items()}
+        self.specs: dict[tuple[str, int], Any] = {}
+        self.params: dict[tuple[str, int], dict[str, int]] = {}
+        self.dispatch: dict[str, Mapping[str, Any]] = {}
+        for dtype, b in builds.items():
+            for i, m in enumerate([b, *b.get("members", [])]):
+                self.specs[(dtype, i)] = _launch.parse_launch_header((package_dir / m["source"]).read_text())
+                self.params[(dtype, i)] = {k: int(v) for k, v in m["params"].items()}
+            if b.get("members"):
+                self.dispatch[dtype] = b["dispatch"]
         self._cache: dict[tuple[str, tuple[tuple[str, int], ...]], Any] = {}
 
+    def member(self, dtype: str, symbols: Mapping[str, int]) -> int:
+        """The kernel that runs on these shape symbols (0: the winner)."""
+        d = self.dispatch.get(dtype)
+        return _dispatch.member_for(symbols, d["shapes"], d["table"]) if d else 0
+
     def resolve(self, dtype: str, symbols: Mapping[str, int]) -> Any:
+        """``(member, launch config)`` for this dtype and shape."""
         key = (dtype, tuple(sorted(symbols.items())))
         cfg = self._cache.get(key)
         if cfg is None:
             try:
-                cfg = self.specs[dtype].resolve(symbols, self.params[dtype])
-                _launch.check_limits(cfg, _launch.DeviceLimits(), f"for {self.kernel} at {dict(symbols)}")
+                member = self.member(dtype, symbols)
+                cfg = (member, self.specs[(dtype, member)].resolve(symbols, self.params[(dtype, member)]))
+                _launch.check_limits(cfg[1], _launch.DeviceLimits(), f"for {self.kernel} at {dict(symbols)}")
             except _launch.LaunchSpecError as exc:
                 raise LaunchError(f"{self.kernel}: {exc}") from None
             if len(self._cache) >= MAX_CACHED_LAUNCHES:
@@ -85,8 +100,8 @@ def make_op(namespace: str, kernel: str, entry: Mapping[str, Any], align_bytes: 
             raise LayoutError(f"{kernel}: tensors on {device}; the op runs on CUDA devices only")
         dtype, symbols = sig.check(tensors, pointers=True)
         index = device.index if device.index is not None else torch.cuda.current_device()
-        loaded = runtime.function(kernel, dtype, index)
-        cfg = plans.resolve(dtype, symbols)
+        member, cfg = plans.resolve(dtype, symbols)
+        loaded = runtime.function(kernel, dtype, index, member)
         values = [tensors[a.name].data_ptr() if a.kind == "tensor" else
                   int(symbols[a.name]) if a.kind == "int" else float(floats[a.name]) for a in sig.args]
         stream = torch.cuda.current_stream(index).cuda_stream

@@ -4,7 +4,7 @@ Only ``cuda.bindings.driver`` (NVIDIA's CUDA Python bindings) and torch are used
 compiler. Nothing touches the GPU until the first launch (or :meth:`Runtime.load`): the
 package imports and its ops trace on a machine without one.
 
-Each device gets its own module per (kernel, dtype), loaded into the device's primary context
+Each device gets its own module per (kernel, dtype, member), loaded into the device's primary context
 (the one torch uses) after checking that the device is of the architecture the cubins were
 built for. Loading switches the thread's stream-capture mode to relaxed for its duration, so a
 first launch inside a CUDA-graph capture can still load the module.
@@ -83,15 +83,16 @@ class Runtime:
         package: the package name (for messages).
         arch: the architecture the cubins were built for.
         nvrtc: the NVRTC version that built them.
-        cubins: file of each (kernel, dtype).
+        cubins: file of each (kernel, dtype, member); member 0 is the winner, others the
+            kernels dispatched by shape beside it.
     """
 
-    def __init__(self, package: str, arch: str, nvrtc: str, cubins: Mapping[tuple[str, str], Path]) -> None:
+    def __init__(self, package: str, arch: str, nvrtc: str, cubins: Mapping[tuple[str, str, int], Path]) -> None:
         self.package = package
         self.arch = arch
         self.nvrtc = nvrtc
         self.cubins = dict(cubins)
-        self._loaded: dict[tuple[str, str, int], Loaded] = {}
+        self._loaded: dict[tuple[str, str, int, int], Loaded] = {}
         self._checked: set[int] = set()
         self._lock = threading.Lock()
 
@@ -102,24 +103,24 @@ class Runtime:
                        f"cuda:{index} ({torch.cuda.get_device_name(index)})")
             self._checked.add(index)
 
-    def load(self, index: int, which: Sequence[tuple[str, str]] | None = None) -> None:
+    def load(self, index: int, which: Sequence[tuple[str, str, int]] | None = None) -> None:
         """Loads the cubins (all, or ``which``) on device ``index`` now rather than at first launch."""
-        for kernel, dtype in which or sorted(self.cubins):
-            self.function(kernel, dtype, index)
+        for kernel, dtype, member in which or sorted(self.cubins):
+            self.function(kernel, dtype, index, member)
 
-    def function(self, kernel: str, dtype: str, index: int) -> Loaded:
-        key = (kernel, dtype, index)
+    def function(self, kernel: str, dtype: str, index: int, member: int = 0) -> Loaded:
+        key = (kernel, dtype, index, member)
         loaded = self._loaded.get(key)
         if loaded is None:
             with self._lock:
-                loaded = self._loaded.get(key) or self._load(kernel, dtype, index)
+                loaded = self._loaded.get(key) or self._load(kernel, dtype, index, member)
                 self._loaded[key] = loaded
         return loaded
 
-    def _load(self, kernel: str, dtype: str, index: int) -> Loaded:
+    def _load(self, kernel: str, dtype: str, index: int, member: int = 0) -> Loaded:
         self.check_device(index)
         driver = _driver()
-        image = self.cubins[(kernel, dtype)].read_bytes()
+        image = self.cubins[(kernel, dtype, member)].read_bytes()
         _call(driver, "cuInit", driver.cuInit(0))
         device = _call(driver, f"cuDeviceGet({index})", driver.cuDeviceGet(index))
         context = _call(driver, "cuDevicePrimaryCtxRetain", driver.cuDevicePrimaryCtxRetain(device))

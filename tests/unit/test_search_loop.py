@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from kernels.records import EvalRecord, read_jsonl
+from kernels.spec import shape_label
 from search.config import override
 from search.run import (
     REPO_ROOT,
@@ -46,13 +47,26 @@ def _records(run_dir: Path) -> list[EvalRecord]:
     return [EvalRecord.from_dict(d) for d in read_jsonl(run_dir / "evaluations.jsonl")]
 
 
+def test_dispatch_1_keeps_one_kernel_for_every_shape(local_ray, tmp_path):
+    prep = _prepare(tmp_path, "--dispatch", "1")
+    summary = run_search(prep, "test")
+    stages = Counter(r.stage for r in _records(prep.run_dir))
+    assert stages["heldout"] == 1 and stages["final"] == 1
+    assert summary["kernels"][0]["dispatch"] is None
+    assert "dispatch" not in json.loads((prep.run_dir / "best" / "silu_and_mul.json").read_text())
+
+
 def test_search_end_to_end_with_standin(local_ray, tmp_path, capsys):
     prep = _prepare(tmp_path)
     summary = run_search(prep, "test")
     run = prep.run_dir
     records = _records(run)
     stages = Counter(r.stage for r in records)
-    assert stages["screen"] > 3 and stages["full"] >= 1 and stages["heldout"] == 1 and stages["final"] == 1
+    best = json.loads((run / "best" / "silu_and_mul.json").read_text())
+    # The winner and each variant dispatched beside it by shape: held-out and final once each.
+    members = len(best.get("dispatch", {}).get("members", [])) or 1
+    assert stages["screen"] > 3 and stages["full"] >= 1 and stages["heldout"] == members
+    assert stages["final"] == members
     assert len({r.key for r in records}) == len(records)  # nothing evaluated twice
     statuses = {r.evaluation.status.value for r in records}
     assert {"OK", "COMPILE_ERROR"} <= statuses  # the toy's broken edit was caught by NVRTC
@@ -62,7 +76,16 @@ def test_search_end_to_end_with_standin(local_ray, tmp_path, capsys):
     assert summary["evaluator"] == "standin" and summary["gpu"] == "cpu-standin" and "warning" in summary
     assert kernel["speedup_search"] > 1.0 and kernel["heldout_status"] == "OK"
     assert kernel["lineage"][-1]["author"] == "baseline"
-    best = json.loads((run / "best" / "silu_and_mul.json").read_text())
+    if members > 1:
+        # Each kernel dispatched beside the winner passed the held-out shapes and its final
+        # timing on its own; the reported per-shape times are those of each shape's member.
+        d = best["dispatch"]
+        assert all(m["heldout"]["status"] == "OK" and m["final"]["status"] == "OK" for m in d["members"])
+        assert kernel["dispatch"]["table"] == d["table"] and set(d["table"].values()) == set(range(members))
+        for s in kernel["shapes"]:
+            member = d["members"][d["table"][s["label"]]]
+            own = {shape_label(r["shape"]): r["candidate_ms"] for r in member["final"]["shapes"]}
+            assert s["best_ms"] == own[s["label"]]
     assert (run / "best" / "silu_and_mul.cu").read_text() == best["variant"]["source"]
     assert [json.loads(line)["round"] for line in (run / "rounds.jsonl").read_text().splitlines()] == [0, 1]
     proposals = list(read_jsonl(run / "proposals.jsonl"))

@@ -263,7 +263,7 @@ def test_the_runtime_loads_in_relaxed_capture_mode_and_packs_the_c_arguments(pkg
     monkeypatch.setattr(runtime_mod, "device_arch", lambda index: "sm_90")
     monkeypatch.setattr(runtime_mod.torch.cuda, "get_device_name", lambda index: "NVIDIA H200")
     cubin = shipped / NAME / "cubins" / "silu_and_mul.bfloat16.cubin"
-    runtime = runtime_mod.Runtime(NAME, "sm_90", "13.0", {("silu_and_mul", "bfloat16"): cubin})
+    runtime = runtime_mod.Runtime(NAME, "sm_90", "13.0", {("silu_and_mul", "bfloat16", 0): cubin})
     loaded = runtime.function("silu_and_mul", "bfloat16", 0)
     assert runtime.function("silu_and_mul", "bfloat16", 0) is loaded  # loaded once per device
     names = [c[0] for c in driver.calls]
@@ -329,3 +329,47 @@ def test_the_benchmark_decoder_runs_in_torch_and_traces_with_the_shipped_ops(pkg
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     out = compiled(ShippedOps(pkg), meta_layers, cos_sin.to("meta"), meta_inp, shape)
     assert [tuple(t.shape) for t in out] == [(3, 64), (3, 64)]
+
+
+def test_kernels_dispatched_by_shape_ship_with_the_runs_table(tmp_path: Path):
+    """A run whose result holds several kernels (search.dispatch) ships every one of them, and
+    the package launches on each shape the kernel the run's table gives it."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "search.run", "--evaluator", "standin", "--kernel", "silu_and_mul", "--agent",
+           "tests.unit.search_toy_agent:ToyAgent", "--population", "3", "--rounds", "2", "--variants", "3",
+           "--trials", "3", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run_dir,) = [p for p in out.iterdir() if (p / "summary.json").is_file()]
+    best = json.loads((run_dir / "best" / "silu_and_mul.json").read_text())
+    assert len(best["dispatch"]["members"]) >= 2, "the toy run's stand-in times favour a second kernel somewhere"
+    name = "ship_dispatch_ops"
+    assert ship.main([str(run_dir), "--out", str(tmp_path / "pkg"), "--name", name]) == 0
+    pkg_dir = tmp_path / "pkg" / name
+    manifest = json.loads((pkg_dir / "manifest.json").read_text())
+    build = manifest["kernels"]["silu_and_mul"]["builds"]["float16"]
+    members = best["dispatch"]["members"]
+    assert [m["variant_id"] for m in build["members"]] == [m["variant"]["id"] for m in members[1:]]
+    assert all((pkg_dir / m["cubin"]).is_file() and m["binary_as_evaluated"] for m in build["members"])
+    assert (pkg_dir / "_dispatch.py").read_bytes() == (ROOT / "kernels" / "dispatch_rule.py").read_bytes()
+    sys.path.insert(0, str(tmp_path / "pkg"))
+    try:
+        ops_mod = importlib.import_module(f"{name}._ops")
+        plans = ops_mod.LaunchPlans("silu_and_mul", manifest["kernels"]["silu_and_mul"]["builds"], pkg_dir)
+        table = best["dispatch"]["table"]
+        from kernels.spec import shape_label
+
+        for shape in best["dispatch"]["search_shapes"]:
+            assert plans.member("float16", shape) == table[shape_label(shape)]
+            member, cfg = plans.resolve("float16", shape)
+            assert member == table[shape_label(shape)] and cfg.grid[0] >= 1
+        # Any other shape: the member of the nearest search shape, as the run's held-out check used.
+        from search.dispatch import Dispatch
+
+        for shape in best["heldout_shapes"]:
+            labels = [shape_label(s) for s in best["dispatch"]["search_shapes"]]
+            expected = Dispatch.member_for(SimpleNamespace(  # type: ignore[arg-type]
+                table=table, shapes=tuple(best["dispatch"]["search_shapes"])), shape)
+            assert plans.member("float16", shape) == expected, (shape, labels)
+    finally:
+        sys.path.remove(str(tmp_path / "pkg"))
