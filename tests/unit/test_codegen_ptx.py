@@ -66,3 +66,19 @@ def test_full_size_16_bit_outputs_get_16_byte_stores(name):
         defaults = {k: v[0] for k, v in parse_launch_header(schedule.source).tune.items()}
         stores = global_stores(ptx_of(schedule.source, "float16", defaults))
         assert any(k.endswith(".v4.u32") for k in stores), f"{schedule.name}: {dict(stores)}"
+
+
+@pytest.mark.parametrize("name", ["l2norm_rows", "log_softmax_rows", "fused_add_rmsnorm"])
+def test_a_rows_pass_issues_its_cached_vectors_loads_before_their_arithmetic(name):
+    """The first ITEMS vectors of a row (the register cache) are loaded in a loop of their
+    own: as one loop of guarded load-then-fold per vector, ptxas emitted one branch per
+    vector, each waiting on its load before the next was issued (nvdisasm of rows/block)."""
+    folder = ROOT / "experiments" / "unseen" / name
+    spec = load_kernel(folder if folder.is_dir() else name)
+    schedule = next(s for s in generate(spec) if s.name.startswith("codegen:rows/block"))
+    ptx = ptx_of(schedule.source, "float16", {"ITEMS": 4, "RU": 1})
+    # 16-byte loads (L) and fp32 arithmetic (F) in program order; the scalar path has no L.
+    seq = "".join("L" if "ld.global" in m else "F"
+                  for m in re.findall(r"ld\.global(?:\.nc)?\.v4\.\w+|\b(?:fma|add|mul|sub|max|min|ex2)(?:\.\w+)*\.f32", ptx))
+    first_run = re.search(r"L+", seq)
+    assert first_run is not None and len(first_run.group()) >= 4, f"{name}: {seq[:80]}"

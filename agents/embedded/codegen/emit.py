@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from agents.embedded.codegen.cuda_text import NEG_INF, POS_INF
@@ -335,14 +336,21 @@ class Emitter:
         return self._element_loop(exprs, lines, leaf_text, col0)
 
     def staged_loops(self, exprs: list[tuple[str, object]], count: str, slot: str, col: str, guard: str,
-                     after: Sequence[str] = ()) -> list[str]:
+                     after: Sequence[str] = (), cached: AbstractSet[int] = frozenset(),
+                     fill: AbstractSet[int] = frozenset()) -> list[str]:
         """A thread's ``count`` V-wide chunks in two unrolled loops over ``slot``: first every
         chunk's loads, into arrays indexed by the slot (so that they are all in flight
         together; a load-compute-store loop waits for each chunk's loads in turn), then every
         chunk's element loop reading them, followed by ``after``. ``col``: the chunk's first
-        column (``cg_c``); ``guard``: whether the chunk exists."""
+        column (``cg_c``); ``guard``: whether the chunk exists. Full leaves in ``cached`` live
+        in the register cache ``cg_cache{i}[slot]`` (declared by the caller): those in ``fill``
+        are loaded into it here, the others are read from it and not loaded. In such a pass
+        the columns' vectors (a weight, read by every row, so mostly from L2) are loaded at
+        use instead: staged as well, they took 16-64 more registers per thread at ITEMS 4-8
+        (ptxas reports for rms and layer norm) on top of the cache."""
         decls: list[str] = []
         loads: list[str] = []
+        inline_cols: list[str] = []
         leaf_text: dict[int, str] = {}
         by_value: dict[Load, str] = {}
         needed = [n for _, e in exprs for n in walk([e]) if isinstance(n, Load) and not self.row_only(n)]
@@ -350,17 +358,28 @@ class Emitter:
             if leaf not in by_value:
                 pack = f"Pack<{self.c_type(leaf.arg)}, V>"
                 if leaf.access == "col":
-                    name, src = f"cg_sc{self.col_leaves().index(leaf)}", f"{leaf.arg} + cg_c"
+                    i, src = self.col_leaves().index(leaf), f"{leaf.arg} + cg_c"
+                    if cached:  # loaded at use (see above)
+                        inline_cols.append(f"const {pack} cg_c{i} = *reinterpret_cast<const {pack}*>({src});")
+                        text = f"cg_c{i}.v[e]"
+                    else:
+                        decls.append(f"{pack} cg_sc{i}[{count}];")
+                        loads.append(f"cg_sc{i}[{slot}] = *reinterpret_cast<const {pack}*>({src});")
+                        text = f"cg_sc{i}[{slot}].v[e]"
                 else:
                     i = self.full_leaves.index(leaf)
-                    name, src = f"cg_sp{i}", f"{leaf.arg} + cg_base{i} + cg_c"
-                decls.append(f"{pack} {name}[{count}];")
-                loads.append(f"{name}[{slot}] = *reinterpret_cast<const {pack}*>({src});")
-                by_value[leaf] = self.convert_load(leaf.arg, f"{name}[{slot}].v[e]")
+                    src = f"{leaf.arg} + cg_base{i} + cg_c"
+                    name = f"cg_cache{i}" if i in cached else f"cg_sp{i}"
+                    if i not in cached:
+                        decls.append(f"{pack} {name}[{count}];")
+                    if i not in cached or i in fill:
+                        loads.append(f"{name}[{slot}] = *reinterpret_cast<const {pack}*>({src});")
+                    text = f"{name}[{slot}].v[e]"
+                by_value[leaf] = self.convert_load(leaf.arg, text)
             leaf_text[id(leaf)] = by_value[leaf]
-        work = self._element_loop(exprs, [], leaf_text, "cg_c") + list(after)
+        work = self._element_loop(exprs, inline_cols, leaf_text, "cg_c") + list(after)
         out = decls
-        for body in (loads, work):
+        for body in ([loads] if loads else []) + [work]:
             out += ["#pragma unroll", f"for (int {slot} = 0; {slot} < {count}; ++{slot}) {{",
                     f"    const long long cg_c = {col};", f"    if ({guard}) {{",
                     *("        " + x for x in body), "    }", "}"]

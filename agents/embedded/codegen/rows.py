@@ -76,22 +76,20 @@ def _levels(program: Program, fused: Mapping[int, int] | None = None) -> list[li
 
 def _pass(em: Emitter, exprs: list[tuple[str, object]], cached: set[int], fill: set[int], unroll: str) -> list[str]:
     """One pass over the row: the first ITEMS vectors of each thread (kept in registers), then
-    the rest of the row, re-read ``unroll`` vectors at a time with their loads issued first
-    (one load per iteration leaves a long row's pass waiting on memory once per vector; more
-    costs registers, so occupancy, in every launch). Each thread still takes its vectors in
-    order, so a reduction's bits do not depend on it."""
-    regs = em.chunk_body(exprs, cached, fill, "cg_c", "cg_j")
+    the rest of the row, re-read ``unroll`` vectors at a time. Both parts issue their loads
+    first (the cache's fill and the columns' vectors, e.g. a weight, of all ITEMS vectors, then
+    the arithmetic): a load-then-fold loop under a guard per vector came out of ptxas as one
+    branch per vector, each waiting on its load before the next was issued (read in the SASS
+    of rows/block). More vectors re-read at a time cost registers, so occupancy, in every
+    launch. Each thread still takes its vectors in order, so a reduction's bits do not depend
+    on it."""
+    first = "cg_lane + static_cast<long long>(cg_j) * cg_g"
+    regs = em.staged_loops(exprs, "ITEMS", "cg_j", f"({first}) * V", f"cg_active && {first} < cg_nvec",
+                           cached=cached, fill=fill)
     vec = "cg_i0 + static_cast<long long>(cg_u) * cg_g"
     rest = em.staged_loops(exprs, unroll, "cg_u", f"({vec}) * V", f"{vec} < cg_nvec")
     return [
-        "#pragma unroll",
-        "for (int cg_j = 0; cg_j < ITEMS; ++cg_j) {",
-        "    const long long cg_i = cg_lane + static_cast<long long>(cg_j) * cg_g;",
-        "    if (cg_active && cg_i < cg_nvec) {",
-        "        const long long cg_c = cg_i * V;",
-        *("        " + b for b in regs),
-        "    }",
-        "}",
+        *regs,
         f"for (long long cg_i0 = cg_lane + static_cast<long long>(ITEMS) * cg_g; cg_active && cg_i0 < cg_nvec; cg_i0 += {unroll} * cg_g) {{",
         *("    " + x for x in rest),
         "}",
