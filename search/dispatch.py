@@ -63,16 +63,23 @@ class Dispatch:
         members: the primary first, then the others in the order they joined.
         table: search shape label -> index into ``members``.
         shapes: the search shapes, in the spec's order.
-        expected: the geometric mean of the chosen members' speedups over the search shapes
-            (from the search's evidence), against ``primary_alone``.
-        primary_alone: the primary's own geometric mean on the same evidence.
+        speedups: per member, its speedup on each search shape label (the search's evidence).
     """
 
     members: tuple[Scored, ...]
     table: dict[str, int]
     shapes: tuple[dict[str, int], ...]
-    expected: float
-    primary_alone: float
+    speedups: tuple[dict[str, float], ...]
+
+    @property
+    def expected(self) -> float:
+        """The geometric mean over the search shapes of each shape's member's speedup."""
+        return _geomean([self.speedups[i][label] for label, i in self.table.items()])
+
+    @property
+    def primary_alone(self) -> float:
+        """The primary's own geometric mean on the same evidence."""
+        return _geomean([self.speedups[0][label] for label in self.table])
 
     @property
     def primary(self) -> Scored:
@@ -90,8 +97,9 @@ class Dispatch:
         if index == 0:
             raise ValueError("the primary cannot be dropped from its dispatch")
         members = self.members[:index] + self.members[index + 1:]
+        speedups = self.speedups[:index] + self.speedups[index + 1:]
         table = {label: 0 if i == index else (i - 1 if i > index else i) for label, i in self.table.items()}
-        return Dispatch(members, table, self.shapes, self.expected, self.primary_alone)
+        return Dispatch(members, table, self.shapes, speedups)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -104,11 +112,10 @@ class Dispatch:
 
 
 def single(primary: Scored, shapes: Sequence[Mapping[str, int]]) -> Dispatch:
-    """The primary alone on every shape."""
+    """The primary alone on every shape (its overall score on shapes it lacks a time for)."""
     labels = [shape_label(dict(s)) for s in shapes]
-    own = _speedups(primary, labels)
-    score = _geomean(list(own.values())) if own else primary.score
-    return Dispatch((primary,), {label: 0 for label in labels}, tuple(dict(s) for s in shapes), score, score)
+    own = _speedups(primary, labels) or {label: primary.score for label in labels}
+    return Dispatch((primary,), {label: 0 for label in labels}, tuple(dict(s) for s in shapes), (own,))
 
 
 def choose(primary: Scored, candidates: Sequence[Scored], shapes: Sequence[Mapping[str, int]],
@@ -151,10 +158,9 @@ def choose(primary: Scored, candidates: Sequence[Scored], shapes: Sequence[Mappi
     # A member that ended up with no shape (a later one beat it everywhere it led) is dropped.
     used = sorted(set(table.values()) | {0})
     renumber = {old: new for new, old in enumerate(used)}
-    members = [members[i] for i in used]
     table = {label: renumber[i] for label, i in table.items()}
-    expected = _geomean([rows[used[table[label]]][label] for label in labels])
-    return Dispatch(tuple(members), table, tuple(dict(s) for s in shapes), expected, base.expected)
+    return Dispatch(tuple(members[i] for i in used), table, tuple(dict(s) for s in shapes),
+                    tuple(rows[i] for i in used))
 
 
 def describe(recorded: Mapping[str, Any] | None) -> str:

@@ -83,6 +83,7 @@ def test_dropping_a_member_gives_its_shapes_to_the_primary():
     dropped = d.without(1)  # b joined first
     assert [m.variant.source for m in dropped.members] == ["// primary\n", "// a\n"]
     assert dropped.table[shape_label(SHAPES[1])] == 0 and dropped.table[shape_label(SHAPES[0])] == 1
+    assert dropped.expected == pytest.approx(2.0 ** 0.25) and dropped.primary_alone == pytest.approx(1.0)
     with pytest.raises(ValueError):
         d.without(0)
 
