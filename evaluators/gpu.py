@@ -278,7 +278,7 @@ class GpuEvaluator(Evaluator):
     def time_peers_full(self, kernel: KernelRef | str, dtype: str, shape_set: str = "search",
                         ours: dict[str, tuple[str, dict[str, int]]] | None = None,
                         repetitions: int = 100, graph_ours: bool = False, fresh_process: bool = False,
-                        compile_trials: int | None = None) -> dict[str, Any]:
+                        compile_trials: int | None = None, peers: bool = True) -> dict[str, Any]:
         """Like :meth:`time_peers`, with spreads, peer errors, the copy bandwidth and ``failed``:
         ``{our kernel: why}`` for each of ours refused at admission, failing a guard in the loop
         (see :mod:`evaluators.peers`) or crashing it; a failed kernel has no times.
@@ -289,7 +289,8 @@ class GpuEvaluator(Evaluator):
         ``fresh_process`` runs the loop in a sandbox process that has not run this kernel's loop
         before (a new one if the current one has), so that repetitions of one kernel's loop
         share no CUDA context, allocations or compilations, while the loops of several kernels
-        can share a process; ``compile_trials``: fresh compilations per torch.compile mode.
+        can share a process; ``compile_trials``: fresh compilations per torch.compile mode;
+        ``peers`` False: our kernels alone (no peer is set up or compiled).
         """
         spec = self.spec(kernel)
         key = str(spec.directory)
@@ -312,7 +313,7 @@ class GpuEvaluator(Evaluator):
         job = {"type": "peers", "kernel_dir": str(spec.directory), "dtype": dtype,
                "baseline": {"cubin": base.cubin, "launches": base_launches},
                "shapes": [dict(s) for s in shapes], "warmup": 20, "repetitions": repetitions,
-               "graph_ours": graph_ours}
+               "graph_ours": graph_ours, "peers": peers}
         if compile_trials is not None:
             job["compile_trials"] = compile_trials
         reply, why = self._peers_job({**job, "kernels": dict(kernels)})

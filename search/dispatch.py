@@ -23,9 +23,11 @@ dimension. Every member must pass the held-out shapes (all of
 them, not only those it would get), the sanitizer and the loop's verification on its own,
 so the rule can never send a shape to a kernel that was not checked on shapes like it.
 
-The choice is made before the end-of-run loops, from the search's evaluations: the loops
-that report the result only measure it (no member is picked on the times it is reported
-with).
+The members are picked from the search's evaluations (each a single evaluation, a screening
+one with 20 repetitions for most variants, so noisy per shape); which one runs where is then
+settled by one loop of their own (all of them interleaved on every search shape, 100
+repetitions, no peers), before and apart from the end-of-run loops that report the result:
+no member is picked on the times it is reported with.
 """
 
 from __future__ import annotations
@@ -100,6 +102,20 @@ class Dispatch:
         speedups = self.speedups[:index] + self.speedups[index + 1:]
         table = {label: 0 if i == index else (i - 1 if i > index else i) for label, i in self.table.items()}
         return Dispatch(members, table, self.shapes, speedups)
+
+    def retimed(self, times: Sequence[Mapping[str, float] | None]) -> Dispatch:
+        """The dispatch with each search shape given to the member fastest there in one
+        interleaved loop (``times[i]``: member i's median per label, None if it failed); a
+        member left without a shape is dropped. Shapes no member has a time for keep theirs,
+        unless it failed (then the primary's)."""
+        table = {}
+        for label, current in self.table.items():
+            timed = [(t[label], i) for i, t in enumerate(times) if t is not None and label in t]
+            table[label] = min(timed)[1] if timed else (current if times[current] is not None else 0)
+        used = sorted(set(table.values()) | {0})
+        renumber = {old: new for new, old in enumerate(used)}
+        return Dispatch(tuple(self.members[i] for i in used), {label: renumber[i] for label, i in table.items()},
+                        self.shapes, tuple(self.speedups[i] for i in used))
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -66,7 +66,8 @@ class KernelResult:
             listed in ``rejected``), so no cheat is reported as a winner or with ratios.
         dispatch: the winner and the variants dispatched beside it by shape (None: the
             winner alone); ``member_heldout``, ``member_final``, ``member_sanitizer``: each
-            member's own verdicts by variant id.
+            member's own verdicts by variant id; ``choice_ms``: the loop that settled which
+            member runs where (``{name: {shape label: ms}}``).
     """
 
     state: KernelState
@@ -85,6 +86,7 @@ class KernelResult:
     member_heldout: dict[str, Evaluation] = field(default_factory=dict)
     member_final: dict[str, Evaluation] = field(default_factory=dict)
     member_sanitizer: dict[str, dict[str, Any]] = field(default_factory=dict)
+    choice_ms: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def combine_runs(result: KernelResult, runs: list[dict[str, Any]]) -> None:
@@ -146,6 +148,7 @@ class _Progress:
     member_heldout: dict[str, Evaluation] = field(default_factory=dict)
     member_sanitizer: dict[str, dict[str, Any]] = field(default_factory=dict)
     member_final: dict[str, Evaluation] = field(default_factory=dict)
+    choice_ms: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def member_name(item: Scored) -> str:
@@ -341,10 +344,44 @@ class EndOfRun:
                 if not k.member_final[other.variant.id].status.is_ok:
                     verdict = k.member_final[other.variant.id]
                     self._drop_member(k, other, f"final timing: {verdict.status.value} {verdict.message}")
-            self._peers(k, compose_evaluation(k.dispatch, k.member_final, k.st.search_shapes()))
+            self._choose(k)
 
         for item in members:
             self.ctl.submit(Job(k.st, item.variant, Stage.FINAL, item.params, partial(done, item)))
+
+    def _choose(self, k: _Progress) -> None:
+        """Which member runs on which search shape, settled by one loop of the members alone
+        (interleaved, no peers) apart from the loops that report them (search.dispatch);
+        then the peers' loops."""
+        assert k.winner is not None and k.dispatch is not None
+        if len(k.dispatch.members) == 1 or not self.ctl.config.evaluator.peers:
+            self._peers(k, compose_evaluation(k.dispatch, k.member_final, k.st.search_shapes()))
+            return
+        ours = {"best": (k.winner.variant.source, dict(k.winner.params))}
+        for item in k.dispatch.members[1:]:
+            ours[member_name(item)] = (item.variant.source, dict(item.params))
+
+        def done(reply: dict[str, Any] | None, error: str) -> None:
+            assert k.dispatch is not None
+            if reply is not None:
+                timed = reply.get("peers", {})
+                failed = reply.get("failed", {})
+                names = ["best", *(member_name(m) for m in k.dispatch.members[1:])]
+                before = list(k.dispatch.members)
+                k.dispatch = k.dispatch.retimed([None if n in failed else timed.get(n, {}) for n in names])
+                kept = {m.variant.id for m in k.dispatch.members}
+                for item in before[1:]:
+                    if item.variant.id not in kept:
+                        why = failed.get(member_name(item), "no shape where the choice loop found it fastest")
+                        k.rejected_why[item.variant.id] = f"dispatch member dropped: {why}"[:500]
+                k.choice_ms = {n: dict(t) for n, t in timed.items()}
+            print(f"end {k.st.name}: choice loop " + ("done" if reply is not None else f"failed: {error}")
+                  + f", {len(k.dispatch.members)} kernels dispatched", file=sys.stderr, flush=True)
+            self._peers(k, compose_evaluation(k.dispatch, k.member_final, k.st.search_shapes()))
+
+        self.ctl.recorded_call(_call_key("choose", k, sorted(ours)), done, "time_peers", k.st.ref, k.st.dtype,
+                               ShapeSet.SEARCH.value, ours, False, None, False,
+                               what=f"{k.st.name} dispatch choice loop")
 
     def _peers(self, k: _Progress, final: Evaluation) -> None:
         """The end-of-run loop (winner, dispatch members, baseline and peers interleaved),
@@ -354,7 +391,8 @@ class EndOfRun:
         heldout = compose_evaluation(k.dispatch, k.member_heldout, k.st.heldout_shapes())
         result = KernelResult(k.st, k.winner, heldout, final, rejected=k.rejected, sanitizer=k.sanitizer,
                               dispatch=k.dispatch, member_heldout=dict(k.member_heldout),
-                              member_final=dict(k.member_final), member_sanitizer=dict(k.member_sanitizer))
+                              member_final=dict(k.member_final), member_sanitizer=dict(k.member_sanitizer),
+                              choice_ms=dict(k.choice_ms))
         cfg = self.ctl.config.evaluator
         if not cfg.peers:
             self._done(k, result)
@@ -470,6 +508,7 @@ def write_best(ctl: Controller, result: KernelResult) -> None:
         evidence["dispatch"] = {
             **d.to_dict(),
             "search_shapes": [dict(s) for s in d.shapes],
+            "choice_loop_ms": result.choice_ms,
             "members": [{"variant": m.variant.to_dict(), "params": m.params,
                          "heldout": _dict_of(result.member_heldout.get(m.variant.id)),
                          "final": _dict_of(result.member_final.get(m.variant.id)),

@@ -153,3 +153,24 @@ def test_reports_name_each_kernel_and_its_shapes():
     assert line.startswith("2 kernels dispatched by shape")
     assert f"{split.variant.id[:8]} {{}} on {shape_label(SHAPES[0])}" in line
     assert describe(single(primary, SHAPES).to_dict()) == "" and describe(None) == ""
+
+
+def test_the_choice_loop_settles_which_member_runs_where():
+    primary = _item("primary", [2.0, 3.0, 2.0, 2.0])
+    split = _item("split", [4.0, 2.5, 1.5, 1.0])
+    other = _item("other", [1.0, 1.0, 3.0, 1.0])
+    d = choose(primary, [split, other], SHAPES)
+    assert len(d.members) == 3
+    labels = [shape_label(s) for s in SHAPES]
+    # The loop finds the primary fastest on the split's shape, "other" fastest on two.
+    times = [{labels[0]: 1.0, labels[1]: 1.0, labels[2]: 1.0, labels[3]: 1.0},
+             {labels[0]: 1.1, labels[1]: 1.2, labels[2]: 1.3, labels[3]: 1.4},
+             {labels[0]: 2.0, labels[1]: 2.0, labels[2]: 0.5, labels[3]: 0.9}]
+    order = [m.variant.source for m in d.members]
+    by_source = {"// primary\n": times[0], "// split\n": times[1], "// other\n": times[2]}
+    r = d.retimed([by_source[s] for s in order])
+    assert [m.variant.source for m in r.members] == ["// primary\n", "// other\n"]  # split won nothing
+    assert r.table == {labels[0]: 0, labels[1]: 0, labels[2]: 1, labels[3]: 1}
+    # A member that failed in the loop (None) gets nothing; shapes nobody timed keep theirs.
+    r2 = d.retimed([None if s == "// split\n" else {} for s in order])
+    assert r2.table == {k: v for k, v in d.without(order.index("// split\n")).table.items()}
