@@ -314,15 +314,17 @@ def readme(manifest: dict[str, Any]) -> str:
              f"Kernels as torch.library ops (`torch.ops.{manifest['namespace']}.*`), cubins for "
              f"{manifest['arch']} built with NVRTC {manifest['nvrtc']}. Outputs are written in place; "
              "ops return None. Made by `" + manifest["built"]["command"] + "`.", "",
-             "| op | dtype | speedup over baseline (search / held-out) | held-out | sanitizer | evaluator | GPU |",
-             "|---|---|---|---|---|---|---|"]
+             "| op | dtype | kernels | speedup over baseline (search / held-out) | held-out | sanitizer | evaluator | GPU |",
+             "|---|---|---|---|---|---|---|---|"]
     for kernel, entry in manifest["kernels"].items():
         for dtype, b in entry["builds"].items():
             ev = b["evidence"]
             speed = " / ".join(f"{v:.2f}x" if isinstance(v, int | float) else "-"
                                for v in (ev["speedup_search"], ev["speedup_heldout"]))
             synthetic = " (synthetic)" if ev["synthetic"] else ""
-            lines.append(f"| {kernel} | {dtype} | {speed}{synthetic} | {ev['heldout_status']} | "
+            kernels = 1 + len(b.get("members", []))
+            lines.append(f"| {kernel} | {dtype} | {kernels}{' (by shape)' if kernels > 1 else ''} | "
+                         f"{speed}{synthetic} | {ev['heldout_status']} | "
                          f"{ev['sanitizer_status']} | {ev['evaluator']} | {ev['gpu']} |")
     for kernel, why in manifest["skipped"].items():
         lines.append(f"\nNot shipped: {kernel}: {why}")

@@ -75,3 +75,35 @@ def test_returning_and_staging_peers_are_timed_and_agree_with_the_reference(eval
                   "rmsnorm": {"liger_kernel"}}[kernel]
         assert wanted <= set(reply["peers"]), (kernel, reply["errors"])
         assert not reply["failed"], reply["failed"]
+
+
+def test_the_dispatch_choice_loop_times_our_kernels_alone_and_settles_the_table(evaluator: Any) -> None:
+    """The choice loop of search.dispatch: our kernels alone (no peer set up or compiled),
+    each on every search shape, and the table given to the fastest per shape."""
+    from agents.embedded.codegen import generate
+    from search.dispatch import choose
+    from search.selection import Scored
+
+    spec = load_kernel("rmsnorm")
+    rows = {s.name: s.source for s in generate(spec)}
+    ours = {"best": (rows["codegen:rows/block"], {}), "best:warp": (rows["codegen:rows/warp"], {})}
+    reply = evaluator.time_peers_full("rmsnorm", "float16", "search", ours, repetitions=20, peers=False)
+    labels = {shape_label(s) for s in spec.search_shapes}
+    assert set(reply["peers"]) == {"best", "best:warp"} and not reply["failed"], reply
+    assert all(set(t) == labels for t in reply["peers"].values())
+    # Fed to a dispatch of the two, each shape goes to the faster of the loop's two medians.
+    fake = [Scored(Variant("rmsnorm", src), reply_eval) for src, reply_eval in (
+        (rows["codegen:rows/block"], _even_evaluation(spec, 1.0)), (rows["codegen:rows/warp"], _even_evaluation(spec, 1.5)))]
+    d = choose(fake[0], [fake[1]], spec.search_shapes, min_gain=1.0)
+    assert len(d.members) == 2
+    r = d.retimed([reply["peers"]["best"], reply["peers"]["best:warp"]])
+    for label in labels:
+        faster = 0 if reply["peers"]["best"][label] <= reply["peers"]["best:warp"][label] else 1
+        assert r.members[r.table[label]].variant.source == fake[faster].variant.source
+
+
+def _even_evaluation(spec: Any, speedup: float) -> Any:
+    from kernels.verdict import Evaluation, ShapeResult
+
+    return Evaluation(Status.OK, shapes=tuple(ShapeResult(dict(s), candidate_ms=1.0 / speedup, baseline_ms=1.0)
+                                             for s in spec.search_shapes))
