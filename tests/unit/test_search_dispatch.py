@@ -174,3 +174,41 @@ def test_the_choice_loop_settles_which_member_runs_where():
     # A member that failed in the loop (None) gets nothing; shapes nobody timed keep theirs.
     r2 = d.retimed([None if s == "// split\n" else {} for s in order])
     assert r2.table == {k: v for k, v in d.without(order.index("// split\n")).table.items()}
+
+
+def test_the_end_of_run_choice_loop_retables_and_drops_a_member_that_wins_nothing():
+    """EndOfRun._choose: one loop of the members alone (no peers, recorded for resume), its
+    medians settle the table, a member left without a shape is dropped with a reason, and the
+    final evaluation handed on is composed with the new table."""
+    from types import SimpleNamespace
+
+    from search.finalize import EndOfRun, _Progress, member_name
+
+    primary = _item("primary", [2.0, 3.0, 2.0, 2.0])
+    split = _item("split", [4.0, 2.5, 1.5, 1.0])
+    other = _item("other", [1.0, 1.0, 3.0, 1.0])
+    labels = [shape_label(s) for s in SHAPES]
+    calls: list[tuple] = []
+    handed: list = []
+
+    def recorded_call(key, owner, method, *args, what=""):
+        calls.append((key, method, args))
+        loop = {"best": {lab: 1.0 for lab in labels}, member_name(split): {lab: 1.2 for lab in labels},
+                member_name(other): {labels[0]: 2.0, labels[1]: 2.0, labels[2]: 0.5, labels[3]: 0.9}}
+        owner({"peers": loop, "failed": {}}, "")
+
+    ctl = SimpleNamespace(config=SimpleNamespace(evaluator=SimpleNamespace(peers=True)), recorded_call=recorded_call)
+    end = EndOfRun.__new__(EndOfRun)
+    end.ctl = ctl  # type: ignore[assignment]
+    end._peers = lambda k, final: handed.append(final)  # type: ignore[method-assign]
+    st = SimpleNamespace(name="k", dtype="float16", ref="k", search_shapes=lambda: SHAPES)
+    k = _Progress(st, [])  # type: ignore[arg-type]
+    k.winner, k.dispatch = primary, choose(primary, [split, other], SHAPES)
+    k.member_final = {m.variant.id: m.evaluation for m in k.dispatch.members}
+    end._choose(k)
+    (key, method, args), = calls
+    assert method == "time_peers" and args[-1] is False  # peers=False: our kernels alone
+    assert [m.variant.source for m in k.dispatch.members] == ["// primary\n", "// other\n"]
+    assert k.dispatch.table == {labels[0]: 0, labels[1]: 0, labels[2]: 1, labels[3]: 1}
+    assert "choice loop" in k.rejected_why[split.variant.id]
+    assert [round(s.speedup, 3) for s in handed[0].shapes] == [2.0, 3.0, 3.0, 1.0]
