@@ -4,14 +4,18 @@ Every step is a stage of the controller over the same evaluator pool (retries, r
 dead actors) and every evaluation is recorded by the same code as the search's:
 
 1. held-out: each kernel's elites, in rank order, on the held-out shapes (the spec's fixed
-   ones and those drawn for this run) until one passes; the baseline is the last resort;
+   ones and those drawn for this run) until one passes; the baseline is the last resort. The
+   variants that would be dispatched by shape beside the winner (:mod:`search.dispatch`) are
+   checked on the same shapes; one that fails is left out;
 2. the pool is renewed (fresh evaluators, one per GPU, after the peers' background compiles);
-3. per kernel (each answer recorded, so a resumed run picks up where it stopped):
-   compute-sanitizer on the winner (a winner with findings is replaced by the
-   baseline, whose held-out verdict is then evaluated and recorded too), the final timing
-   (stage final: the evaluator's verdict and A/A noise floor), and the production peers timed
-   in one loop with the winner and baseline, repeated in ``peer_runs`` fresh sandbox
-   processes: every reported ratio, "vs baseline" included, is taken from these loops.
+3. per kernel (each answer recorded, so a resumed run picks up where it stopped): the
+   dispatch's choice loop (its kernels alone: which runs on which shape), compute-sanitizer on
+   each kernel kept (a winner with findings is replaced by the baseline, whose held-out
+   verdict is then evaluated and recorded too; another kernel with findings is dropped), the
+   final timing of each (stage final: the evaluator's verdict and A/A noise floor), and the
+   production peers timed in one loop with them and the baseline, repeated in ``peer_runs``
+   fresh sandbox processes: every reported ratio, "vs baseline" included, is taken from
+   these loops.
 
 A failure of one kernel's step (an evaluator error, an actor that keeps dying) is recorded for
 that kernel and the others finish.
@@ -272,9 +276,10 @@ class EndOfRun:
     # -- sanitizer, final timing, peers -----------------------------------------------------
 
     def finish(self) -> list[KernelResult]:
-        """Sanitizer, final timing and peers for every kernel; returns the results in order."""
+        """Dispatch choice loop, sanitizer, final timing and peers for every kernel; returns the
+        results in order."""
         for k in self.kernels.values():
-            self._sanitize(k)
+            self._choose(k)
         self.ctl.drain(lambda: all(k.result is not None for k in self.kernels.values()))
         return [self.kernels[st.name].result for st in self.ctl.states]  # type: ignore[misc]
 
@@ -344,18 +349,19 @@ class EndOfRun:
                 if not k.member_final[other.variant.id].status.is_ok:
                     verdict = k.member_final[other.variant.id]
                     self._drop_member(k, other, f"final timing: {verdict.status.value} {verdict.message}")
-            self._choose(k)
+            self._peers(k, compose_evaluation(k.dispatch, k.member_final, k.st.search_shapes()))
 
         for item in members:
             self.ctl.submit(Job(k.st, item.variant, Stage.FINAL, item.params, partial(done, item)))
 
     def _choose(self, k: _Progress) -> None:
         """Which member runs on which search shape, settled by one loop of the members alone
-        (interleaved, no peers) apart from the loops that report them (search.dispatch);
-        then the peers' loops."""
+        (interleaved, no peers) apart from the loops that report them (search.dispatch),
+        first, so that a member it drops costs no sanitizer run or final timing; then the
+        sanitizer."""
         assert k.winner is not None and k.dispatch is not None
         if len(k.dispatch.members) == 1 or not self.ctl.config.evaluator.peers:
-            self._peers(k, compose_evaluation(k.dispatch, k.member_final, k.st.search_shapes()))
+            self._sanitize(k)
             return
         ours = {"best": (k.winner.variant.source, dict(k.winner.params))}
         for item in k.dispatch.members[1:]:
@@ -377,7 +383,7 @@ class EndOfRun:
                 k.choice_ms = {n: dict(t) for n, t in timed.items()}
             print(f"end {k.st.name}: choice loop " + ("done" if reply is not None else f"failed: {error}")
                   + f", {len(k.dispatch.members)} kernels dispatched", file=sys.stderr, flush=True)
-            self._peers(k, compose_evaluation(k.dispatch, k.member_final, k.st.search_shapes()))
+            self._sanitize(k)
 
         self.ctl.recorded_call(_call_key("choose", k, sorted(ours)), done, "time_peers", k.st.ref, k.st.dtype,
                                ShapeSet.SEARCH.value, ours, False, None, False,
