@@ -42,7 +42,7 @@ from kernels.spec import shape_label
 from search.selection import Scored
 
 MAX_MEMBERS = 3
-MIN_GAIN = 1.02  # a member joins when it raises the geomean of per-shape bests by 2% or more
+MIN_GAIN = 1.01  # a member joins when it raises the geomean of per-shape bests by 1% or more
 
 
 def _speedups(item: Scored, labels: Sequence[str]) -> dict[str, float] | None:
