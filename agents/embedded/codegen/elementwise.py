@@ -53,7 +53,7 @@ def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
                              f"* {em.cols};")
     exprs = [(f"out:{n}", e.value if space == "scatter" else e) for n, (space, e) in program.outputs.items()
              if space != "row"]
-    body = em.chunk_body(exprs, set(), set(), "cg_c", None)
+    body = em.chunk_body(exprs, "cg_c")
     # A per-row output is written once, by the chunk that holds the row's first column.
     row_stores = [f"{n}[cg_row] = {em.store_value(n, em.row_expr(e), em.kind(e))};" for n, e in per_row.items()]
     once = ["if (cg_c == 0) {", *("    " + x for x in row_stores), "}"] if row_stores else []

@@ -317,12 +317,9 @@ class Emitter:
             conds.append(f"cg_aligned({arg}, sizeof({self.c_type(arg)}) * VEC >= 16 ? 16 : sizeof({self.c_type(arg)}) * VEC)")
         return " && ".join(conds)
 
-    def chunk_body(self, exprs: list[tuple[str, object]], cached: set[int], fill: set[int],
-                   col0: str, slot: str | None) -> list[str]:
-        """Statements for one V-wide chunk at column ``col0``: loads (or register reads),
-        then per element either a reduction update (``("red:K", body)``) or an output store
-        (``("out:NAME", expr)``). Cached leaves in ``fill`` are loaded and kept in registers
-        (slot ``slot``); other cached leaves are read from there."""
+    def chunk_body(self, exprs: list[tuple[str, object]], col0: str) -> list[str]:
+        """Statements for one V-wide chunk at column ``col0``: its loads, then per element either
+        a reduction update (``("red:K", body)``) or an output store (``("out:NAME", expr)``)."""
         lines: list[str] = []
         leaf_text: dict[int, str] = {}
         needed = [n for _, e in exprs for n in walk([e]) if isinstance(n, Load) and not self.row_only(n)]
@@ -331,7 +328,7 @@ class Emitter:
             if leaf in by_value:
                 leaf_text[id(leaf)] = by_value[leaf]
                 continue
-            self._leaf_code(leaf, cached, fill, col0, slot, lines, leaf_text)
+            self._leaf_code(leaf, col0, lines, leaf_text)
             by_value[leaf] = leaf_text[id(leaf)]
         return self._element_loop(exprs, lines, leaf_text, col0)
 
@@ -369,6 +366,8 @@ class Emitter:
                 else:
                     i = self.full_leaves.index(leaf)
                     src = f"{leaf.arg} + cg_base{i} + cg_c"
+                    # A cached leaf is kept as loaded (its pack, converted at each use): 16-bit
+                    # inputs then take half the registers that fp32 copies took, for the same bits.
                     name = f"cg_cache{i}" if i in cached else f"cg_sp{i}"
                     if i not in cached:
                         decls.append(f"{pack} {name}[{count}];")
@@ -385,25 +384,16 @@ class Emitter:
                     *("        " + x for x in body), "    }", "}"]
         return out
 
-    def _leaf_code(self, leaf: Load, cached: set[int], fill: set[int], col0: str, slot: str | None,
-                   lines: list[str], leaf_text: dict[int, str]) -> None:
-        """Loads one leaf's V elements (or reads them from registers) and names element e."""
+    def _leaf_code(self, leaf: Load, col0: str, lines: list[str], leaf_text: dict[int, str]) -> None:
+        """Loads one leaf's V elements and names element e."""
+        pack = f"Pack<{self.c_type(leaf.arg)}, V>"
         if leaf.access == "col":
-            i = self.col_leaves().index(leaf)
-            lines.append(f"const Pack<{self.c_type(leaf.arg)}, V> cg_c{i} = *reinterpret_cast<const Pack<{self.c_type(leaf.arg)}, V>*>({leaf.arg} + {col0});")
-            leaf_text[id(leaf)] = self.convert_load(leaf.arg, f"cg_c{i}.v[e]")
-            return
-        i = self.full_leaves.index(leaf)
-        # A cached leaf is kept as loaded (its pack, converted at each use): 16-bit inputs then
-        # take half the registers that fp32 copies took, for the same bits.
-        if i in cached and slot is not None and i not in fill:
-            leaf_text[id(leaf)] = self.convert_load(leaf.arg, f"cg_cache{i}[{slot}].v[e]")
-            return
-        lines.append(f"const Pack<{self.c_type(leaf.arg)}, V> cg_p{i} = *reinterpret_cast<const Pack<{self.c_type(leaf.arg)}, V>*>({leaf.arg} + cg_base{i} + {col0});")
-        leaf_text[id(leaf)] = self.convert_load(leaf.arg, f"cg_p{i}.v[e]")
-        if i in cached and slot is not None:
-            lines.append(f"cg_cache{i}[{slot}] = cg_p{i};")
-            leaf_text[id(leaf)] = self.convert_load(leaf.arg, f"cg_cache{i}[{slot}].v[e]")
+            name, src = f"cg_c{self.col_leaves().index(leaf)}", f"{leaf.arg} + {col0}"
+        else:
+            i = self.full_leaves.index(leaf)
+            name, src = f"cg_p{i}", f"{leaf.arg} + cg_base{i} + {col0}"
+        lines.append(f"const {pack} {name} = *reinterpret_cast<const {pack}*>({src});")
+        leaf_text[id(leaf)] = self.convert_load(leaf.arg, f"{name}.v[e]")
 
     def _element_loop(self, exprs: list[tuple[str, object]], lines: list[str], leaf_text: dict[int, str],
                       col0: str) -> list[str]:

@@ -76,13 +76,13 @@ def _levels(program: Program, fused: Mapping[int, int] | None = None) -> list[li
 
 def _pass(em: Emitter, exprs: list[tuple[str, object]], cached: set[int], fill: set[int], unroll: str) -> list[str]:
     """One pass over the row: the first ITEMS vectors of each thread (kept in registers), then
-    the rest of the row, re-read ``unroll`` vectors at a time. Both parts issue their loads
-    first (the cache's fill and the columns' vectors, e.g. a weight, of all ITEMS vectors, then
-    the arithmetic): a load-then-fold loop under a guard per vector came out of ptxas as one
-    branch per vector, each waiting on its load before the next was issued (read in the SASS
-    of rows/block). More vectors re-read at a time cost registers, so occupancy, in every
-    launch. Each thread still takes its vectors in order, so a reduction's bits do not depend
-    on it."""
+    the rest of the row, re-read ``unroll`` vectors at a time. Both parts issue their row
+    loads first (the cache's fill of all ITEMS vectors, then the arithmetic; a weight's vectors
+    stay loaded at use, see :meth:`Emitter.staged_loops`): a load-then-fold loop under a guard
+    per vector came out of ptxas as one branch per vector, each waiting on its load before the
+    next was issued (read in the SASS of rows/block). More vectors re-read at a time cost
+    registers, so occupancy, in every launch. Each thread still takes its vectors in order, so
+    a reduction's bits do not depend on it."""
     first = "cg_lane + static_cast<long long>(cg_j) * cg_g"
     regs = em.staged_loops(exprs, "ITEMS", "cg_j", f"({first}) * V", f"cg_active && {first} < cg_nvec",
                            cached=cached, fill=fill)
