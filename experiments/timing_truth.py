@@ -50,14 +50,26 @@ from experiments.bench_library import exit_without_gpu
 DEFAULT_KERNELS = ("fused_add_rmsnorm", "merge_attn_states_lse", "silu_and_mul")
 
 
+def _inputs(ctx: Any, spec: Any, shape: dict[str, int], job: dict[str, Any]) -> Any:
+    """The input plan of every set-up here: the evaluator's two input sets (seeds 10,000 and
+    10,001), a fixed perturbation plan, as many launches as warm-ups and repetitions."""
+    import torch
+
+    from evaluators.context import torch_dtype
+    from evaluators.verify import RepInputs
+
+    sets = [spec.make_inputs(shape, torch_dtype(job["dtype"]), torch.Generator(device=ctx.device).manual_seed(k),
+                             "random", ctx.device) for k in (10_000, 10_001)]
+    launches = job["timing"]["warmup"] + job["timing"]["repetitions"]
+    return RepInputs(spec, sets, launches, torch.Generator(device=ctx.device).manual_seed(1))
+
+
 def _split_setup(ctx: Any, job: dict[str, Any]) -> dict[str, float]:
     """The former evaluator set-up: a working set per implementation, the comparison after
     every repetition; returns the baseline's median per shape label (ms)."""
-    import torch
-
-    from evaluators.context import tolerances, torch_dtype
+    from evaluators.context import tolerances
     from evaluators.timing import Timed, time_interleaved
-    from evaluators.verify import RepInputs, TimedOutputCheck
+    from evaluators.verify import TimedOutputCheck
     from kernels.spec import shape_label
 
     spec = ctx.spec(job["kernel_dir"])
@@ -66,9 +78,7 @@ def _split_setup(ctx: Any, job: dict[str, Any]) -> dict[str, float]:
     for shape in job["shapes"]:
         label = shape_label(shape)
         warmup, reps = job["timing"]["warmup"], job["timing"]["repetitions"]
-        sets = [spec.make_inputs(shape, torch_dtype(job["dtype"]), torch.Generator(device=ctx.device).manual_seed(k),
-                                 "random", ctx.device) for k in (10_000, 10_001)]
-        inputs = RepInputs(spec, sets, warmup + reps, torch.Generator(device=ctx.device).manual_seed(1))
+        inputs = _inputs(ctx, spec, shape, job)
         bufs = {name: inputs.buffer() for name in ("baseline", "candidate")}
         impls = [Timed(name, functools.partial(inputs.restore, buf),
                        functools.partial(base.launch, label, base.args(buf, shape))) for name, buf in bufs.items()]
@@ -93,9 +103,7 @@ def _direct_setup(ctx: Any, job: dict[str, Any], pad_cycles: int,
     call (``launch``) and per flush call (``flush``)."""
     import torch
 
-    from evaluators.context import torch_dtype
     from evaluators.timing import Timed, time_interleaved
-    from evaluators.verify import RepInputs
     from kernels.spec import shape_label
 
     spec = ctx.spec(job["kernel_dir"])
@@ -119,9 +127,7 @@ def _direct_setup(ctx: Any, job: dict[str, Any], pad_cycles: int,
     out = {}
     for shape in job["shapes"]:
         label = shape_label(shape)
-        sets = [spec.make_inputs(shape, torch_dtype(job["dtype"]), torch.Generator(device=ctx.device).manual_seed(k),
-                                 "random", ctx.device) for k in (10_000, 10_001)]
-        inputs = RepInputs(spec, sets, warmup + reps, torch.Generator(device=ctx.device).manual_seed(1))
+        inputs = _inputs(ctx, spec, shape, job)
         buf = inputs.buffer()
         impl = Timed("baseline", functools.partial(inputs.restore, buf),
                      functools.partial(timed_launch, functools.partial(base.launch, label, base.args(buf, shape))))

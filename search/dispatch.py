@@ -32,13 +32,13 @@ no member is picked on the times it is reported with.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kernels import dispatch_rule
 from kernels.spec import shape_label
+from kernels.verdict import geomean
 from search.selection import Scored
 
 MAX_MEMBERS = 3
@@ -51,10 +51,6 @@ def _speedups(item: Scored, labels: Sequence[str]) -> dict[str, float] | None:
     if not all(label in got and got[label] > 0 for label in labels):
         return None
     return {label: got[label] for label in labels}
-
-
-def _geomean(values: Sequence[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 @dataclass(frozen=True)
@@ -76,12 +72,12 @@ class Dispatch:
     @property
     def expected(self) -> float:
         """The geometric mean over the search shapes of each shape's member's speedup."""
-        return _geomean([self.speedups[i][label] for label, i in self.table.items()])
+        return geomean([self.speedups[i][label] for label, i in self.table.items()])
 
     @property
     def primary_alone(self) -> float:
         """The primary's own geometric mean on the same evidence."""
-        return _geomean([self.speedups[0][label] for label in self.table])
+        return geomean([self.speedups[0][label] for label in self.table])
 
     @property
     def primary(self) -> Scored:
@@ -98,10 +94,7 @@ class Dispatch:
         primary."""
         if index == 0:
             raise ValueError("the primary cannot be dropped from its dispatch")
-        members = self.members[:index] + self.members[index + 1:]
-        speedups = self.speedups[:index] + self.speedups[index + 1:]
-        table = {label: 0 if i == index else (i - 1 if i > index else i) for label, i in self.table.items()}
-        return Dispatch(members, table, self.shapes, speedups)
+        return self._kept({label: 0 if i == index else i for label, i in self.table.items()})
 
     def retimed(self, times: Sequence[Mapping[str, float] | None]) -> Dispatch:
         """The dispatch with each search shape given to the member fastest there in one
@@ -112,6 +105,11 @@ class Dispatch:
         for label, current in self.table.items():
             timed = [(t[label], i) for i, t in enumerate(times) if t is not None and label in t]
             table[label] = min(timed)[1] if timed else (current if times[current] is not None else 0)
+        return self._kept(table)
+
+    def _kept(self, table: Mapping[str, int]) -> Dispatch:
+        """The dispatch with ``table`` (indices into these members), the members it gives no
+        shape dropped (never the primary) and the rest renumbered in order."""
         used = sorted(set(table.values()) | {0})
         renumber = {old: new for new, old in enumerate(used)}
         return Dispatch(tuple(self.members[i] for i in used), {label: renumber[i] for label, i in table.items()},
@@ -156,10 +154,10 @@ def choose(primary: Scored, candidates: Sequence[Scored], shapes: Sequence[Mappi
     rows: list[dict[str, float]] = [own]
     pool = [(c, sp) for c in candidates if c.variant.id != primary.variant.id
             for sp in [_speedups(c, labels)] if sp is not None]
-    current = _geomean(list(own.values()))
+    current = geomean(list(own.values()))
     while len(members) < max_members and pool:
         def gain(entry: tuple[Scored, dict[str, float]]) -> float:
-            return _geomean([max(max(r[label] for r in rows), entry[1][label]) for label in labels])
+            return geomean([max(max(r[label] for r in rows), entry[1][label]) for label in labels])
 
         # Highest gain first; the archive's order (best alone first, then variant id) on ties.
         best_i = max(range(len(pool)), key=lambda i: (gain(pool[i]), -i))
@@ -172,11 +170,7 @@ def choose(primary: Scored, candidates: Sequence[Scored], shapes: Sequence[Mappi
         current = value
     table = {label: max(range(len(rows)), key=lambda i: (rows[i][label], -i)) for label in labels}
     # A member that ended up with no shape (a later one beat it everywhere it led) is dropped.
-    used = sorted(set(table.values()) | {0})
-    renumber = {old: new for new, old in enumerate(used)}
-    table = {label: renumber[i] for label, i in table.items()}
-    return Dispatch(tuple(members[i] for i in used), table, tuple(dict(s) for s in shapes),
-                    tuple(rows[i] for i in used))
+    return Dispatch(tuple(members), {}, base.shapes, tuple(rows))._kept(table)
 
 
 def describe(recorded: Mapping[str, Any] | None) -> str:

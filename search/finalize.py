@@ -363,9 +363,7 @@ class EndOfRun:
         if len(k.dispatch.members) == 1 or not self.ctl.config.evaluator.peers:
             self._sanitize(k)
             return
-        ours = {"best": (k.winner.variant.source, dict(k.winner.params))}
-        for item in k.dispatch.members[1:]:
-            ours[member_name(item)] = (item.variant.source, dict(item.params))
+        ours = _ours(k)
 
         def done(reply: dict[str, Any] | None, error: str) -> None:
             assert k.dispatch is not None
@@ -408,9 +406,7 @@ class EndOfRun:
         # interleaved loop as the peers, so that "vs baseline" and "vs peers" are ratios of
         # one loop's times; which member runs on which shape was fixed before (no member is
         # chosen on the times it is reported with).
-        ours = {"best": (k.winner.variant.source, dict(k.winner.params)), "baseline": (k.st.baseline.source, {})}
-        for item in k.dispatch.members[1:]:
-            ours[member_name(item)] = (item.variant.source, dict(item.params))
+        ours = {**_ours(k), "baseline": (k.st.baseline.source, {})}
         names = sorted(ours)
 
         def submit() -> None:
@@ -451,6 +447,14 @@ class EndOfRun:
               f"beside it" + (f", {members} kernels dispatched by shape" if members > 1 else "")
               + (f"; failed in the peers' loop: {result.peer_failures}" if result.peer_failures else ""),
               file=sys.stderr, flush=True)
+
+
+def _ours(k: _Progress) -> dict[str, tuple[str, dict[str, int]]]:
+    """Our kernels of the result for a loop: the winner as ``best``, each dispatch member by
+    :func:`member_name`."""
+    assert k.winner is not None and k.dispatch is not None
+    return {"best": (k.winner.variant.source, dict(k.winner.params)),
+            **{member_name(m): (m.variant.source, dict(m.params)) for m in k.dispatch.members[1:]}}
 
 
 def _call_key(what: str, k: _Progress, *more: Any, item: Scored | None = None) -> str:

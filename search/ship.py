@@ -38,7 +38,7 @@ from evaluators.admit import Artifact, admit
 from evaluators.compile import DEFAULT_ARCH, nvrtc_version, target_arch
 from kernels.folders import KernelRef
 from kernels.records import EvalRecord, Stage, atomic_write
-from kernels.spec import KernelSpec, KernelSpecError, load_kernel
+from kernels.spec import KernelSpec, KernelSpecError, load_kernel, shape_label
 from search.report import git_commit
 from search.ship_dims import DimsError, arg_infos, derive_dims, manifest_dims
 
@@ -86,6 +86,11 @@ class Winner:
     evidence: dict[str, Any]
     members: tuple[Member, ...] = ()
     dispatch: dict[str, Any] | None = None
+
+    @property
+    def own(self) -> Member:
+        """The winner's own kernel, as its members are given."""
+        return Member(self.source, self.params, self.variant_id, self.compile_key)
 
 
 def _read_json(path: Path) -> Any:
@@ -164,8 +169,6 @@ def _members(best: dict[str, Any]) -> tuple[tuple[Member, ...], dict[str, Any] |
     d = best.get("dispatch")
     if not d:
         return (), None
-    from kernels.spec import shape_label
-
     members = []
     for m in d["members"][1:]:
         params = {k: int(v) for k, v in m["params"].items()}
@@ -195,8 +198,8 @@ def collect(run_dirs: Sequence[Path]) -> list[Winner]:
 
 
 def _compile(w: Winner, arch: str, member: Member | None = None) -> Artifact:
-    source, params = (member.source, member.params) if member else (w.source, w.params)
-    outcome = admit(w.spec, source, w.dtype, params, arch=arch)
+    m = member or w.own
+    outcome = admit(w.spec, m.source, w.dtype, m.params, arch=arch)
     if not isinstance(outcome, Artifact):
         raise ShipError(f"{w.spec.name} ({w.dtype}) from {w.run_dir}: {outcome.status.value}: "
                         f"{' '.join(outcome.message.split())[:300]}")
@@ -260,40 +263,16 @@ def build(winners: Sequence[Winner], out: Path, name: str, arch: str | None = No
             manifest["skipped"][w.spec.name] = str(exc)
             print(f"skipped {w.spec.name}: {exc}", file=sys.stderr)
             continue
-        artifact = _compile(w, chosen)
-        if arch is None and w.compile_key and artifact.compile_key != w.compile_key:
-            raise ShipError(f"{w.spec.name} ({w.dtype}): the compile for {chosen} is not the binary the run "
-                            f"evaluated; pass --arch to ship a fresh compile anyway")
         stem = f"{w.spec.name}.{w.dtype}"
-        atomic_write(pkg / "cubins" / f"{stem}.cubin", artifact.cubin)
-        atomic_write(pkg / "sources" / f"{stem}.cu", w.source)
         entry = manifest["kernels"].setdefault(w.spec.name, _kernel_entry(w.spec, dims))
-        build_entry: dict[str, Any] = {
-            "cubin": f"cubins/{stem}.cubin", "source": f"sources/{stem}.cu", "params": artifact.params,
-            "variant_id": w.variant_id, "compile_key": artifact.compile_key,
-            "binary_as_evaluated": bool(w.compile_key) and artifact.compile_key == w.compile_key,
-            "cubin_sha256": hashlib.sha256(artifact.cubin).hexdigest(),
-            "registers": artifact.registers, "run_dir": str(w.run_dir.resolve()), "evidence": w.evidence,
-        }
+        build_entry = {**_ship_kernel(w, w.own, chosen, arch, pkg, stem),
+                       "run_dir": str(w.run_dir.resolve()), "evidence": w.evidence}
         entry["builds"][w.dtype] = build_entry
         if w.members and w.dispatch:
             # Kernels dispatched by shape beside the winner: member i's cubin is launched on
             # the shapes the table gives it (kernels/dispatch_rule.py, copied as _dispatch.py).
-            members: list[dict[str, Any]] = []
-            build_entry["members"] = members
-            for i, m in enumerate(w.members, 1):
-                art = _compile(w, chosen, m)
-                if arch is None and m.compile_key and art.compile_key != m.compile_key:
-                    raise ShipError(f"{w.spec.name} ({w.dtype}): the compile of dispatch member {m.variant_id} "
-                                    f"for {chosen} is not the binary the run evaluated; pass --arch to ship a "
-                                    f"fresh compile anyway")
-                atomic_write(pkg / "cubins" / f"{stem}.{i}.cubin", art.cubin)
-                atomic_write(pkg / "sources" / f"{stem}.{i}.cu", m.source)
-                members.append({
-                    "cubin": f"cubins/{stem}.{i}.cubin", "source": f"sources/{stem}.{i}.cu", "params": art.params,
-                    "variant_id": m.variant_id, "compile_key": art.compile_key,
-                    "binary_as_evaluated": bool(m.compile_key) and art.compile_key == m.compile_key,
-                    "cubin_sha256": hashlib.sha256(art.cubin).hexdigest(), "registers": art.registers})
+            build_entry["members"] = [_ship_kernel(w, m, chosen, arch, pkg, f"{stem}.{i}")
+                                      for i, m in enumerate(w.members, 1)]
             build_entry["dispatch"] = w.dispatch
     if not manifest["kernels"]:
         raise ShipError("no kernel could be shipped: " + "; ".join(manifest["skipped"].values()))
@@ -306,6 +285,26 @@ def build(winners: Sequence[Winner], out: Path, name: str, arch: str | None = No
     atomic_write(pkg / "README.md", readme(manifest))
     atomic_write(out / "pyproject.toml", _pyproject(name))
     return pkg
+
+
+def _ship_kernel(w: Winner, m: Member, chosen: str, arch: str | None, pkg: Path, stem: str) -> dict[str, Any]:
+    """Compiles one kernel of a winner for ``chosen``, writes its cubin and source as ``stem``
+    and returns its build entry.
+
+    Raises:
+        ShipError: without ``arch``, a compile that is not the binary the run evaluated.
+    """
+    artifact = _compile(w, chosen, m)
+    if arch is None and m.compile_key and artifact.compile_key != m.compile_key:
+        what = "" if m.variant_id == w.variant_id else f" of dispatch member {m.variant_id}"
+        raise ShipError(f"{w.spec.name} ({w.dtype}): the compile{what} for {chosen} is not the binary the run "
+                        f"evaluated; pass --arch to ship a fresh compile anyway")
+    atomic_write(pkg / "cubins" / f"{stem}.cubin", artifact.cubin)
+    atomic_write(pkg / "sources" / f"{stem}.cu", m.source)
+    return {"cubin": f"cubins/{stem}.cubin", "source": f"sources/{stem}.cu", "params": artifact.params,
+            "variant_id": m.variant_id, "compile_key": artifact.compile_key,
+            "binary_as_evaluated": bool(m.compile_key) and artifact.compile_key == m.compile_key,
+            "cubin_sha256": hashlib.sha256(artifact.cubin).hexdigest(), "registers": artifact.registers}
 
 
 def readme(manifest: dict[str, Any]) -> str:
