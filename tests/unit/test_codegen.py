@@ -579,10 +579,10 @@ def test_short_rows_share_a_block_only_while_the_grid_keeps_fill_blocks():
 
     ew = launch_of("kv_cache_write", "codegen:elementwise/rows", {"num_tokens": 1024, "hidden": 256, "num_slots": 9},
                    {"BLOCK": 512, "ITEMS": 1})
-    assert ew.block[:2] == (32, 4) and ew.grid[0] == 256
+    assert ew.block[:2] == (32, 4) and ew.grid[:2] == (1, 256)  # (column chunks, row groups)
     ew = launch_of("kv_cache_write", "codegen:elementwise/rows", {"num_tokens": 16, "hidden": 512, "num_slots": 9},
                    {"BLOCK": 512, "ITEMS": 1})
-    assert ew.block[:2] == (64, 1) and ew.grid[0] == 16
+    assert ew.block[:2] == (64, 1) and ew.grid[:2] == (1, 16)
     ew = launch_of("kv_cache_write", "codegen:elementwise/rows", {"num_tokens": 65536, "hidden": 256, "num_slots": 9},
                    {"BLOCK": 512, "ITEMS": 1})
     assert ew.block[:2] == (32, 16)  # many rows: as many to a block as BLOCK holds

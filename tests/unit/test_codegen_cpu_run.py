@@ -155,6 +155,24 @@ def test_rows_reread_in_groups_give_the_same_bits(tmp_path):
     assert got[0].keys() == got[1].keys()
     assert all(torch.equal(got[0][k].view(torch.uint8), got[1][k].view(torch.uint8)) for k in got[0])
 
+def test_rows_past_the_grids_y_limit_are_taken_in_turn(tmp_path):
+    """elementwise/rows puts row groups on grid.y, which stops at 65535: the blocks then take
+    the groups past it in turn. The same loop is run here with the cap lowered to 2 groups, on
+    more groups than that, scalar tails and vectors both."""
+    spec = load_kernel(UNSEEN / "bias_gelu")
+    source = next(s.source for s in generate(spec) if s.name == "codegen:elementwise/rows")
+    assert "65535))" in source.splitlines()[1]
+    capped = source.replace("65535))", "2))", 1)
+    shapes = [{"num_tokens": 37, "hidden": 40}, {"num_tokens": 9, "hidden": 1000}]
+    assert parse_launch_header(capped).resolve(shapes[0], {"BLOCK": 128, "ITEMS": 1}).grid[1] == 2
+    for shape in shapes:
+        spec.check_shape(shape)
+    for shape, (inputs, got) in zip(shapes, _run(spec, capped, "float16", {"BLOCK": 128, "ITEMS": 1}, shapes, tmp_path),
+                                    strict=True):
+        want = spec.reference({k: v.clone() for k, v in inputs.items()}, shape, spec.constants)
+        assert V.check_outputs(got, want, tolerances(spec, "float16"), spec.compare, str(shape)) is None
+
+
 def test_transposes_of_rows_off_vector_boundaries_on_both_sides(tmp_path):
     """A transpose whose spec allows any row length (the unseen one asks for multiples of 8):
     both sides of the generated transposes take their single-element paths, and the result
