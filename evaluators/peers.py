@@ -30,7 +30,7 @@ import functools
 import random
 import time
 import types
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -145,6 +145,12 @@ def peer_fns(spec: KernelSpec, modes: tuple[str, ...] = COMPILE_MODES, trials: i
     return fns
 
 
+def only_peers(peers: Mapping[str, Peer], names: Iterable[str]) -> dict[str, Peer]:
+    """The peers named, :data:`COMPILED` standing for every ``torch_compile[...]`` compilation."""
+    keep = set(names)
+    return {n: p for n, p in peers.items() if n in keep or (COMPILED in keep and n.startswith(COMPILED + "["))}
+
+
 def best_compiled(times: Mapping[str, Mapping[str, float]]) -> tuple[dict[str, float], dict[str, str]]:
     """Per shape label, the fastest compilation's median and its name, from the loop's times
     of every ``torch_compile[...]`` implementation."""
@@ -229,7 +235,8 @@ def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
     ``baseline`` ({cubin, launches}, our baseline's binary); ``graph_ours`` to time each of
     them a second time, as ``<name>@graph``, through a CUDA graph like the peers (what the
     launch mechanism alone changes); ``peers`` False to time our kernels alone;
-    ``compile_trials`` (default :data:`COMPILE_TRIALS`) compilations per torch.compile mode.
+    ``compile_trials`` (default :data:`COMPILE_TRIALS`) compilations per torch.compile mode;
+    ``only_peers`` (peer names, :data:`COMPILED` for every compilation) to time those peers alone.
 
     Returns:
         ``peers`` ({implementation: {shape label: median ms}}, ``torch_compile`` being the
@@ -247,6 +254,8 @@ def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
     ours = _load_ours(ctx, spec, job, shapes, failed)
     baseline = ctx.kernel(spec, job["baseline"], shapes) if job.get("kernels") else None
     peers = peer_fns(spec, trials=int(job.get("compile_trials", COMPILE_TRIALS))) if job.get("peers", True) else {}
+    if job.get("only_peers") is not None:  # a diagnosis: some peers alone
+        peers = only_peers(peers, job["only_peers"])
     times: dict[str, dict[str, float]] = {}
     spreads: dict[str, dict[str, float]] = {}
     errors: dict[str, str] = {}

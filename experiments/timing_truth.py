@@ -22,6 +22,10 @@ Per kernel, in one fresh sandbox process each:
   candidate on a working set each, the candidate compared with the baseline's outputs after
   every repetition.
 
+With ``--per-peer``, two more kinds of set-up split the loop with peers apart: ``copies``
+(the baseline beside three copies of its own binary, no peers) and ``only:<peer>`` (beside one
+peer alone). Every loop runs under an NVML sampler of the SM and memory clocks.
+
 It prints, per shape, the baseline's median in each set-up, the ratio of the evaluator's
 to the loop's (1.00 means one timing truth) and to the loop's with peers, and the L2
 persistence state the timing ran under. ``--out FILE.json`` keeps everything. A search run at c7d532f reported fused_add_rmsnorm
@@ -42,9 +46,11 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from experiments.bench_baselines import git_commit
 from experiments.bench_library import exit_without_gpu
 
 DEFAULT_KERNELS = ("fused_add_rmsnorm", "merge_attn_states_lse", "silu_and_mul")
@@ -150,7 +156,83 @@ def _flush_gpu_us(ctx: Any, reps: int = 20) -> float:
     return statistics.median(times)
 
 
-def probe_kernel(kernel: str, dtype: str, repetitions: int) -> dict[str, Any]:
+class Clocks:
+    """Samples the GPU's SM and memory clocks (MHz) from a thread while a set-up runs, through
+    NVML (pynvml, or the copy Ray ships); ``summary()`` gives each clock's median and range, or
+    why there are none. A latency-bound kernel's time follows the SM clock: a set-up that runs
+    at another clock is not timing the same machine."""
+
+    def __init__(self, index: int = 0, period_s: float = 0.002) -> None:
+        import threading
+
+        self.samples: list[tuple[int, int]] = []
+        self.error = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(index, period_s), daemon=True)
+
+    def _run(self, index: int, period_s: float) -> None:
+        try:
+            try:
+                import pynvml as nvml
+            except ImportError:
+                from ray._private.thirdparty import pynvml as nvml
+            nvml.nvmlInit()
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            while not self._stop.is_set():
+                self.samples.append((nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM),
+                                     nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM)))
+                self._stop.wait(period_s)
+        except Exception as exc:  # noqa: BLE001 (no NVML here: the times stand without clocks)
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def __enter__(self) -> Clocks:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict[str, Any]:
+        if not self.samples:
+            return {"error": self.error or "no samples"}
+        out: dict[str, Any] = {"samples": len(self.samples)}
+        for k, name in enumerate(("sm_mhz", "mem_mhz")):
+            v = [x[k] for x in self.samples]
+            out[name] = {"median": statistics.median(v), "min": min(v), "max": max(v)}
+        return out
+
+
+def _timed_loop(ctx: Any, job: dict[str, Any], clocks: dict[str, Any], name: str) -> dict[str, Any]:
+    """run_peers under a clock sampler; the clocks go to ``clocks[name]``."""
+    from evaluators.peers import run_peers
+
+    with Clocks(ctx.device.index or 0) as c:
+        reply = run_peers(ctx, job, lambda _: None)
+    clocks[name] = c.summary()
+    return reply
+
+
+def _diagnose(ctx: Any, spec: Any, base_job: dict[str, Any], part: dict[str, Any],
+              clocks: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Set-ups that split the loop with peers apart, the baseline's median per shape label
+    (ms) in each: ``copies`` (the baseline and three copies of its binary, no peers: more
+    implementations per repetition, no other code) and ``only:<peer>`` (the loop beside that
+    peer alone; ``only:torch_compile`` every compilation)."""
+    from evaluators.peers import COMPILED
+
+    out: dict[str, dict[str, float]] = {}
+    copies = _timed_loop(ctx, {**base_job, "kernels": {"baseline": part, **{f"copy{k}": part for k in (1, 2, 3)}},
+                               "peers": False}, clocks, "copies")
+    out["copies"] = copies["peers"].get("baseline", {})
+    for peer in (*spec.peers, COMPILED):
+        reply = _timed_loop(ctx, {**base_job, "kernels": {"baseline": part}, "peers": True, "only_peers": [peer]},
+                            clocks, f"only:{peer}")
+        out[f"only:{peer}"] = reply["peers"].get("baseline", {})
+    return out
+
+
+def probe_kernel(kernel: str, dtype: str, repetitions: int, per_peer: bool = False) -> dict[str, Any]:
     """The three set-ups for one kernel's baseline, each in a fresh context of this process."""
     import torch
 
@@ -174,15 +256,13 @@ def probe_kernel(kernel: str, dtype: str, repetitions: int) -> dict[str, Any]:
            "candidate": part, "baseline": part, "same_as_baseline": False, "seeds": [0], "timing": timing,
            "best_ms": {}, "time": True, "noise_floor": False}
     evaluated = run_evaluate(ctx, job, lambda _: None)
-    loop = run_peers(ctx, {"kernel_dir": str(spec.directory), "dtype": dtype, "shapes": job["shapes"],
-                           "warmup": 20, "repetitions": repetitions, "kernels": {"baseline": part},
-                           "baseline": part, "peers": False}, lambda _: None)
-    with_graph = run_peers(ctx, {"kernel_dir": str(spec.directory), "dtype": dtype, "shapes": job["shapes"],
-                                 "warmup": 20, "repetitions": repetitions, "kernels": {"baseline": part},
-                                 "baseline": part, "peers": False, "graph_ours": True}, lambda _: None)
-    with_peers = run_peers(ctx, {"kernel_dir": str(spec.directory), "dtype": dtype, "shapes": job["shapes"],
-                                 "warmup": 20, "repetitions": repetitions, "kernels": {"baseline": part},
-                                 "baseline": part, "peers": True}, lambda _: None)
+    loop_job = {"kernel_dir": str(spec.directory), "dtype": dtype, "shapes": job["shapes"], "warmup": 20,
+                "repetitions": repetitions, "kernels": {"baseline": part}, "baseline": part, "peers": False}
+    clocks: dict[str, Any] = {}
+    loop = _timed_loop(ctx, loop_job, clocks, "loop")
+    with_graph = run_peers(ctx, {**loop_job, "graph_ours": True}, lambda _: None)
+    with_peers = _timed_loop(ctx, {**loop_job, "peers": True}, clocks, "loop_peers")
+    diagnosis = _diagnose(ctx, spec, loop_job, part, clocks) if per_peer else {}
     l2_after_peers = l2_persistence(torch.cuda.current_stream().cuda_stream, clear=False)
     # The set-ups below run after the peers' compilations: a time that drops now and not
     # before is something the peers left behind in the process, not the loop's doing.
@@ -205,7 +285,8 @@ def probe_kernel(kernel: str, dtype: str, repetitions: int) -> dict[str, Any]:
                      "split_ms": split.get(label), "direct_ms": direct.get(label), "padded_ms": padded.get(label),
                      "evaluator_over_loop": ev / lp if lp else None,
                      "evaluator_over_loop_peers": ev / lpp if lpp else None,
-                     "peers_ms": {name: t.get(label) for name, t in with_peers["peers"].items() if name != "baseline"}})
+                     "peers_ms": {name: t.get(label) for name, t in with_peers["peers"].items() if name != "baseline"},
+                     "diagnosis_ms": {name: t.get(label) for name, t in diagnosis.items()}})
     return {"kernel": kernel, "dtype": dtype, "gpu": torch.cuda.get_device_name(0), "rows": rows,
             "l2_persistence": l2_persistence(torch.cuda.current_stream().cuda_stream),
             "l2_persistence_after_peers": l2_after_peers, "direct_error": direct_error,
@@ -214,7 +295,7 @@ def probe_kernel(kernel: str, dtype: str, repetitions: int) -> dict[str, Any]:
             # inside the window.
             "host_us": {k: (statistics.median(v) * 1e6, statistics.quantiles(v, n=10)[-1] * 1e6)
                         for k, v in host.items() if len(v) > 1},
-            "flush_gpu_us": _flush_gpu_us(ctx),
+            "flush_gpu_us": _flush_gpu_us(ctx), "clocks": clocks,
             "loop_failed": {**loop.get("failed", {}), **with_graph.get("failed", {}), **with_peers.get("failed", {})},
             "peer_errors": with_peers.get("errors", {})}
 
@@ -237,6 +318,16 @@ def _print(result: dict[str, Any]) -> None:
               f"{us(r['loop_graph_replayed_ms']):>10}{us(r['loop_peers_ms']):>11}"
               f"{us(r['split_ms']):>10}{us(r['direct_ms']):>11}{us(r['padded_ms']):>11}"
               f"{ratio(r['evaluator_over_loop']):>11}{ratio(r['evaluator_over_loop_peers']):>13}")
+    for name, c in result.get("clocks", {}).items():
+        print(f"  clocks during {name}: " + (c["error"] if "error" in c else
+              f"SM {c['sm_mhz']['median']} MHz [{c['sm_mhz']['min']}-{c['sm_mhz']['max']}], "
+              f"memory {c['mem_mhz']['median']} MHz [{c['mem_mhz']['min']}-{c['mem_mhz']['max']}]"))
+    setups = sorted({k for r in result["rows"] for k in r.get("diagnosis_ms", {})})
+    if setups:
+        print(f"  {'shape':<24}" + "".join(f"{k:>24}" for k in setups) + "   (baseline us)")
+        for r in result["rows"]:
+            d = r["diagnosis_ms"]
+            print(f"  {r['shape']:<24}" + "".join(f"{'-' if d.get(k) is None else f'{d[k] * 1e3:.2f}':>24}" for k in setups))
     if result["loop_failed"]:
         print(f"  !! failed in the loop: {result['loop_failed']}")
 
@@ -247,17 +338,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float16")
     p.add_argument("--repetitions", type=int, default=100)
     p.add_argument("--out", type=Path, help="write the results as JSON here")
+    p.add_argument("--per-peer", action="store_true",
+                   help="also time the baseline beside three copies of itself and beside each peer alone")
     args = p.parse_args(argv)
     missing = exit_without_gpu("experiments.timing_truth")
     if missing is not None:
         return missing
     results = []
     for kernel in args.kernel or DEFAULT_KERNELS:
-        result = probe_kernel(kernel, args.dtype, args.repetitions)
+        result = probe_kernel(kernel, args.dtype, args.repetitions, args.per_peer)
         _print(result)
         results.append(result)
     if args.out:
-        args.out.write_text(json.dumps(results, indent=2, default=str))
+        args.out.write_text(json.dumps({"command": "python -m experiments.timing_truth " + " ".join(argv or sys.argv[1:]),
+                                        "git_commit": git_commit(), "gpu": results[0]["gpu"] if results else "",
+                                        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+                                        "results": results}, indent=1, default=str))
     return 0
 
 

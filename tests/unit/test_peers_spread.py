@@ -7,7 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from evaluators.peers import COMPILE_MODES, best_compiled, compile_name, peer_fns
+from evaluators.peers import (
+    COMPILE_MODES,
+    COMPILED,
+    best_compiled,
+    compile_name,
+    only_peers,
+    peer_fns,
+)
 from evaluators.timing import l2_finding
 from kernels.peer import Peer, as_peer, call_once
 from kernels.spec import list_kernels, load_kernel
@@ -181,3 +188,14 @@ def test_l2_persistence_is_flagged_unless_both_are_zero() -> None:
     # A carve-out the process found and cleared before timing is on record, not a finding.
     assert l2_finding({"persisting_l2_bytes": 0, "access_policy_window_bytes": 0,
                        "persisting_l2_bytes_found": 11796480}) is None
+
+
+def test_only_peers_keeps_the_named_peers_and_every_compilation_by_one_name() -> None:
+    spec = load_kernel("merge_attn_states_lse")
+    peers = peer_fns(spec)
+    eager = only_peers(peers, ["torch_eager"])
+    assert list(eager) == ["torch_eager"]
+    compiled = only_peers(peers, [COMPILED])
+    assert compiled and all(n.startswith(COMPILED + "[") for n in compiled)
+    assert set(compiled) == {n for n in peers if n.startswith(COMPILED + "[")}
+    assert only_peers(peers, ["no_such_peer"]) == {}
