@@ -105,7 +105,7 @@ def run(repetitions: int) -> dict[str, Any]:
         else:
             torch.cuda._sleep(sleep_cycles)
 
-    times: dict[str, dict[str, list[float]]] = {n: {"flushed": [], "warm": []} for n in kernels}
+    times: dict[str, dict[str, list[tuple[Any, Any]]]] = {n: {"flushed": [], "warm": []} for n in kernels}
     ext = cupy.cuda.ExternalStream(stream.cuda_stream)
     with ext:
         for rep in range(repetitions + 10):
@@ -122,8 +122,8 @@ def run(repetitions: int) -> dict[str, Any]:
     stream.synchronize()
     rows = []
     for name, (p, d) in _kernels().items():
-        f = statistics.median(s.elapsed_time(e) for s, e in times[name]["flushed"]) * 1e3
-        w = statistics.median(s.elapsed_time(e) for s, e in times[name]["warm"]) * 1e3
+        f = statistics.median(a.elapsed_time(b) for a, b in times[name]["flushed"]) * 1e3
+        w = statistics.median(a.elapsed_time(b) for a, b in times[name]["warm"]) * 1e3
         rows.append({"kernel": name, "exec_instructions": p, "dead_instructions": d,
                      "flushed_us": f, "warm_us": w, "flushed_minus_warm_us": f - w})
     return {"gpu": torch.cuda.get_device_name(0), "flush_gpu_us": flush_us, "sleep_cycles": sleep_cycles,
