@@ -158,7 +158,7 @@ def _flush_gpu_us(ctx: Any, reps: int = 20) -> float:
 
 class Clocks:
     """Samples the GPU's SM and memory clocks (MHz) from a thread while a set-up runs, through
-    NVML (pynvml, or the copy Ray ships); ``summary()`` gives each clock's median and range, or
+    NVML; ``summary()`` gives each clock's median and range, or
     why there are none. A latency-bound kernel's time follows the SM clock: a set-up that runs
     at another clock is not timing the same machine."""
 
@@ -172,10 +172,9 @@ class Clocks:
 
     def _run(self, index: int, period_s: float) -> None:
         try:
-            try:
-                import pynvml as nvml
-            except ImportError:
-                from ray._private.thirdparty import pynvml as nvml
+            # NVML through the copy Ray ships (Ray is a dependency; the GPU machine's bundle
+            # has no nvidia-ml-py of its own).
+            from ray._private.thirdparty import pynvml as nvml
             nvml.nvmlInit()
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             while not self._stop.is_set():
