@@ -547,7 +547,7 @@ def test_rows_cluster_splits_a_row_when_rows_are_few_or_a_row_outgrows_a_block()
     assert cfg(4096, 16384) == (4096 // 1, (512, 1))  # fits one block: one row per block
     assert cfg(65536, 128) == (65536 // 8, (32, 8))  # short rows, 8 to a block
     assert cfg(1000, 128)[0] % 8 == 0  # whole clusters
-    assert "cg_split = (static_cast<long long>(num_tokens)) < SPLIT || cg_cols > 4096LL * ITEMS;" in source
+    assert "cg_split = (static_cast<cg_idx>(num_tokens)) < SPLIT || cg_cols > 4096LL * ITEMS;" in source
 
 
 def test_rows_block_gives_short_rows_fewer_than_32_threads_and_reduces_inside_them():

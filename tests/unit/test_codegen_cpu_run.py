@@ -173,6 +173,31 @@ def test_rows_past_the_grids_y_limit_are_taken_in_turn(tmp_path):
         assert V.check_outputs(got, want, tolerances(spec, "float16"), spec.compare, str(shape)) is None
 
 
+@pytest.mark.parametrize("folder", ["bias_gelu", "logits_mask_fill", "embedding_gather"])
+def test_the_32_bit_and_64_bit_copies_write_the_same_bits(folder, tmp_path):
+    """elementwise/rows runs a 32-bit copy when every index fits (every shape here) and the
+    64-bit one past that (held-out shapes of 2^31 elements, GPU only); with the bound set to 0
+    the 64-bit copy runs here too. A gather reads its row from memory: no 32-bit copy."""
+    from agents.embedded.codegen.elementwise import INT32_LIMIT
+
+    spec = load_kernel(UNSEEN / folder)
+    source = next(s.source for s in generate(spec) if s.name == "codegen:elementwise/rows")
+    limit = f"< {INT32_LIMIT}LL"
+    if folder == "embedding_gather":
+        assert limit not in source and "cg_run<VEC, int>" not in source
+        return
+    assert limit in source and "cg_run<VEC, int>" in source and "cg_run<1, long long>" in source
+    shapes = SHAPES[folder]
+    narrow = _run(spec, source, "float16", {}, shapes, tmp_path / "narrow")
+    wide = _run(spec, source.replace(limit, "< 0LL"), "float16", {}, shapes, tmp_path / "wide")
+    for (_, a), (_, b) in zip(narrow, wide, strict=True):
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) for k in a)
+    for shape, (inputs, got) in zip(shapes, wide, strict=True):
+        want = spec.reference({k: v.clone() for k, v in inputs.items()}, shape, spec.constants)
+        assert V.check_outputs(got, want, tolerances(spec, "float16"), spec.compare, str(shape)) is None
+
+
 def test_transposes_of_rows_off_vector_boundaries_on_both_sides(tmp_path):
     """A transpose whose spec allows any row length (the unseen one asks for multiples of 8):
     both sides of the generated transposes take their single-element paths, and the result

@@ -14,6 +14,11 @@ NEG_INF = "__int_as_float(0xff800000)"
 PRELUDE = """\
 constexpr int VEC = 16 / sizeof(scalar_t);
 
+// The type of element indices and sizes. A schedule that proves at launch that every index
+// fits 32 bits runs a copy of its code with int instead (a template parameter of that name
+// hides this one): 64-bit index arithmetic took ~10% of a short elementwise thread.
+typedef long long cg_idx;
+
 // V elements of T, aligned for one (or, past 16 bytes, several) wide loads.
 template <typename T, int V>
 struct alignas(sizeof(T) * V >= 16 ? 16 : sizeof(T) * V) Pack {

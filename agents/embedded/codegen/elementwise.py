@@ -44,12 +44,12 @@ def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
         rows_launch, cols_launch = program.rows, program.cols
     bases = em.leaf_bases("cg_row")
     bases = em.take_row_lines() + bases  # a gathered row's index is a row value: defined first
-    # A scattered output's row is its index (a row value, a long long; negative counts from the end).
+    # A scattered output's row is its index (a row value; negative counts from the end).
     scatter_bases = []
     for n, sc in scattered.items():
         index = em.row_expr(sc.index)
         em.out_base[n] = f"cg_obase_{n}"
-        scatter_bases.append(f"const long long cg_obase_{n} = ({index} < 0 ? {index} + {c_size(sc.rows)} : {index}) "
+        scatter_bases.append(f"const cg_idx cg_obase_{n} = ({index} < 0 ? {index} + {c_size(sc.rows)} : {index}) "
                              f"* {em.cols};")
     exprs = [(f"out:{n}", e.value if space == "scatter" else e) for n, (space, e) in program.outputs.items()
              if space != "row"]
@@ -58,37 +58,37 @@ def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
     row_stores = [f"{n}[cg_row] = {em.store_value(n, em.row_expr(e), em.kind(e))};" for n, e in per_row.items()]
     once = ["if (cg_c == 0) {", *("    " + x for x in row_stores), "}"] if row_stores else []
     body += once
-    chunk = "cg_begin + (static_cast<long long>(cg_j) * blockDim.x + threadIdx.x) * V"
+    chunk = "cg_begin + (static_cast<cg_idx>(cg_j) * blockDim.x + threadIdx.x) * V"
     staged = em.staged_loops(exprs, "CG_N", "cg_j", chunk, "cg_c < cg_vend", once)
     row_defs = em.take_row_lines() + scatter_bases  # every row value the bodies above use
-    row_lines = ["const long long cg_obase = cg_row * " + em.cols + ";", *bases, *row_defs]
+    row_lines = ["const cg_idx cg_obase = cg_row * " + em.cols + ";", *bases, *row_defs]
     args = entry_args(spec)
     text = [
         PRELUDE,
         "// One V-wide chunk of one row at column cg_c; used with V = 1, for data off vector boundaries",
         "// and for the tail past the last whole vector.",
-        f"template <int V>\n__device__ __forceinline__ void cg_chunk_at({entry_params(spec)}, long long cg_row, long long cg_c) {{",
+        f"template <int V, typename cg_idx>\n__device__ __forceinline__ void cg_chunk_at({entry_params(spec)}, cg_idx cg_row, cg_idx cg_c) {{",
         *("    " + b for b in row_lines),
         *("    " + b for b in body),
         "}",
         "",
-        f"template <int V>\n__device__ __forceinline__ void cg_run({entry_params(spec)}) {{",
-        f"    const long long cg_cols = {em.cols};",
+        f"template <int V, typename cg_idx>\n__device__ __forceinline__ void cg_run({entry_params(spec)}) {{",
+        f"    const cg_idx cg_cols = {em.cols};",
         "    // A 2-D grid: blockIdx.x is the column chunk, blockIdx.y the group of blockDim.y rows, so",
         "    // no thread divides to find its place (two divisions were a third of the instructions",
         "    // of a thread with one vector). More row groups than grid.y allows (65535) are taken in",
         "    // turn by the same blocks.",
-        "    const long long cg_size = static_cast<long long>(blockDim.x) * 8 * ITEMS;",
-        "    const long long cg_begin = static_cast<long long>(blockIdx.x) * cg_size;",
-        "    const long long cg_end = min(cg_cols, cg_begin + cg_size);",
-        "    const long long cg_vend = cg_begin + (cg_end - cg_begin) / V * V;",
-        f"    for (long long cg_row = static_cast<long long>(blockIdx.y) * blockDim.y + threadIdx.y; cg_row < {c_size(rows_launch)};",
-        "         cg_row += static_cast<long long>(gridDim.y) * blockDim.y) {",
+        "    const cg_idx cg_size = static_cast<cg_idx>(blockDim.x) * 8 * ITEMS;",
+        "    const cg_idx cg_begin = static_cast<cg_idx>(blockIdx.x) * cg_size;",
+        "    const cg_idx cg_end = min(cg_cols, cg_begin + cg_size);",
+        "    const cg_idx cg_vend = cg_begin + (cg_end - cg_begin) / V * V;",
+        f"    for (cg_idx cg_row = static_cast<cg_idx>(blockIdx.y) * blockDim.y + threadIdx.y; cg_row < {c_size(rows_launch)};",
+        "         cg_row += static_cast<cg_idx>(gridDim.y) * blockDim.y) {",
         "        if constexpr (V == 1) {",
         "            // Data off vector boundaries: one element at a time. Staged, single elements would take",
         "            // 8 * ITEMS registers per input, and a kernel is given the registers of its larger path.",
-        "            for (long long cg_c = cg_begin + threadIdx.x; cg_c < cg_end; cg_c += blockDim.x) {",
-        f"                cg_chunk_at<1>({args}, cg_row, cg_c);",
+        "            for (cg_idx cg_c = cg_begin + threadIdx.x; cg_c < cg_end; cg_c += blockDim.x) {",
+        f"                cg_chunk_at<1, cg_idx>({args}, cg_row, cg_c);",
         "            }",
         "        } else {",
         *("            " + b for b in row_lines),
@@ -98,8 +98,8 @@ def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
         "            constexpr int CG_N = (8 * ITEMS + V - 1) / V;",
         *("            " + x for x in staged),
         "            // What is left past the last whole vector, one element at a time.",
-        "            for (long long cg_c = cg_vend + threadIdx.x; cg_c < cg_end; cg_c += blockDim.x) {",
-        f"                cg_chunk_at<1>({args}, cg_row, cg_c);",
+        "            for (cg_idx cg_c = cg_vend + threadIdx.x; cg_c < cg_end; cg_c += blockDim.x) {",
+        f"                cg_chunk_at<1, cg_idx>({args}, cg_row, cg_c);",
         "            }",
         "        }",
         "    }",
@@ -114,6 +114,29 @@ def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
     tune = {"BLOCK": (256, 128, 512), "ITEMS": (2, 1, 4)}
     name = "elementwise/flat" if flat else "elementwise/rows"
     head = header(grid, f"({tx}, {ry})", tune, f"{name}: 16-byte vectors with a scalar tail, fp32 math", spec)
-    call = "cg_run<{v}>(" + args + ")"
+    call = _call(em, args, rows_launch, cols_launch, bool(scattered))
     vectors = em.vector_ok([n for n in outputs if n not in per_row])
     return Schedule("codegen:" + name, head + "\n".join(text) + "\n" + entry(spec, "BLOCK", vectors, call))
+
+
+# Every index of the 32-bit copy stays below this: the row loop's and the last chunk's
+# overshoot past the data (up to 65535 * 1024 rows, BLOCK * 8 * ITEMS columns) must not wrap.
+INT32_LIMIT = 2**31 - 2**27
+
+
+def _call(em: Emitter, args: str, rows: str, cols: str, scattered: bool) -> str:
+    """The entry's call of cg_run: the 32-bit copy when every tensor's last element sits below
+    INT32_LIMIT (decided at launch from the sizes), else the 64-bit one. A gathered or scattered
+    row is an index read from memory, with no size to bound it by: those programs are 64-bit."""
+    if scattered or any(leaf.access == "gather" for leaf in em.full_leaves):
+        return "cg_run<{v}, long long>(" + args + ")"
+    wide = [f"{c_size(rows, 'long long')} * {c_size(cols, 'long long')}"]  # outputs, row-major
+    for leaf in em.full_leaves:
+        stride = c_size(cols, "long long") if leaf.row_stride == "C" else c_size(leaf.row_stride, "long long")
+        wide.append(f"{c_size(rows, 'long long')} * {stride} + {c_size(leaf.offset, 'long long')} + "
+                    f"{c_size(cols, 'long long')}")
+    fits = " && ".join(f"{w} < {INT32_LIMIT}LL" for w in dict.fromkeys(wide))
+    # The scalar path (data off vector boundaries) stays 64-bit: a fourth copy of the code for a
+    # rare path (the constant condition drops it at compile time).
+    return f"if ({{v}} != 1 && {fits}) cg_run<{{v}}, int>({args}); else cg_run<{{v}}, long long>({args})"
+

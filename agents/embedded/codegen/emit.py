@@ -53,10 +53,10 @@ class Schedule:
 FILL_BLOCKS = 264
 
 
-def c_size(expr: str) -> str:
-    """A launch-style size expression (``2 * d``) as 64-bit C."""
-    terms = [f"{t}LL" if t.isdigit() else f"static_cast<long long>({t})" for t in expr.split(" * ")]
-    return "(" + " * ".join(terms) + ")"
+def c_size(expr: str, index: str = "cg_idx") -> str:
+    """A launch-style size expression (``2 * d``) as C of the index type (``cg_idx``: 64-bit
+    unless a schedule runs a 32-bit copy; ``index="long long"`` for a bound that must not wrap)."""
+    return "(" + " * ".join(f"static_cast<{index}>({t})" for t in expr.split(" * ")) + ")"
 
 
 def _float_literal(x: float) -> str:
@@ -142,15 +142,15 @@ class Emitter:
         return f"cg_base{i}"
 
     def leaf_bases(self, row: str) -> list[str]:
-        """Per full leaf, its row's first element (64-bit)."""
+        """Per full leaf, its row's first element (of the index type)."""
         out = []
         for i, leaf in enumerate(self.full_leaves):
             stride = self.cols if leaf.row_stride == "C" else c_size(leaf.row_stride)
             if leaf.access == "gather":
                 idx = self.row_expr(leaf.index)
-                out.append(f"const long long cg_base{i} = static_cast<long long>({idx}) * {stride};")
+                out.append(f"const cg_idx cg_base{i} = static_cast<cg_idx>({idx}) * {stride};")
             else:
-                out.append(f"const long long cg_base{i} = {row} * {stride} + {c_size(leaf.offset)};")
+                out.append(f"const cg_idx cg_base{i} = {row} * {stride} + {c_size(leaf.offset)};")
         return out
 
     # ---- row values
@@ -173,7 +173,7 @@ class Emitter:
         elif isinstance(node, AtColumn):
             col = self.row_expr(node.column)
             name = self.fresh() + "_col"
-            self.row_lines.append(f"const long long {name} = static_cast<long long>({col});")
+            self.row_lines.append(f"const cg_idx {name} = static_cast<cg_idx>({col});")
             text = self.scalar_expr(node.body, name)
         else:
             assert isinstance(node, Op)
@@ -380,7 +380,7 @@ class Emitter:
         out = decls
         for body in ([loads] if loads else []) + [work]:
             out += ["#pragma unroll", f"for (int {slot} = 0; {slot} < {count}; ++{slot}) {{",
-                    f"    const long long cg_c = {col};", f"    if ({guard}) {{",
+                    f"    const cg_idx cg_c = {col};", f"    if ({guard}) {{",
                     *("        " + x for x in body), "    }", "}"]
         return out
 
