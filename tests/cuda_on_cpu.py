@@ -77,6 +77,8 @@ static inline T __shfl_xor_sync(unsigned, T v, int mask) {
 }
 template <typename T> static inline void __stwb(T* p, T v) { *p = v; }
 template <typename T> static inline T __ldg(const T* p) { return *p; }
+template <typename T> static inline T __ldcs(const T* p) { return *p; }
+template <typename T> static inline void __stcs(T* p, T v) { *p = v; }
 static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 static inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }

@@ -137,7 +137,7 @@ def _gated(spec: KernelSpec, layout: str) -> str:
     if layout == "tiles":
         # 8 = the vector width of 2-byte types; wider types only change how many tiles a row has
         # in the vector path, which the kernel recomputes itself, and the scalar path strides.
-        grid = f"({rows} * cdiv({d}, BLOCK * 8 * ITEMS),)"
+        grid = f"(cdiv({d}, BLOCK * 8 * ITEMS), min({rows}, 65535))"
         tune = {"BLOCK": (128, 256, 512), "ITEMS": (2, 1, 4), "HINT": (0, 1)}
         return _fill("gated_tiles.cu", spec, grid, "(BLOCK,)", "BLOCK", tune, call, common=common)
     tune = {"BLOCK": (256, 128, 512, 1024), "ITEMS": (2, 1, 4), "HINT": (0, 1)}

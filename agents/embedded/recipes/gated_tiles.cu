@@ -1,9 +1,9 @@
 // ${kernel}: out[t, i] = act(x[t, i]) * x[t, d + i], act computed in fp32 and rounded once.
-// Recipe gated_act/tiles: each block owns one tile of BLOCK * ITEMS 16-byte vectors of one
-// row, so a thread finds its row with one 32-bit division per block instead of a 64-bit
-// division per vector, and there is no loop: the grid is rows x tiles per row, in row order.
-// Every thread issues all its gate and up loads before the first store. A scalar path covers
-// d that is not a multiple of the vector width and pointers that are not 16-byte aligned.
+// Recipe gated_act/tiles: each block owns one tile of BLOCK * ITEMS 16-byte vectors of a row:
+// the tile is blockIdx.x, the row blockIdx.y (a 2-D grid, so no thread divides to find its
+// place; rows past grid.y's 65535 are taken in turn by the same blocks). Every thread issues
+// all its gate and up loads before the first store. A scalar path covers d that is not a
+// multiple of the vector width and pointers that are not 16-byte aligned.
 ${header}
 ${guards}
 ${common}
@@ -13,32 +13,33 @@ __device__ __forceinline__ void gated_tiles(scalar_t* __restrict__ out, const sc
     // The grid counts tiles of 8-element vectors (2-byte types); other types take the scalar path.
     if (VEC == 8 && d % VEC == 0 && (addr & 15) == 0) {
         const int per_row = d / VEC;
-        const int tiles = (per_row + BLOCK * ITEMS - 1) / (BLOCK * ITEMS);
-        const int row = blockIdx.x / tiles;
-        const int first = (blockIdx.x - row * tiles) * BLOCK * ITEMS + threadIdx.x;
-        const uint4* g16 = reinterpret_cast<const uint4*>(x + static_cast<long long>(row) * 2 * d);
-        const uint4* u16 = g16 + per_row;
-        uint4* o16 = reinterpret_cast<uint4*>(out + static_cast<long long>(row) * d);
-        uint4 g[ITEMS], u[ITEMS];
+        const int first = blockIdx.x * BLOCK * ITEMS + threadIdx.x;
+        for (int row = blockIdx.y; row < rows; row += gridDim.y) {
+            const uint4* g16 = reinterpret_cast<const uint4*>(x + static_cast<long long>(row) * 2 * d);
+            const uint4* u16 = g16 + per_row;
+            uint4* o16 = reinterpret_cast<uint4*>(out + static_cast<long long>(row) * d);
+            uint4 g[ITEMS], u[ITEMS];
 #pragma unroll
-        for (int k = 0; k < ITEMS; ++k) {
-            if (first + k * BLOCK < per_row) {
-                g[k] = load16(g16 + first + k * BLOCK);
-                u[k] = load16(u16 + first + k * BLOCK);
+            for (int k = 0; k < ITEMS; ++k) {
+                if (first + k * BLOCK < per_row) {
+                    g[k] = load16(g16 + first + k * BLOCK);
+                    u[k] = load16(u16 + first + k * BLOCK);
+                }
             }
-        }
 #pragma unroll
-        for (int k = 0; k < ITEMS; ++k) {
-            if (first + k * BLOCK < per_row) {
-                store16(o16 + first + k * BLOCK, gate_times_up(g[k], u[k]));
+            for (int k = 0; k < ITEMS; ++k) {
+                if (first + k * BLOCK < per_row) {
+                    store16(o16 + first + k * BLOCK, gate_times_up(g[k], u[k]));
+                }
             }
         }
         return;
     }
-    // Scalar path: the same grid, read as a flat range of BLOCK * ITEMS * VEC elements per block.
+    // Scalar path: the same blocks, read as a flat range (block (x, y) is block y * grid.x + x).
     const long long total = static_cast<long long>(rows) * d;
-    const long long step = static_cast<long long>(gridDim.x) * BLOCK;
-    for (long long i = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x; i < total; i += step) {
+    const long long step = static_cast<long long>(gridDim.x) * gridDim.y * BLOCK;
+    const long long block = static_cast<long long>(blockIdx.y) * gridDim.x + blockIdx.x;
+    for (long long i = block * BLOCK + threadIdx.x; i < total; i += step) {
         const long long r = i / d;
         const long long c = i - r * d;
         const float g = static_cast<float>(x[r * 2 * d + c]);
