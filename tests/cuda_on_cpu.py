@@ -44,6 +44,8 @@ SHIM = r"""
 #define __host__
 #undef __forceinline__
 #define __forceinline__ inline
+#undef __noinline__
+#define __noinline__ __attribute__((noinline))
 #undef __launch_bounds__
 #define __launch_bounds__(...)
 #undef __shared__

@@ -116,7 +116,17 @@ def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
     head = header(grid, f"({tx}, {ry})", tune, f"{name}: 16-byte vectors with a scalar tail, fp32 math", spec)
     call = _call(em, args, rows_launch, cols_launch, bool(scattered))
     vectors = em.vector_ok([n for n in outputs if n not in per_row])
-    return Schedule("codegen:" + name, head + "\n".join(text) + "\n" + entry(spec, "BLOCK", vectors, call))
+    # The scalar path (data off vector boundaries, rare) out of line, so that the vector path's
+    # code follows the entry instead of sitting behind it (the compiler laid the scalar path
+    # first, whichever way the condition was written).
+    scalar = [
+        "",
+        f"__device__ __noinline__ void cg_run_scalar({entry_params(spec)}) {{",
+        f"    cg_run<1, long long>({args});",
+        "}",
+    ]
+    return Schedule("codegen:" + name, head + "\n".join(text + scalar) + "\n"
+                    + entry(spec, "BLOCK", vectors, call, scalar_call=f"cg_run_scalar({args})"))
 
 
 # Every index of the 32-bit copy stays below this: the row loop's and the last chunk's
@@ -136,7 +146,5 @@ def _call(em: Emitter, args: str, rows: str, cols: str, scattered: bool) -> str:
         wide.append(f"{c_size(rows, 'long long')} * {stride} + {c_size(leaf.offset, 'long long')} + "
                     f"{c_size(cols, 'long long')}")
     fits = " && ".join(f"{w} < {INT32_LIMIT}LL" for w in dict.fromkeys(wide))
-    # The scalar path (data off vector boundaries) stays 64-bit: a fourth copy of the code for a
-    # rare path (the constant condition drops it at compile time).
-    return f"if ({{v}} != 1 && {fits}) cg_run<{{v}}, int>({args}); else cg_run<{{v}}, long long>({args})"
+    return f"if ({fits}) cg_run<{{v}}, int>({args}); else cg_run<{{v}}, long long>({args})"
 

@@ -455,8 +455,11 @@ def header(grid: str, block: str, tune: Mapping[str, tuple[int, ...]], what: str
     return "\n".join(lines) + "\n"
 
 
-def entry(spec: KernelSpec, bound: str, cond: str, call: str, attrs: str = "") -> str:
+def entry(spec: KernelSpec, bound: str, cond: str, call: str, attrs: str = "", scalar_call: str = "") -> str:
+    """The kernel: ``call`` with V = VEC where ``cond`` holds, else with V = 1 (or
+    ``scalar_call``)."""
+    scalar = scalar_call or call.format(v="1")
     return (
         f'extern "C" __global__ void __launch_bounds__({bound}){attrs} {spec.name}({entry_params(spec)}) {{\n'
-        f"    if ({cond}) {{\n        {call.format(v='VEC')};\n    }} else {{\n        {call.format(v='1')};\n    }}\n}}\n"
+        f"    if ({cond}) {{\n        {call.format(v='VEC')};\n    }} else {{\n        {scalar};\n    }}\n}}\n"
     )
