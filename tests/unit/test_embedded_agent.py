@@ -29,6 +29,8 @@ LATENCY_RECIPES = ("recipe:row_norm/warp", "recipe:row_norm/prefetch")
 # One recipe each.
 OTHER_FAMILIES = ("layernorm", "per_token_fp8_quant", "merge_attn_states_multi", "rotary_embedding_neox",
                   "rotary_embedding_gptj", "topk_softmax")
+# The gated activations besides silu_and_mul: the same recipes with another activation.
+GATED = ("gelu_and_mul", "gelu_tanh_and_mul")
 SEEDS = (0, 1, 2, 3, 4, 11)
 
 
@@ -342,7 +344,7 @@ def test_planner_proposes_the_latency_row_norm_recipes(kernel, strategy):
 # -- GPU: the recipes are correct on every shape ----------------------------------------------
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", sorted(set(ASTRA) | set(ROW_NORMS) | set(OTHER_FAMILIES)))
+@pytest.mark.parametrize("kernel", sorted(set(ASTRA) | set(ROW_NORMS) | set(OTHER_FAMILIES) | set(GATED)))
 def test_recipes_validate_on_every_shape(kernel):
     import torch
 
