@@ -82,7 +82,8 @@ def run(repetitions: int) -> dict[str, Any]:
     y = torch.empty(128, device="cuda")
     kernels = {}
     for name, (p, d) in _kernels().items():
-        mod = cupy.RawModule(code=SOURCE, options=(f"-DEXEC={p}", f"-DDEAD={d}", "-arch=sm_90"))
+        # cupy names the device's architecture itself (a second -arch is an NVRTC error).
+        mod = cupy.RawModule(code=SOURCE, options=(f"-DEXEC={p}", f"-DDEAD={d}"))
         kernels[name] = mod.get_function("probe")
     # The flush's GPU time, so that the warm set-up idles the GPU as long before each launch.
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -106,6 +107,7 @@ def run(repetitions: int) -> dict[str, Any]:
             torch.cuda._sleep(sleep_cycles)
 
     times: dict[str, dict[str, list[tuple[Any, Any]]]] = {n: {"flushed": [], "warm": []} for n in kernels}
+    x_cp, y_cp = cupy.asarray(x), cupy.asarray(y)  # views of the torch tensors, passed as pointers
     ext = cupy.cuda.ExternalStream(stream.cuda_stream)
     with ext:
         for rep in range(repetitions + 10):
@@ -115,7 +117,7 @@ def run(repetitions: int) -> dict[str, Any]:
                     before(flushed)
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record(stream)
-                    kernels[name]((1,), (128,), (y.data_ptr(), x.data_ptr(), cupy.int32(128), cupy.int32(1)))
+                    kernels[name]((1,), (128,), (y_cp, x_cp, cupy.int32(128), cupy.int32(1)))
                     end.record(stream)
                     if rep >= 10:
                         times[name]["flushed" if flushed else "warm"].append((start, end))
