@@ -134,6 +134,20 @@ def time_interleaved(
     }
 
 
+def gpu_us(work: Callable[[], None], reps: int = 20) -> float:
+    """The GPU's time for the work one call of ``work`` queues, microseconds: CUDA events
+    around it, median of ``reps`` calls (an L2 flush, a sleep being calibrated)."""
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        work()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
 def l2_persistence(stream_ptr: int, clear: bool = True) -> dict[str, int | str]:
     """The persisting-L2 carve-out of the current device and the access-policy window of a
     stream, in bytes (both must be 0 for the L2 flush to evict everything the timed launch

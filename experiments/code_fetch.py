@@ -18,8 +18,9 @@ One block of 128 threads on 128 floats, so that data is a single round trip. Per
   branch on a runtime flag (do skipped bytes cost fetch time?).
 
 Each is timed with the L2 flushed before every launch and with a GPU sleep of the flush's
-length instead (code and data stay in L2); CUDA events around one launch, implementations
-interleaved, median of ``--repetitions``. The figure that answers the question is how the
+length instead (code and data stay in L2), by the evaluator's loop (``time_interleaved``):
+CUDA events around one launch, every kernel in both conditions interleaved, median of
+``--repetitions`` after 10 warm-ups. The figure that answers the question is how the
 flushed-minus-warm difference grows with P and with D.
 """
 
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -74,58 +74,31 @@ def run(repetitions: int) -> dict[str, Any]:
     import cupy
     import torch
 
-    from evaluators.timing import FLUSH_BYTES
+    from evaluators.timing import Flusher, Timed, gpu_us, time_interleaved
 
-    stream = torch.cuda.current_stream()
-    flush_buf = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    flush = Flusher(torch.device("cuda"))
+    # The warm set-up idles the GPU as long as a flush takes, with a sleep calibrated here.
+    flush_us = gpu_us(flush)
+    sleep_cycles = int(100_000 * flush_us / gpu_us(lambda: torch.cuda._sleep(100_000)))
     x = torch.randn(128, device="cuda")
     y = torch.empty(128, device="cuda")
-    kernels = {}
+    x_cp, y_cp = cupy.asarray(x), cupy.asarray(y)  # views of the torch tensors, passed as pointers
+    impls = []
     for name, (p, d) in _kernels().items():
         # cupy names the device's architecture itself (a second -arch is an NVRTC error).
-        mod = cupy.RawModule(code=SOURCE, options=(f"-DEXEC={p}", f"-DDEAD={d}"))
-        kernels[name] = mod.get_function("probe")
-    # The flush's GPU time, so that the warm set-up idles the GPU as long before each launch.
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    flush_buf.zero_()
-    s.record()
-    for _ in range(10):
-        flush_buf.zero_()
-    e.record()
-    e.synchronize()
-    flush_us = s.elapsed_time(e) * 1e3 / 10
-    s.record()
-    torch.cuda._sleep(100_000)
-    e.record()
-    e.synchronize()
-    sleep_cycles = int(100_000 * flush_us / (s.elapsed_time(e) * 1e3))  # the sleep's cycles per us, measured
+        probe = cupy.RawModule(code=SOURCE, options=(f"-DEXEC={p}", f"-DDEAD={d}")).get_function("probe")
 
-    def before(flushed: bool) -> None:
-        if flushed:
-            flush_buf.zero_()
-        else:
-            torch.cuda._sleep(sleep_cycles)
+        def launch(probe: Any = probe) -> None:
+            probe((1,), (128,), (y_cp, x_cp, cupy.int32(128), cupy.int32(1)))
 
-    times: dict[str, dict[str, list[tuple[Any, Any]]]] = {n: {"flushed": [], "warm": []} for n in kernels}
-    x_cp, y_cp = cupy.asarray(x), cupy.asarray(y)  # views of the torch tensors, passed as pointers
-    ext = cupy.cuda.ExternalStream(stream.cuda_stream)
-    with ext:
-        for rep in range(repetitions + 10):
-            names = list(kernels) if rep % 2 == 0 else list(reversed(kernels))
-            for flushed in (True, False):
-                for name in names:
-                    before(flushed)
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record(stream)
-                    kernels[name]((1,), (128,), (y_cp, x_cp, cupy.int32(128), cupy.int32(1)))
-                    end.record(stream)
-                    if rep >= 10:
-                        times[name]["flushed" if flushed else "warm"].append((start, end))
-    stream.synchronize()
+        # What precedes the launch is the "prepare" step, so both conditions share one loop.
+        impls += [Timed(f"{name}|flushed", lambda _: flush(), launch),
+                  Timed(f"{name}|warm", lambda _: torch.cuda._sleep(sleep_cycles), launch)]
+    with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):  # cupy launches where the events are
+        times = time_interleaved(impls, lambda: None, 10, repetitions)
     rows = []
     for name, (p, d) in _kernels().items():
-        f = statistics.median(a.elapsed_time(b) for a, b in times[name]["flushed"]) * 1e3
-        w = statistics.median(a.elapsed_time(b) for a, b in times[name]["warm"]) * 1e3
+        f, w = (times[f"{name}|{c}"].median_ms * 1e3 for c in ("flushed", "warm"))
         rows.append({"kernel": name, "exec_instructions": p, "dead_instructions": d,
                      "flushed_us": f, "warm_us": w, "flushed_minus_warm_us": f - w})
     return {"gpu": torch.cuda.get_device_name(0), "flush_gpu_us": flush_us, "sleep_cycles": sleep_cycles,

@@ -141,21 +141,6 @@ def _direct_setup(ctx: Any, job: dict[str, Any], pad_cycles: int,
     return out
 
 
-def _flush_gpu_us(ctx: Any, reps: int = 20) -> float:
-    """The GPU's time for one L2 flush, microseconds (median of ``reps``)."""
-    import torch
-
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        ctx.flush()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
-
-
 class Clocks:
     """Samples the GPU's SM and memory clocks (MHz) from a thread while a set-up runs, through
     NVML; ``summary()`` gives each clock's median and range, or
@@ -238,7 +223,7 @@ def probe_kernel(kernel: str, dtype: str, repetitions: int, per_peer: bool = Fal
     from evaluators.admit import Artifact, admit
     from evaluators.context import Context
     from evaluators.peers import run_peers
-    from evaluators.timing import l2_persistence
+    from evaluators.timing import gpu_us, l2_persistence
     from evaluators.worker import run_evaluate
     from kernels.spec import load_kernel, shape_label
 
@@ -294,7 +279,7 @@ def probe_kernel(kernel: str, dtype: str, repetitions: int, per_peer: bool = Fal
             # inside the window.
             "host_us": {k: (statistics.median(v) * 1e6, statistics.quantiles(v, n=10)[-1] * 1e6)
                         for k, v in host.items() if len(v) > 1},
-            "flush_gpu_us": _flush_gpu_us(ctx), "clocks": clocks,
+            "flush_gpu_us": gpu_us(ctx.flush), "clocks": clocks,
             "loop_failed": {**loop.get("failed", {}), **with_graph.get("failed", {}), **with_peers.get("failed", {})},
             "peer_errors": with_peers.get("errors", {})}
 
