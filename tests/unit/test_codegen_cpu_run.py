@@ -107,14 +107,23 @@ def _run(spec: KernelSpec, source: str, dtype: str, params: dict[str, int], shap
                       for k, b in got.items()}) for inputs, got in zip(made, results, strict=True)]
 
 
-def _check(spec: KernelSpec, source: str, dtype: str, params: dict[str, int], workdir: Path) -> None:
-    shapes = SHAPES[spec.name]
-    for shape in shapes:
-        spec.check_shape(shape)
-    for shape, (inputs, got) in zip(shapes, _run(spec, source, dtype, params, shapes, workdir), strict=True):
+def _compare(spec: KernelSpec, shapes: list[dict[str, int]],
+             results: list[tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]], dtype: str,
+             params: dict[str, int]) -> None:
+    """Each shape's written tensors (from :func:`_run`) against the spec's reference."""
+    for shape, (inputs, got) in zip(shapes, results, strict=True):
         want = spec.reference({k: v.clone() for k, v in inputs.items()}, shape, spec.constants)
         finding = V.check_outputs(got, want, tolerances(spec, dtype), spec.compare, f"(shape {shape}, {dtype}, {params})")
         assert finding is None, finding.message
+
+
+def _check(spec: KernelSpec, source: str, dtype: str, params: dict[str, int], workdir: Path,
+           shapes: list[dict[str, int]] | None = None) -> None:
+    """Runs ``source`` on ``shapes`` (default: the kernel's in SHAPES) and compares."""
+    shapes = SHAPES[spec.name] if shapes is None else shapes
+    for shape in shapes:
+        spec.check_shape(shape)
+    _compare(spec, shapes, _run(spec, source, dtype, params, shapes, workdir), dtype, params)
 
 
 @pytest.mark.parametrize(("folder", "name"), _cases(), ids=[n for _, n in _cases()])
@@ -165,12 +174,7 @@ def test_rows_past_the_grids_y_limit_are_taken_in_turn(tmp_path):
     capped = source.replace("65535))", "2))", 1)
     shapes = [{"num_tokens": 37, "hidden": 40}, {"num_tokens": 9, "hidden": 1000}]
     assert parse_launch_header(capped).resolve(shapes[0], {"BLOCK": 128, "ITEMS": 1}).grid[1] == 2
-    for shape in shapes:
-        spec.check_shape(shape)
-    for shape, (inputs, got) in zip(shapes, _run(spec, capped, "float16", {"BLOCK": 128, "ITEMS": 1}, shapes, tmp_path),
-                                    strict=True):
-        want = spec.reference({k: v.clone() for k, v in inputs.items()}, shape, spec.constants)
-        assert V.check_outputs(got, want, tolerances(spec, "float16"), spec.compare, str(shape)) is None
+    _check(spec, capped, "float16", {"BLOCK": 128, "ITEMS": 1}, tmp_path, shapes)
 
 
 @pytest.mark.parametrize("folder", ["bias_gelu", "logits_mask_fill", "embedding_gather"])
@@ -193,9 +197,7 @@ def test_the_32_bit_and_64_bit_copies_write_the_same_bits(folder, tmp_path):
     for (_, a), (_, b) in zip(narrow, wide, strict=True):
         assert a.keys() == b.keys()
         assert all(torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) for k in a)
-    for shape, (inputs, got) in zip(shapes, wide, strict=True):
-        want = spec.reference({k: v.clone() for k, v in inputs.items()}, shape, spec.constants)
-        assert V.check_outputs(got, want, tolerances(spec, "float16"), spec.compare, str(shape)) is None
+    _compare(spec, shapes, wide, "float16", {})
 
 
 def test_transposes_of_rows_off_vector_boundaries_on_both_sides(tmp_path):
