@@ -145,7 +145,8 @@ class Clocks:
     """Samples the GPU's SM and memory clocks (MHz) from a thread while a set-up runs, through
     NVML; ``summary()`` gives each clock's median and range, or
     why there are none. A latency-bound kernel's time follows the SM clock: a set-up that runs
-    at another clock is not timing the same machine."""
+    at another clock is not timing the same machine. Every loop set-up runs under one, so their
+    host sides share the same sampling thread (whose NVML calls release the GIL)."""
 
     def __init__(self, index: int = 0, period_s: float = 0.002) -> None:
         import threading
@@ -222,7 +223,6 @@ def probe_kernel(kernel: str, dtype: str, repetitions: int, per_peer: bool = Fal
 
     from evaluators.admit import Artifact, admit
     from evaluators.context import Context
-    from evaluators.peers import run_peers
     from evaluators.timing import gpu_us, l2_persistence
     from evaluators.worker import run_evaluate
     from kernels.spec import load_kernel, shape_label
@@ -244,7 +244,7 @@ def probe_kernel(kernel: str, dtype: str, repetitions: int, per_peer: bool = Fal
                 "repetitions": repetitions, "kernels": {"baseline": part}, "baseline": part, "peers": False}
     clocks: dict[str, Any] = {}
     loop = _timed_loop(ctx, loop_job, clocks, "loop")
-    with_graph = run_peers(ctx, {**loop_job, "graph_ours": True}, lambda _: None)
+    with_graph = _timed_loop(ctx, {**loop_job, "graph_ours": True}, clocks, "loop_graph")
     with_peers = _timed_loop(ctx, {**loop_job, "peers": True}, clocks, "loop_peers")
     diagnosis = _diagnose(ctx, spec, loop_job, part, clocks) if per_peer else {}
     l2_after_peers = l2_persistence(torch.cuda.current_stream().cuda_stream, clear=False)
