@@ -52,7 +52,7 @@ from kernels.launch import LaunchLimitError
 from kernels.peer import Peer, Scratch, as_peer, call_once
 from kernels.spec import KernelSpec, Shape, shape_label
 
-__all__ = ["GRAPH_SUFFIX", "COMPILE_MODES", "peer_fns", "run_peers", "best_compiled"]
+__all__ = ["GRAPH_SUFFIX", "COMPILE_MODES", "peer_fns", "peer_impls", "run_peers", "best_compiled"]
 
 COMPILED = "torch_compile"
 # Without CUDA graphs: the loop captures every peer in a graph of its own.
@@ -190,7 +190,7 @@ def _load_ours(ctx: Context, spec: KernelSpec, job: dict[str, Any], shapes: list
     return ours
 
 
-def _peer_impls(ctx: Context, spec: KernelSpec, shape: Shape, dtype: str, inputs: RepInputs,
+def peer_impls(ctx: Context, spec: KernelSpec, shape: Shape, dtype: str, inputs: RepInputs,
                 work: Buffers, peers: Mapping[str, Peer], errors: dict[str, str]) -> list[Timed]:
     """The peers that agree with the reference on this shape, each captured in a graph that
     holds its call alone (staging runs before the flush, outside the window)."""
@@ -276,7 +276,7 @@ def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
         if job.get("graph_ours"):
             impls += [mine.timed(n, k, graph=True) for n, k in live.items()]
         start = time.perf_counter()
-        impls += _peer_impls(ctx, spec, shape, dtype, inputs, work, peers, errors)
+        impls += peer_impls(ctx, spec, shape, dtype, inputs, work, peers, errors)
         phase_s["prepare"] += time.perf_counter() - start
         # Our kernels launch on the stream they were loaded on and the events go to the current
         # one: if they differ, the events would time nothing (see timing.capture_graph).
