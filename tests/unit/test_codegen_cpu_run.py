@@ -213,3 +213,29 @@ def test_transposes_of_rows_off_vector_boundaries_on_both_sides(tmp_path):
         for shape, (inputs, got) in zip(shapes, _run(spec, schedule.source, "float16", {}, shapes,
                                                       tmp_path / schedule.name.replace("/", "_")), strict=True):
             assert torch.equal(got["out"], inputs["x"].t()), f"{schedule.name} {shape}"
+
+
+@pytest.mark.parametrize("folder", ["l2norm_rows", "log_softmax_rows"])
+def test_rows_off_vector_boundaries_take_the_out_of_line_scalar_path(folder, tmp_path):
+    """Rows whose length is no multiple of the vector width run the scalar path, which every
+    schedule calls out of line (``cg_run_scalar``, __noinline__). The benchmark's specs promise
+    multiples of 8, so a copy of the kernel folder without that promise reaches it here."""
+    import shutil
+
+    here = tmp_path / folder
+    shutil.copytree(UNSEEN / folder, here)
+    text = (here / "spec.py").read_text()
+    assert "multiple_of=8" in text
+    (here / "spec.py").write_text(text.replace("multiple_of=8", "multiple_of=1"))
+    spec = load_kernel(here)
+    cols = "hidden" if folder == "l2norm_rows" else "vocab"
+    shapes = [{"num_tokens": 3, cols: 203}, {"num_tokens": 5, cols: 37}, {"num_tokens": 2, cols: 9001}]
+    ran = 0
+    for schedule in generate(spec):
+        if "cluster" in schedule.name:
+            continue
+        assert "__noinline__ void cg_run_scalar(" in schedule.source and "cg_run_scalar(out" in schedule.source
+        for dtype in ("float16", "float32"):
+            _check(spec, schedule.source, dtype, {}, tmp_path / f"{schedule.name.replace('/', '_')}-{dtype}", shapes)
+            ran += 1
+    assert ran >= 4

@@ -116,18 +116,8 @@ def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
     head = header(grid, f"({tx}, {ry})", tune, f"{name}: 16-byte vectors with a scalar tail, fp32 math", spec)
     call = _call(em, args, rows_launch, cols_launch, bool(scattered))
     vectors = em.vector_ok([n for n in outputs if n not in per_row])
-    # The scalar path (data off vector boundaries, rare) out of line, so that the vector path's
-    # code follows the entry instead of sitting behind it (the compiler laid the scalar path
-    # first, whichever way the condition was written).
-    scalar = [
-        "",
-        f"__device__ __noinline__ void cg_run_scalar({entry_params(spec)}) {{",
-        f"    cg_run<1, long long>({args});",
-        "}",
-    ]
-    return Schedule("codegen:" + name, head + "\n".join(text + scalar) + "\n"
-                    + entry(spec, "BLOCK", vectors, call, scalar_call=f"cg_run_scalar({args})"))
-
+    return Schedule("codegen:" + name, head + "\n".join(text) + "\n"
+                    + entry(spec, "BLOCK", vectors, call, scalar=f"cg_run<1, long long>({args})"))
 
 # Every index of the 32-bit copy stays below this: the row loop's and the last chunk's
 # overshoot past the data (up to 65535 * 1024 rows, BLOCK * 8 * ITEMS columns) must not wrap.

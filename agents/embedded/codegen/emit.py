@@ -455,11 +455,19 @@ def header(grid: str, block: str, tune: Mapping[str, tuple[int, ...]], what: str
     return "\n".join(lines) + "\n"
 
 
-def entry(spec: KernelSpec, bound: str, cond: str, call: str, attrs: str = "", scalar_call: str = "") -> str:
-    """The kernel: ``call`` with V = VEC where ``cond`` holds, else with V = 1 (or
-    ``scalar_call``)."""
-    scalar = scalar_call or call.format(v="1")
+def entry(spec: KernelSpec, bound: str, cond: str, call: str, attrs: str = "", scalar: str = "") -> str:
+    """The kernel: ``call`` with V = VEC where ``cond`` holds, else the scalar path (``scalar``,
+    by default ``call`` with V = 1) in a ``__noinline__`` function of its own.
+
+    Out of line because the compiler laid the scalar path first, before the vector path,
+    whichever way the condition was written (``__builtin_expect``, an inverted test; nvdisasm,
+    sm_90): the common launch then jumped over kilobytes of code it never runs, which after
+    the L2 flush are not even fetched for it in order. Off vector boundaries is rare, so the
+    call costs nothing where it matters."""
+    body = scalar or call.format(v="1")
+    args = entry_args(spec)
     return (
+        f"__device__ __noinline__ void cg_run_scalar({entry_params(spec)}) {{\n    {body};\n}}\n\n"
         f'extern "C" __global__ void __launch_bounds__({bound}){attrs} {spec.name}({entry_params(spec)}) {{\n'
-        f"    if ({cond}) {{\n        {call.format(v='VEC')};\n    }} else {{\n        {scalar};\n    }}\n}}\n"
+        f"    if ({cond}) {{\n        {call.format(v='VEC')};\n    }} else {{\n        cg_run_scalar({args});\n    }}\n}}\n"
     )
