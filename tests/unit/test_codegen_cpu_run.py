@@ -215,11 +215,19 @@ def test_transposes_of_rows_off_vector_boundaries_on_both_sides(tmp_path):
             assert torch.equal(got["out"], inputs["x"].t()), f"{schedule.name} {shape}"
 
 
-@pytest.mark.parametrize("folder", ["l2norm_rows", "log_softmax_rows"])
-def test_rows_off_vector_boundaries_take_the_out_of_line_scalar_path(folder, tmp_path):
-    """Rows whose length is no multiple of the vector width run the scalar path, which every
-    schedule calls out of line (``cg_run_scalar``, __noinline__). The benchmark's specs promise
-    multiples of 8, so a copy of the kernel folder without that promise reaches it here."""
+OFF_VECTORS = {
+    "l2norm_rows": [{"num_tokens": 3, "hidden": 203}, {"num_tokens": 5, "hidden": 37}, {"num_tokens": 2, "hidden": 9001}],
+    "log_softmax_rows": [{"num_tokens": 3, "vocab": 203}, {"num_tokens": 5, "vocab": 37}, {"num_tokens": 2, "vocab": 9001}],
+    "transpose_2d": [{"rows": 13, "cols": 203}, {"rows": 40, "cols": 75}, {"rows": 3, "cols": 9}],
+}
+
+
+@pytest.mark.parametrize("folder", sorted(OFF_VECTORS))
+def test_rows_off_vector_boundaries_take_the_out_of_line_scalar_paths(folder, tmp_path):
+    """Rows whose length is no multiple of the vector width run the scalar paths, which the
+    schedules call out of line (``__noinline__``: rows' ``cg_run_scalar``, transpose/wide's
+    ``cg_load_scalar`` and ``cg_store_scalar``). The benchmark's specs promise multiples of 8,
+    so a copy of the kernel folder without that promise reaches them here."""
     import shutil
 
     here = tmp_path / folder
@@ -228,14 +236,17 @@ def test_rows_off_vector_boundaries_take_the_out_of_line_scalar_path(folder, tmp
     assert "multiple_of=8" in text
     (here / "spec.py").write_text(text.replace("multiple_of=8", "multiple_of=1"))
     spec = load_kernel(here)
-    cols = "hidden" if folder == "l2norm_rows" else "vocab"
-    shapes = [{"num_tokens": 3, cols: 203}, {"num_tokens": 5, cols: 37}, {"num_tokens": 2, cols: 9001}]
     ran = 0
     for schedule in generate(spec):
         if "cluster" in schedule.name:
             continue
-        assert "__noinline__ void cg_run_scalar(" in schedule.source and "cg_run_scalar(out" in schedule.source
+        if schedule.name.startswith("codegen:rows"):
+            assert "__noinline__ void cg_run_scalar(" in schedule.source
+        if schedule.name == "codegen:transpose/wide":
+            assert "__noinline__ void cg_load_scalar(" in schedule.source
+            assert "__noinline__ void cg_store_scalar(" in schedule.source
         for dtype in ("float16", "float32"):
-            _check(spec, schedule.source, dtype, {}, tmp_path / f"{schedule.name.replace('/', '_')}-{dtype}", shapes)
+            workdir = tmp_path / f"{schedule.name.replace('/', '_')}-{dtype}"
+            _check(spec, schedule.source, dtype, {}, workdir, OFF_VECTORS[folder])
             ran += 1
     assert ran >= 4
