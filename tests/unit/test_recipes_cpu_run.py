@@ -43,3 +43,41 @@ def test_gated_tiles_take_rows_past_the_grids_y_cap_in_turn(tmp_path):
     launch = parse_launch_header(capped)
     assert launch.resolve(SHAPES[2], {k: v[0] for k, v in launch.tune.items()}).grid[1] == 2
     _check(spec, capped, "float16", {}, tmp_path, SHAPES)
+
+
+def test_gated_recipes_off_vector_boundaries_take_their_out_of_line_scalar_paths(tmp_path):
+    """d off a multiple of 8 reaches each recipe's out-of-line scalar path, in fp16 and fp32.
+    The specs promise multiples of 8, so these shapes go to the CPU run without the spec's
+    shape check."""
+    from tests.unit.test_codegen_cpu_run import _compare, _run
+
+    spec = load_kernel("silu_and_mul")
+    shapes = [{"num_tokens": 3, "d": 1001}, {"num_tokens": 2, "d": 37}]
+    for recipe in (r for r in recipes_for(spec) if r.family == "gated_act"):
+        source = recipe.build(spec)
+        assert "__noinline__ void gated_" in source
+        for dtype in ("float16", "float32"):
+            got = _run(spec, source, dtype, {}, shapes, tmp_path / f"{recipe.name.split('/')[-1]}-{dtype}")
+            _compare(spec, shapes, got, dtype, {})
+
+
+@pytest.mark.parametrize("kernel", ["fused_add_rmsnorm", "rmsnorm", "gemma_fused_add_rmsnorm", "layernorm"])
+def test_row_norm_recipes_compute_the_reference_on_the_cpu(kernel, tmp_path):
+    """The row-norm and layer-norm recipes on rows of whole vectors, rows longer than their
+    register cache, and (past the spec's shape check, which promises multiples of 8) rows off
+    vector boundaries, which take the out-of-line scalar path; in the spec's first two dtypes."""
+    from tests.unit.test_codegen_cpu_run import _compare, _run
+
+    spec = load_kernel(kernel)
+    recipes = [r for r in recipes_for(spec) if r.family in ("row_norm", "layer_norm")]
+    assert recipes
+    whole = [{"num_tokens": 3, "hidden": 1000}, {"num_tokens": 5, "hidden": 64}, {"num_tokens": 2, "hidden": 9000}]
+    off = [{"num_tokens": 3, "hidden": 1001}, {"num_tokens": 4, "hidden": 37}]
+    dtypes = [d for d in ("float16", "float32", "bfloat16") if d in spec.dtypes][:2]
+    for recipe in recipes:
+        source = recipe.build(spec)
+        assert "__noinline__ void norm_row_scalar(" in source
+        for dtype in dtypes:
+            workdir = tmp_path / f"{recipe.name.split('/')[-1]}-{dtype}"
+            _check(spec, source, dtype, {}, workdir / "whole", whole)
+            _compare(spec, off, _run(spec, source, dtype, {}, off, workdir / "off"), dtype, {})
