@@ -76,9 +76,11 @@ __device__ __forceinline__ void merge_vectors(scalar_t* __restrict__ v_out, floa
     if (c == 0) lse_out[th] = log2f(s) + m;
 }
 
-__device__ __forceinline__ void merge_scalar(scalar_t* __restrict__ v_out, float* __restrict__ lse_out,
-                                             const scalar_t* __restrict__ v, const float* __restrict__ lse,
-                                             int states, long long pairs, int head_dim) {
+// The scalar path (rare) out of line: inline, the compiler laid it before the vector path,
+// so every launch jumped over its code (nvdisasm, sm_90).
+__device__ __noinline__ void merge_scalar(scalar_t* __restrict__ v_out, float* __restrict__ lse_out,
+                                          const scalar_t* __restrict__ v, const float* __restrict__ lse,
+                                          int states, long long pairs, int head_dim) {
     const long long total = pairs * head_dim;
     for (long long e = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x; e < total;
          e += static_cast<long long>(gridDim.x) * BLOCK) {

@@ -82,6 +82,13 @@ __device__ __forceinline__ void quant_row(__nv_fp8_e4m3* __restrict__ q, float* 
     for (int i = tx + CACHE * nx; i < n; i += nx) store_quant<V>(q + static_cast<long long>(i) * V, s[i], scale);
 }
 
+// The scalar path (rare) out of line: inline, the compiler laid it before the vector path,
+// so every launch jumped over its code (nvdisasm, sm_90).
+__device__ __noinline__ void quant_row_scalar(__nv_fp8_e4m3* __restrict__ q, float* __restrict__ scales, long long row,
+                                         const scalar_t* __restrict__ src, int hidden) {
+    quant_row<1>(q, scales, row, src, hidden);
+}
+
 __device__ __forceinline__ void row_quant(__nv_fp8_e4m3* q, float* scales, const scalar_t* src, int rows, int hidden) {
     const long long row = blockIdx.x;
     const long long off = row * hidden;
@@ -92,7 +99,7 @@ __device__ __forceinline__ void row_quant(__nv_fp8_e4m3* q, float* scales, const
     if (hidden % VEC == 0 && aligned) {
         quant_row<VEC>(q + off, scales, row, src + off, hidden);
     } else {
-        quant_row<1>(q + off, scales, row, src + off, hidden);
+        quant_row_scalar(q + off, scales, row, src + off, hidden);
     }
 }
 
