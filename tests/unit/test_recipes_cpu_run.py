@@ -1,7 +1,9 @@
-"""The gated-activation recipes run on the CPU (``tests/cuda_on_cpu.py``) against their
-references, in fp16 (the 16-byte vector paths) and fp32 (the scalar paths), on short rows,
-rows off the tile size and a row count past a lowered grid.y cap. The GPU tests of the
-embedded agent remain the authority; this catches an indexing mistake without a GPU."""
+"""The recipes run on the CPU (``tests/cuda_on_cpu.py``) against their references: the gated
+activations in fp16 (the 16-byte vector paths) and fp32, on short rows, rows off the tile size
+and a row count past a lowered grid.y cap; every recipe but topk_softmax's also on rows off
+vector boundaries (past the specs' shape checks), which reach its out-of-line scalar path. The
+GPU tests of the embedded agent remain the authority; this catches an indexing mistake without
+a GPU."""
 
 from __future__ import annotations
 
@@ -61,71 +63,42 @@ def test_gated_recipes_off_vector_boundaries_take_their_out_of_line_scalar_paths
             _compare(spec, shapes, got, dtype, {})
 
 
-@pytest.mark.parametrize("kernel", ["fused_add_rmsnorm", "rmsnorm", "gemma_fused_add_rmsnorm", "layernorm"])
-def test_row_norm_recipes_compute_the_reference_on_the_cpu(kernel, tmp_path):
-    """The row-norm and layer-norm recipes on rows of whole vectors, rows longer than their
-    register cache, and (past the spec's shape check, which promises multiples of 8) rows off
-    vector boundaries, which take the out-of-line scalar path; in the spec's first two dtypes."""
-    from tests.unit.test_codegen_cpu_run import _compare, _run
-
-    spec = load_kernel(kernel)
-    recipes = [r for r in recipes_for(spec) if r.family in ("row_norm", "layer_norm")]
-    assert recipes
-    whole = [{"num_tokens": 3, "hidden": 1000}, {"num_tokens": 5, "hidden": 64}, {"num_tokens": 2, "hidden": 9000}]
-    off = [{"num_tokens": 3, "hidden": 1001}, {"num_tokens": 4, "hidden": 37}]
-    dtypes = [d for d in ("float16", "float32", "bfloat16") if d in spec.dtypes][:2]
-    for recipe in recipes:
-        source = recipe.build(spec)
-        assert "__noinline__ void norm_row_scalar(" in source
-        for dtype in dtypes:
-            workdir = tmp_path / f"{recipe.name.split('/')[-1]}-{dtype}"
-            _check(spec, source, dtype, {}, workdir / "whole", whole)
-            _compare(spec, off, _run(spec, source, dtype, {}, off, workdir / "off"), dtype, {})
+ROWS_WHOLE = [{"num_tokens": 3, "hidden": 1000}, {"num_tokens": 5, "hidden": 64}, {"num_tokens": 2, "hidden": 9000}]
+ROWS_OFF = [{"num_tokens": 3, "hidden": 1001}, {"num_tokens": 4, "hidden": 37}]
+ROTARY = {"num_tokens": 3, "num_heads": 2, "num_kv_heads": 1, "max_position": 16}
 
 
-def test_merge_recipes_compute_the_reference_on_the_cpu(tmp_path):
-    """merge/flat and merge/pairs on whole vectors and (past the spec's shape check, which
-    promises multiples of 8) head_dim off vector boundaries, which takes the out-of-line
-    scalar path; in the spec's first two dtypes."""
-    from tests.unit.test_codegen_cpu_run import _compare, _run
-
-    spec = load_kernel("merge_attn_states_lse")
-    recipes = [r for r in recipes_for(spec) if r.family == "merge"]
-    assert {r.name for r in recipes} == {"recipe:merge/flat", "recipe:merge/pairs"}
-    whole = [{"num_tokens": 3, "num_heads": 5, "head_dim": 24}, {"num_tokens": 2, "num_heads": 4, "head_dim": 128}]
-    off = [{"num_tokens": 3, "num_heads": 5, "head_dim": 37}, {"num_tokens": 2, "num_heads": 3, "head_dim": 5}]
-    dtypes = [d for d in ("float16", "float32", "bfloat16") if d in spec.dtypes][:2]
-    for recipe in recipes:
-        source = recipe.build(spec)
-        assert "__noinline__ void merge_body_scalar(" in source
-        for dtype in dtypes:
-            workdir = tmp_path / f"{recipe.name.split('/')[-1]}-{dtype}"
-            _check(spec, source, dtype, {}, workdir / "whole", whole)
-            _compare(spec, off, _run(spec, source, dtype, {}, off, workdir / "off"), dtype, {})
-
-
-@pytest.mark.parametrize(("kernel", "family", "whole", "off"), [
-    ("per_token_fp8_quant", "row_quant", [{"num_tokens": 3, "hidden": 1008}, {"num_tokens": 2, "hidden": 32}],
+# kernel, recipe families, shapes of whole vectors, shapes off vector boundaries.
+OTHER_RECIPES = [
+    *[(k, ("row_norm", "layer_norm"), ROWS_WHOLE, ROWS_OFF)
+      for k in ("fused_add_rmsnorm", "rmsnorm", "gemma_fused_add_rmsnorm", "layernorm")],
+    ("merge_attn_states_lse", ("merge",),
+     [{"num_tokens": 3, "num_heads": 5, "head_dim": 24}, {"num_tokens": 2, "num_heads": 4, "head_dim": 128}],
+     [{"num_tokens": 3, "num_heads": 5, "head_dim": 37}, {"num_tokens": 2, "num_heads": 3, "head_dim": 5}]),
+    ("per_token_fp8_quant", ("row_quant",), [{"num_tokens": 3, "hidden": 1008}, {"num_tokens": 2, "hidden": 32}],
      [{"num_tokens": 3, "hidden": 1001}, {"num_tokens": 2, "hidden": 37}]),
-    ("merge_attn_states_multi", "merge_multi",
-     [{"num_states": 3, "num_tokens": 3, "num_heads": 2, "head_dim": 24}],
+    ("merge_attn_states_multi", ("merge_multi",), [{"num_states": 3, "num_tokens": 3, "num_heads": 2, "head_dim": 24}],
      [{"num_states": 3, "num_tokens": 3, "num_heads": 2, "head_dim": 37}]),
-    *[(k, "rotary",
-       [{"num_tokens": 3, "num_heads": 2, "num_kv_heads": 1, "head_size": 64, "rot_dim": 64, "max_position": 16}],
-       [{"num_tokens": 3, "num_heads": 2, "num_kv_heads": 1, "head_size": 36, "rot_dim": 20, "max_position": 16}])
+    *[(k, ("rotary",), [{**ROTARY, "head_size": 64, "rot_dim": 64}], [{**ROTARY, "head_size": 36, "rot_dim": 20}])
       for k in ("rotary_embedding_neox", "rotary_embedding_gptj")],
-])
-def test_other_recipes_take_their_out_of_line_scalar_paths_on_the_cpu(kernel, family, whole, off, tmp_path):
-    """row_quant, merge_multi and rotary on whole vectors and (past the spec's shape check)
-    rows off vector boundaries, which take the out-of-line scalar path; in the spec's first two
-    dtypes."""
+]
+
+
+@pytest.mark.parametrize(("kernel", "families", "whole", "off"), OTHER_RECIPES, ids=[r[0] for r in OTHER_RECIPES])
+def test_other_recipes_compute_the_reference_on_the_cpu(kernel, families, whole, off, tmp_path):
+    """The norm, merge, quantisation and rotary recipes on whole vectors (rows longer than a
+    register cache among them) and, past the spec's shape check (which promises multiples of
+    8 or 16), rows off vector boundaries, which take each recipe's out-of-line scalar path;
+    in the spec's first two dtypes."""
     from tests.unit.test_codegen_cpu_run import _compare, _run
 
     spec = load_kernel(kernel)
-    recipes = [r for r in recipes_for(spec) if r.family == family]
-    assert len(recipes) == 1
-    source = recipes[0].build(spec)
-    assert "__noinline__ void" in source
-    for dtype in [d for d in ("float16", "float32", "bfloat16") if d in spec.dtypes][:2]:
-        _check(spec, source, dtype, {}, tmp_path / f"{dtype}-whole", whole)
-        _compare(spec, off, _run(spec, source, dtype, {}, off, tmp_path / f"{dtype}-off"), dtype, {})
+    recipes = [r for r in recipes_for(spec) if r.family in families]
+    assert recipes
+    for recipe in recipes:
+        source = recipe.build(spec)
+        assert "__noinline__ void" in source
+        for dtype in [d for d in ("float16", "float32", "bfloat16") if d in spec.dtypes][:2]:
+            workdir = tmp_path / f"{recipe.name.split('/')[-1]}-{dtype}"
+            _check(spec, source, dtype, {}, workdir / "whole", whole)
+            _compare(spec, off, _run(spec, source, dtype, {}, off, workdir / "off"), dtype, {})
