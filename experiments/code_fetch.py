@@ -15,8 +15,7 @@ One block of 128 threads on 128 floats, so that data is a single round trip. Per
 - ``exec P``: P extra straight-line instructions executed by every thread (four independent
   FMA chains, so issue and not latency sets their time);
 - ``dead D``: D instructions of code laid out between the entry and the hot path, skipped by a
-  branch on a runtime flag (do skipped bytes cost fetch time?).
-
+  branch on a runtime flag (do skipped bytes cost fetch time?);
 - ``jumps J``: J taken branches on the hot path, each over 256 instructions of skipped code
   (is it the bytes skipped, or each jump to a line not yet fetched, that costs?).
 
