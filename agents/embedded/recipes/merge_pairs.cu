@@ -18,8 +18,12 @@ __device__ __forceinline__ void merge_body(scalar_t* __restrict__ v_out, float* 
     using P = Pack<V>;
     const long long pair = static_cast<long long>(blockIdx.x) * blockDim.y + threadIdx.y;
     if (pair >= pairs) return;
-    float fa, fb, lse;
-    merge_weights(s_a[pair], s_b[pair], fa, fb, lse);
+    // The weights are computed after the first vectors' loads are issued, not before: computed
+    // first, they held every vector load back until the two lse loads had come back, two trips
+    // to memory one after the other instead of one (nvdisasm, sm_90).
+    const float sa = s_a[pair], sb = s_b[pair];
+    float fa = 0.0f, fb = 0.0f, lse = 0.0f;
+    bool weighed = false;
     const int per_pair = head_dim / V;
     const P* a = reinterpret_cast<const P*>(v_a) + pair * per_pair;
     const P* b = reinterpret_cast<const P*>(v_b) + pair * per_pair;
@@ -34,6 +38,10 @@ __device__ __forceinline__ void merge_body(scalar_t* __restrict__ v_out, float* 
                 rb[k] = b[j];
             }
         }
+        if (!weighed) {
+            merge_weights(sa, sb, fa, fb, lse);
+            weighed = true;
+        }
 #pragma unroll
         for (int k = 0; k < ITEMS; ++k) {
             const int j = first + k * blockDim.x;
@@ -46,7 +54,7 @@ __device__ __forceinline__ void merge_body(scalar_t* __restrict__ v_out, float* 
             o[j] = r;
         }
     }
-    if (threadIdx.x == 0) s_out[pair] = lse;
+    if (threadIdx.x == 0) s_out[pair] = lse;  // thread 0 always has vectors (head_dim >= V): it has weighed
 }
 
 ${mergedispatch}
