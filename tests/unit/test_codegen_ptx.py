@@ -82,3 +82,20 @@ def test_a_rows_pass_issues_its_cached_vectors_loads_before_their_arithmetic(nam
                   for m in re.findall(r"ld\.global(?:\.nc)?\.v4\.\w+|\b(?:fma|add|mul|sub|max|min|ex2)(?:\.\w+)*\.f32", ptx))
     first_run = re.search(r"L+", seq)
     assert first_run is not None and len(first_run.group()) >= 4, f"{name}: {seq[:80]}"
+
+
+@pytest.mark.parametrize("name", ["kv_cache_write", "merge_attn_states_lse"])
+def test_elementwise_reads_row_values_after_its_vector_loads(name):
+    """A row value the loads do not need (kv_cache_write's slot, the merge's per-row lse) is
+    read after the vector path's 16-byte loads are issued: read first, ptxas put the slot's
+    arithmetic ahead of the vector loads, which then waited a trip to memory for it
+    (nvdisasm, sm_90). In the kernel's entry (the vector path; the scalar one is a function
+    of its own), the first 16-byte load precedes the first scalar load."""
+    folder = ROOT / "experiments" / "unseen" / name
+    spec = load_kernel(folder if folder.is_dir() else name)
+    schedule = next(s for s in generate(spec) if s.name == "codegen:elementwise/rows")
+    defaults = {k: v[0] for k, v in parse_launch_header(schedule.source).tune.items()}
+    ptx = ptx_of(schedule.source, "float16", defaults)
+    entry = ptx[ptx.index(".entry"):]
+    loads = re.findall(r"ld\.global(?:\.nc)?(\.v4)?\.\w+", entry)
+    assert loads and loads[0] == ".v4", f"{name}: first loads {loads[:6]}"

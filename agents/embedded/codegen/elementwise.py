@@ -59,16 +59,20 @@ def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
     once = ["if (cg_c == 0) {", *("    " + x for x in row_stores), "}"] if row_stores else []
     body += once
     chunk = "cg_begin + (static_cast<cg_idx>(cg_j) * blockDim.x + threadIdx.x) * V"
-    staged = em.staged_loops(exprs, "CG_N", "cg_j", chunk, "cg_c < cg_vend", once)
-    row_defs = em.take_row_lines() + scatter_bases  # every row value the bodies above use
-    row_lines = ["const cg_idx cg_obase = cg_row * " + em.cols + ";", *bases, *row_defs]
+    row_defs = em.take_row_lines()  # every row value the bodies use (chunk_body named them all)
+    row_lines = ["const cg_idx cg_obase = cg_row * " + em.cols + ";", *bases]
+    # In the vector path the row values the loads do not need (a scattered row's index, a
+    # per-row scalar) are read after the staged loads are issued: read first, ptxas put the
+    # index's arithmetic ahead of the vector loads, which then waited a trip to memory for it.
+    staged = em.staged_loops(exprs, "CG_N", "cg_j", chunk, "cg_c < cg_vend", once, between=row_defs + scatter_bases)
+    assert not em.take_row_lines(), "the staged loops named a row value the chunk body did not"
     args = entry_args(spec)
     text = [
         PRELUDE,
         "// One V-wide chunk of one row at column cg_c; used with V = 1, for data off vector boundaries",
         "// and for the tail past the last whole vector.",
         f"template <int V, typename cg_idx>\n__device__ __forceinline__ void cg_chunk_at({entry_params(spec)}, cg_idx cg_row, cg_idx cg_c) {{",
-        *("    " + b for b in row_lines),
+        *("    " + b for b in row_lines + row_defs + scatter_bases),
         *("    " + b for b in body),
         "}",
         "",

@@ -334,11 +334,13 @@ class Emitter:
 
     def staged_loops(self, exprs: list[tuple[str, object]], count: str, slot: str, col: str, guard: str,
                      after: Sequence[str] = (), cached: AbstractSet[int] = frozenset(),
-                     fill: AbstractSet[int] = frozenset()) -> list[str]:
+                     fill: AbstractSet[int] = frozenset(), between: Sequence[str] = ()) -> list[str]:
         """A thread's ``count`` V-wide chunks in two unrolled loops over ``slot``: first every
         chunk's loads, into arrays indexed by the slot (so that they are all in flight
-        together; a load-compute-store loop waits for each chunk's loads in turn), then every
-        chunk's element loop reading them, followed by ``after``. ``col``: the chunk's first
+        together; a load-compute-store loop waits for each chunk's loads in turn), then
+        ``between`` (what only the stores need, such as a scattered row's base computed from a
+        loaded index: before the loads, ptxas waited for the index there before issuing them),
+        then every chunk's element loop reading them, followed by ``after``. ``col``: the chunk's first
         column (``cg_c``); ``guard``: whether the chunk exists. Full leaves in ``cached`` live
         in the register cache ``cg_cache{i}[slot]`` (declared by the caller): those in ``fill``
         are loaded into it here, the others are read from it and not loaded. In such a pass
@@ -377,12 +379,13 @@ class Emitter:
                 by_value[leaf] = self.convert_load(leaf.arg, text)
             leaf_text[id(leaf)] = by_value[leaf]
         work = self._element_loop(exprs, inline_cols, leaf_text, "cg_c") + list(after)
-        out = decls
-        for body in ([loads] if loads else []) + [work]:
-            out += ["#pragma unroll", f"for (int {slot} = 0; {slot} < {count}; ++{slot}) {{",
+
+        def loop(body: list[str]) -> list[str]:
+            return ["#pragma unroll", f"for (int {slot} = 0; {slot} < {count}; ++{slot}) {{",
                     f"    const cg_idx cg_c = {col};", f"    if ({guard}) {{",
                     *("        " + x for x in body), "    }", "}"]
-        return out
+
+        return decls + (loop(loads) if loads else []) + list(between) + loop(work)
 
     def _leaf_code(self, leaf: Load, col0: str, lines: list[str], leaf_text: dict[int, str]) -> None:
         """Loads one leaf's V elements and names element e."""
