@@ -250,3 +250,37 @@ def test_rows_off_vector_boundaries_take_the_out_of_line_scalar_paths(folder, tm
             _check(spec, schedule.source, dtype, {}, workdir, OFF_VECTORS[folder])
             ran += 1
     assert ran >= 4
+
+
+def test_row_outputs_read_their_gathers_early_and_still_compute_the_reference(tmp_path):
+    """cross_entropy_rows' loss reads the target and the logit at it before the row's
+    reductions (Emitter.preload), no longer after them: on every edge case of the spec (ignored
+    targets among them, whose gather is clamped to column 0), each non-cluster rows schedule
+    still computes the reference, in fp16 and fp32."""
+    spec = load_kernel(UNSEEN / "cross_entropy_rows")
+    shapes = [{"num_tokens": 5, "vocab": 200}, {"num_tokens": 2, "vocab": 9000}]
+    assert spec.edge_cases
+    ran = 0
+    for schedule in generate(spec):
+        if "cluster" in schedule.name:
+            continue
+        body = schedule.source[schedule.source.index("void cg_run("):]
+        # The gathered logit is read before the first reduction, not in the row writer's block.
+        first_reduction = min(i for i in (body.find("_reduce<"), body.find("cg_online_group(")) if i >= 0)
+        assert 0 <= body.find("logits[cg_base0 + ") < first_reduction, schedule.name
+        for dtype in ("float16", "float32"):
+            for case in spec.edge_cases:
+                made = [spec.make_inputs(s, getattr(torch, dtype), torch.Generator().manual_seed(n), case, "cpu")
+                        for n, s in enumerate(shapes)]
+                got = cuda_on_cpu.run(spec, schedule.source, dtype, {},
+                                      [(s, _poisoned(spec, m)) for s, m in zip(shapes, made, strict=True)],
+                                      tmp_path / f"{schedule.name.replace('/', '_')}-{dtype}-{case}")
+                for shape, inputs, written in zip(shapes, made, got, strict=True):
+                    tensors = {k: torch.from_numpy(b.copy()).view(inputs[k].dtype).reshape(inputs[k].shape)
+                               for k, b in written.items()}
+                    want = spec.reference({k: v.clone() for k, v in inputs.items()}, shape, spec.constants)
+                    finding = V.check_outputs(tensors, want, tolerances(spec, dtype), spec.compare,
+                                              f"({schedule.name}, {dtype}, {case}, {shape})")
+                    assert finding is None, finding.message
+                ran += 1
+    assert ran

@@ -87,6 +87,8 @@ class Emitter:
         self.row_loads: list[Load] = [n for n in walk(program.all_roots()) if isinstance(n, Load) and n.access in ("row", "scalar")]
         self._row_only: dict[int, bool] = {}
         self.out_base: dict[str, str] = {}  # output -> its row's first element, where not cg_obase
+        self.at_cols: dict[int, str] = {}  # AtColumn -> the name of its column
+        self.preloaded: dict[tuple[int, int], str] = {}  # (AtColumn, its Load) -> the value read early
 
     # ---- types
     def c_type(self, arg: str) -> str:
@@ -171,10 +173,7 @@ class Emitter:
             where = self.row_expr(node.index) if node.index is not None else "cg_row" if node.access == "row" else "0"
             text = self.convert_load(node.arg, f"{node.arg}[{where}]")
         elif isinstance(node, AtColumn):
-            col = self.row_expr(node.column)
-            name = self.fresh() + "_col"
-            self.row_lines.append(f"const cg_idx {name} = static_cast<cg_idx>({col});")
-            text = self.scalar_expr(node.body, name)
+            text = self.scalar_expr(node.body, self._at_col(node), node)
         else:
             assert isinstance(node, Op)
             text = self.op_text(node, [self.row_expr(a) for a in node.args])
@@ -201,16 +200,51 @@ class Emitter:
             terms.append(f"{digit} * {c_size(' * '.join(weight))}" if weight else digit)
         return " + ".join(terms) or "0LL"
 
-    def scalar_expr(self, node: object, col: str) -> str:
-        """A full expression at one column (a gather by index), with scalar loads."""
+    def _at_col(self, node: AtColumn) -> str:
+        """The name of an AtColumn's column, defined in ``row_lines`` once."""
+        if id(node) not in self.at_cols:
+            col = self.row_expr(node.column)
+            name = self.fresh() + "_col"
+            self.row_lines.append(f"const cg_idx {name} = static_cast<cg_idx>({col});")
+            self.at_cols[id(node)] = name
+        return self.at_cols[id(node)]
+
+    def scalar_expr(self, node: object, col: str, at: AtColumn | None = None) -> str:
+        """A full expression at one column (a gather by index), with scalar loads (or the
+        values :meth:`preload` read for the AtColumn ``at``)."""
         if self.row_only(node):
             return self.row_expr(node)
         if isinstance(node, Load):
+            if at is not None and (id(at), id(node)) in self.preloaded:
+                return self.preloaded[(id(at), id(node))]
             if node.access == "col":
                 return self.convert_load(node.arg, f"{node.arg}[{col}]")
             return self.convert_load(node.arg, f"{node.arg}[{self.leaf_base(node)} + {col}]")
         assert isinstance(node, Op)
-        return self.op_text(node, [self.scalar_expr(a, col) for a in node.args])
+        return self.op_text(node, [self.scalar_expr(a, col, at) for a in node.args])
+
+    def preload(self, exprs: Sequence[object], gathers: bool) -> None:
+        """Defines now, in ``row_lines``, loads of ``exprs`` that no reduction feeds: with
+        ``gathers`` False, row values' loads (an index, a per-row scalar); with ``gathers``
+        True, the elements a gather reads at a row-valued column. For a row's outputs,
+        computed after its reductions: read there, each was a trip to memory the row's writer
+        waited for at the end. The caller places the row values' loads first, so that they are
+        in flight with the row's, and the gathers after the first pass's loads (their address
+        waits for the index), so that they are in flight during the reduction."""
+        def fed(node: object) -> bool:  # a reduction's result flows into it
+            return any(isinstance(n, Reduce) for n in walk([node]))
+
+        for node in walk(list(exprs)):
+            if not gathers and isinstance(node, Load) and node.access in ("row", "scalar") and not fed(node):
+                self.row_expr(node)
+            elif gathers and isinstance(node, AtColumn) and not fed(node.column):
+                col = self._at_col(node)
+                for leaf in walk([node.body]):
+                    if isinstance(leaf, Load) and not self.row_only(leaf) and (id(node), id(leaf)) not in self.preloaded:
+                        name = self.fresh()
+                        self.row_lines.append(f"const {self.c_kind(self.kind(leaf))} {name} = "
+                                              f"{self.scalar_expr(leaf, col)};")
+                        self.preloaded[(id(node), id(leaf))] = name
 
     def convert_load(self, arg: str, value: str) -> str:
         kind = "float" if self.is_float_arg(arg) else "long long"

@@ -118,10 +118,13 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
     ru = (1, 2) if online else (1, 2, 4)
     bases = em.leaf_bases("cg_row")
     lines = em.take_row_lines() + bases
+    row_out = [(n, e) for n, (space, e) in program.outputs.items() if space != "full"]
+    em.preload([e for _, e in row_out], gathers=False)  # the row outputs' own loads, with the row's
+    lines += em.take_row_lines()
     lines += [f"Pack<{em.c_type(em.full_leaves[i].arg)}, V> cg_cache{i}[ITEMS];" for i in sorted(cached)]
     filled: set[int] = set()
     extra = ", cg_split" if cluster else ""
-    for group in _levels(program, fused):
+    for level, group in enumerate(_levels(program, fused)):
         plain = [r for r in group if r.index not in fused and r.index not in partner]
         exprs: list[tuple[str, object]] = [(f"red:{r.index}", r.body) for r in plain]
         exprs += [(f"online:{r.index}:{partner[r.index]}", r.body) for r in group if r.index in partner]
@@ -131,6 +134,9 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
         lines += em.take_row_lines()
         lines += [f"float cg_acc{r.index} = {IDENTITY[r.kind]};" for r in group]
         lines += body
+        if level == 0:  # after the first pass's loads: the row outputs' gathers
+            em.preload([e for _, e in row_out], gathers=True)
+            lines += em.take_row_lines()
         lines += [f"const float cg_red{r.index} = {reduce_fn}<{OPCODE[r.kind]}>(cg_acc{r.index}, {IDENTITY[r.kind]}{extra});"
                   for r in plain]
         for r in group:
@@ -144,7 +150,6 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
         body = _pass(em, full_out, cached, (em.used_leaves(full_out) & cached) - filled, unroll)
         lines += em.take_row_lines()
         lines += body
-    row_out = [(n, e) for n, (space, e) in program.outputs.items() if space != "full"]
     if row_out:
         stores = []
         for name, expr in row_out:
