@@ -498,9 +498,10 @@ def entry(spec: KernelSpec, bound: str, cond: str, call: str, attrs: str = "", s
 
     Out of line because the compiler laid the scalar path first, before the vector path,
     whichever way the condition was written (``__builtin_expect``, an inverted test; nvdisasm,
-    sm_90): the common launch then jumped over kilobytes of code it never runs, which after
-    the L2 flush are not even fetched for it in order. Off vector boundaries is rare, so the
-    call costs nothing where it matters."""
+    sm_90): the common launch then jumped over kilobytes of code it never runs (kernels
+    without such code were 0.15-0.85 us faster on 1-16 rows in lean-paths-h200, one run
+    each; experiments.code_fetch asks why). Off vector boundaries is rare, so the call costs
+    nothing where it matters; the call's registers are counted in the kernel's."""
     body = scalar or call.format(v="1")
     args = entry_args(spec)
     return (
