@@ -43,12 +43,10 @@ def nvdisasm() -> str | None:
     found = os.environ.get("NVDISASM") or shutil.which("nvdisasm")
     if found:
         return found
-    try:
-        import nvidia
-    except ImportError:
-        return None
-    for base in getattr(nvidia, "__path__", []):
-        for candidate in sorted(Path(base).glob("cu*/bin/nvdisasm")) + sorted(Path(base).glob("cuda_nvdisasm/bin/nvdisasm")):
+    # The nvidia-cuda-nvdisasm wheel's binary, found on the path without importing anything.
+    for entry in sys.path:
+        base = Path(entry or ".") / "nvidia"
+        for candidate in sorted(base.glob("cu*/bin/nvdisasm")) + sorted(base.glob("cuda_nvdisasm/bin/nvdisasm")):
             return str(candidate)
     return None
 
