@@ -47,6 +47,7 @@ from typing import Any
 
 from experiments.bench_baselines import git_commit
 from experiments.bench_library import exit_without_gpu
+from kernels.compile_checks import text_bytes
 
 SOURCE = r"""
 extern "C" __global__ void probe(float* __restrict__ out, const float* __restrict__ in, int n, int skip) {
@@ -103,30 +104,6 @@ def _options(exec_: int, dead: int, jumps: int) -> list[str]:
     return [f"-DEXEC={exec_}", f"-DDEAD={dead}", f"-DJUMPS={jumps}", f"-DGAP={GAP}"]
 
 
-def text_bytes(cubin: bytes, entry: str) -> int | None:
-    """Size of ``entry``'s code (its ``.text.<entry>`` section) in an ELF64 cubin; None when
-    the cubin has no such section."""
-    import struct
-
-    if cubin[:4] != b"\x7fELF" or cubin[4] != 2:
-        return None
-    shoff, = struct.unpack_from("<Q", cubin, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
-
-    def section(i: int) -> tuple[int, int, int]:  # name offset, file offset, size
-        name, _, _, _, offset, size = struct.unpack_from("<IIQQQQ", cubin, shoff + i * shentsize)
-        return name, offset, size
-
-    _, names_at, _ = section(shstrndx)
-    want = f".text.{entry}".encode()
-    for i in range(shnum):
-        name, _, size = section(i)
-        end = cubin.index(b"\0", names_at + name)
-        if cubin[names_at + name:end] == want:
-            return size
-    return None
-
-
 def _conditions(flush: Any) -> tuple[float, int]:
     """The flush's GPU time (us) and the sleep, in cycles, that idles the GPU as long: the
     warm condition queues the sleep where the flushed one queues the flush."""
@@ -158,8 +135,7 @@ def run(repetitions: int) -> dict[str, Any]:
             probe((1,), (128,), (y_cp, x_cp, cupy.int32(128), cupy.int32(1)))
 
         # What precedes the launch is the "prepare" step, so both conditions share one loop.
-        impls += [Timed(f"{name}|flushed", lambda _: flush(), launch),
-                  Timed(f"{name}|warm", lambda _: torch.cuda._sleep(sleep_cycles), launch)]
+        impls += _both(Timed(name, lambda _: None, launch), flush, lambda: torch.cuda._sleep(sleep_cycles))
     with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):  # cupy launches where the events are
         times = time_interleaved(impls, lambda: None, 10, repetitions)
     rows = []

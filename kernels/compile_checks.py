@@ -175,6 +175,16 @@ def _sections(cubin: bytes) -> list[tuple[str, int, int, int, int]]:
     return out
 
 
+def text_bytes(cubin: bytes, entry: str) -> int | None:
+    """Size of ``entry``'s code (its ``.text.<entry>`` section, out-of-line callees included)
+    in a cubin; None when it is not a 64-bit ELF or has no such section."""
+    try:
+        sections = _sections(cubin)
+    except CompileRefused:
+        return None
+    return next((size for name, _kind, _offset, size, _link in sections if name == f".text.{entry}"), None)
+
+
 def undefined_functions(cubin: bytes) -> set[str]:
     """Names of the functions the binary calls but does not define (device-runtime services)."""
     sections = _sections(cubin)
