@@ -95,11 +95,18 @@ def _poisoned(spec: KernelSpec, inputs: dict[str, torch.Tensor]) -> dict[str, np
     return out
 
 
-def _run(spec: KernelSpec, source: str, dtype: str, params: dict[str, int], shapes: list[dict[str, int]],
-         workdir: Path) -> list[tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]:
-    """Per shape: (the inputs made for it, the written tensors after the kernel ran on them)."""
-    made = [spec.make_inputs(shape, getattr(torch, dtype), torch.Generator().manual_seed(n), "random", "cpu")
+def _inputs(spec: KernelSpec, shapes: list[dict[str, int]], dtype: str, case: str = "random") -> list[dict[str, torch.Tensor]]:
+    """The spec's inputs of ``case`` for each shape, on the CPU (seeded by the shape's position)."""
+    return [spec.make_inputs(shape, getattr(torch, dtype), torch.Generator().manual_seed(n), case, "cpu")
             for n, shape in enumerate(shapes)]
+
+
+def _run(spec: KernelSpec, source: str, dtype: str, params: dict[str, int], shapes: list[dict[str, int]],
+         workdir: Path, made: list[dict[str, torch.Tensor]] | None = None,
+         ) -> list[tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]:
+    """Per shape: (the inputs it ran on, by default :func:`_inputs`' random ones, the written
+    tensors after the kernel ran on them)."""
+    made = _inputs(spec, shapes, dtype) if made is None else made
     results = cuda_on_cpu.run(spec, source, dtype, params,
                               [(shape, _poisoned(spec, inputs)) for shape, inputs in zip(shapes, made, strict=True)],
                               workdir)
@@ -270,17 +277,8 @@ def test_row_outputs_read_their_gathers_early_and_still_compute_the_reference(tm
         assert 0 <= body.find("logits[cg_base0 + ") < first_reduction, schedule.name
         for dtype in ("float16", "float32"):
             for case in spec.edge_cases:
-                made = [spec.make_inputs(s, getattr(torch, dtype), torch.Generator().manual_seed(n), case, "cpu")
-                        for n, s in enumerate(shapes)]
-                got = cuda_on_cpu.run(spec, schedule.source, dtype, {},
-                                      [(s, _poisoned(spec, m)) for s, m in zip(shapes, made, strict=True)],
-                                      tmp_path / f"{schedule.name.replace('/', '_')}-{dtype}-{case}")
-                for shape, inputs, written in zip(shapes, made, got, strict=True):
-                    tensors = {k: torch.from_numpy(b.copy()).view(inputs[k].dtype).reshape(inputs[k].shape)
-                               for k, b in written.items()}
-                    want = spec.reference({k: v.clone() for k, v in inputs.items()}, shape, spec.constants)
-                    finding = V.check_outputs(tensors, want, tolerances(spec, dtype), spec.compare,
-                                              f"({schedule.name}, {dtype}, {case}, {shape})")
-                    assert finding is None, finding.message
+                workdir = tmp_path / f"{schedule.name.replace('/', '_')}-{dtype}-{case}"
+                got = _run(spec, schedule.source, dtype, {}, shapes, workdir, _inputs(spec, shapes, dtype, case))
+                _compare(spec, shapes, got, dtype, {})
                 ran += 1
     assert ran

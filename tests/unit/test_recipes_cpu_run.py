@@ -110,26 +110,16 @@ def test_merge_multi_handles_its_edge_cases_with_the_first_states_loaded_early(p
     every state: on the spec's edge cases (an empty state, all empty, lse gaps, marked empty)
     and with the largest lse on the last state, with fewer and more states than UNROLL, it
     still computes the reference."""
-    from evaluators import validate as V
-    from evaluators.context import tolerances
-    from tests.unit.test_codegen_cpu_run import _poisoned
+    from tests.unit.test_codegen_cpu_run import _compare, _inputs, _run
 
-    torch = pytest.importorskip("torch")
     spec = load_kernel("merge_attn_states_multi")
     source = recipes_for(spec)[0].build(spec)
     shapes = [{"num_states": 3, "num_tokens": 3, "num_heads": 2, "head_dim": 24},
               {"num_states": 11, "num_tokens": 2, "num_heads": 3, "head_dim": 16}]
     assert spec.edge_cases
     for case in (*spec.edge_cases, "late_max"):
-        made = [spec.make_inputs(s, torch.float16, torch.Generator().manual_seed(n), case, "cpu")
-                for n, s in enumerate(shapes)]
+        made = _inputs(spec, shapes, "float16", case)
         if case == "late_max":  # the largest lse on the last state, 300 above the rest: a max
             for inputs in made:   # that missed it would overflow 2^(lse - max)
                 inputs["lse"][-1] += 300.0
-        got = cuda_on_cpu.run(spec, source, "float16", params, [(s, _poisoned(spec, m)) for s, m in zip(shapes, made, strict=True)],
-                              tmp_path / case)
-        for shape, inputs, written in zip(shapes, made, got, strict=True):
-            tensors = {k: torch.from_numpy(b.copy()).view(inputs[k].dtype).reshape(inputs[k].shape) for k, b in written.items()}
-            want = spec.reference({k: v.clone() for k, v in inputs.items()}, shape, spec.constants)
-            finding = V.check_outputs(tensors, want, tolerances(spec, "float16"), spec.compare, f"({case}, {shape})")
-            assert finding is None, finding.message
+        _compare(spec, shapes, _run(spec, source, "float16", params, shapes, tmp_path / case, made), "float16", params)
