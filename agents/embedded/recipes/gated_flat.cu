@@ -8,33 +8,9 @@
 ${header}
 ${guards}
 ${common}
-__device__ __forceinline__ void gated_flat_wide(scalar_t* __restrict__ out, const scalar_t* __restrict__ x, int d,
-                                              long long total, long long step, long long start) {
-    // Past 2^32 vectors: 64-bit indices.
-    const long long per_row = d / VEC;
-    for (long long first = start; first < total; first += step) {
-        uint4 g[ITEMS], u[ITEMS];
-#pragma unroll
-        for (int k = 0; k < ITEMS; ++k) {
-            const long long i = first + static_cast<long long>(k) * BLOCK;
-            if (i < total) {
-                const long long r = i / per_row;
-                const uint4* src = reinterpret_cast<const uint4*>(x + r * 2 * d) + (i - r * per_row);
-                g[k] = load16(src);
-                u[k] = load16(src + per_row);
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < ITEMS; ++k) {
-            const long long i = first + static_cast<long long>(k) * BLOCK;
-            if (i < total) store16(reinterpret_cast<uint4*>(out) + i, gate_times_up(g[k], u[k]));
-        }
-    }
-}
-
 // The scalar path (rare) out of line: inline, the compiler laid it before the vector path, so
-// every launch jumped over its code (nvdisasm, sm_90). The 64-bit vector path above stays inline:
-// out of line it cost 8 registers (63 -> 71 at BLOCK=512, ITEMS=4) for 0x100 bytes of layout.
+// every launch jumped over its code (nvdisasm, sm_90). The 64-bit vector path stays inline: out
+// of line it cost 8 registers (63 -> 71 at BLOCK=512, ITEMS=4) for 0x100 bytes of layout.
 __device__ __noinline__ void gated_flat_scalar(scalar_t* __restrict__ out, const scalar_t* __restrict__ x,
                                              int rows, int d) {
     const long long total = static_cast<long long>(rows) * d;
@@ -81,7 +57,24 @@ __device__ __forceinline__ void gated_flat(scalar_t* __restrict__ out, const sca
             }
             return;
         }
-        gated_flat_wide(out, x, d, total, step, start);
+        for (long long first = start; first < total; first += step) {
+            uint4 g[ITEMS], u[ITEMS];
+#pragma unroll
+            for (int k = 0; k < ITEMS; ++k) {
+                const long long i = first + static_cast<long long>(k) * BLOCK;
+                if (i < total) {
+                    const long long r = i / per_row;
+                    const uint4* src = reinterpret_cast<const uint4*>(x + r * 2 * d) + (i - r * per_row);
+                    g[k] = load16(src);
+                    u[k] = load16(src + per_row);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < ITEMS; ++k) {
+                const long long i = first + static_cast<long long>(k) * BLOCK;
+                if (i < total) store16(reinterpret_cast<uint4*>(out) + i, gate_times_up(g[k], u[k]));
+            }
+        }
         return;
     }
     gated_flat_scalar(out, x, rows, d);
