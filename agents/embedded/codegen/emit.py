@@ -67,6 +67,11 @@ def _float_literal(x: float) -> str:
     return f"{float(x)!r}f"
 
 
+def _fed(node: object) -> bool:
+    """Whether a reduction's result flows into ``node``."""
+    return any(isinstance(n, Reduce) for n in walk([node]))
+
+
 class Emitter:
     """Writes statements for the expressions of one program."""
 
@@ -211,7 +216,7 @@ class Emitter:
 
     def scalar_expr(self, node: object, col: str, at: AtColumn | None = None) -> str:
         """A full expression at one column (a gather by index), with scalar loads (or the
-        values :meth:`preload` read for the AtColumn ``at``)."""
+        values :meth:`preload_gathers` read for the AtColumn ``at``)."""
         if self.row_only(node):
             return self.row_expr(node)
         if isinstance(node, Load):
@@ -223,28 +228,29 @@ class Emitter:
         assert isinstance(node, Op)
         return self.op_text(node, [self.scalar_expr(a, col, at) for a in node.args])
 
-    def preload(self, exprs: Sequence[object], gathers: bool) -> None:
-        """Defines now, in ``row_lines``, loads of ``exprs`` that no reduction feeds: with
-        ``gathers`` False, row values' loads (an index, a per-row scalar); with ``gathers``
-        True, the elements a gather reads at a row-valued column. For a row's outputs,
-        computed after its reductions: read there, each was a trip to memory the row's writer
-        waited for at the end. The caller places the row values' loads first, so that they are
-        in flight with the row's, and the gathers after the first pass's loads (their address
-        waits for the index), so that they are in flight during the reduction."""
-        def fed(node: object) -> bool:  # a reduction's result flows into it
-            return any(isinstance(n, Reduce) for n in walk([node]))
-
+    def preload_row_values(self, exprs: Sequence[object]) -> None:
+        """Defines now, in ``row_lines``, the loads of row values in ``exprs`` that no reduction
+        feeds (an index, a per-row scalar). For a row's outputs, computed after its reductions:
+        read there, each was a trip to memory the row's writer waited for at the end; placed
+        with the row's first loads, they are in flight with them."""
         for node in walk(list(exprs)):
-            if not gathers and isinstance(node, Load) and node.access in ("row", "scalar") and not fed(node):
+            if isinstance(node, Load) and node.access in ("row", "scalar") and not _fed(node):
                 self.row_expr(node)
-            elif gathers and isinstance(node, AtColumn) and not fed(node.column):
-                col = self._at_col(node)
-                for leaf in walk([node.body]):
-                    if isinstance(leaf, Load) and not self.row_only(leaf) and (id(node), id(leaf)) not in self.preloaded:
-                        name = self.fresh()
-                        self.row_lines.append(f"const {self.c_kind(self.kind(leaf))} {name} = "
-                                              f"{self.scalar_expr(leaf, col)};")
-                        self.preloaded[(id(node), id(leaf))] = name
+
+    def preload_gathers(self, exprs: Sequence[object]) -> None:
+        """Defines now, in ``row_lines``, the elements that the gathers of ``exprs`` read at a
+        row-valued column no reduction feeds, for :meth:`scalar_expr` to use later. The caller
+        places them after the first pass's loads (their address waits for the index), so that
+        they are in flight during the reduction."""
+        for node in walk(list(exprs)):
+            if not isinstance(node, AtColumn) or _fed(node.column):
+                continue
+            col = self._at_col(node)
+            for leaf in walk([node.body]):
+                if isinstance(leaf, Load) and not self.row_only(leaf) and (id(node), id(leaf)) not in self.preloaded:
+                    name = self.fresh()
+                    self.row_lines.append(f"const {self.c_kind(self.kind(leaf))} {name} = {self.scalar_expr(leaf, col)};")
+                    self.preloaded[(id(node), id(leaf))] = name
 
     def convert_load(self, arg: str, value: str) -> str:
         kind = "float" if self.is_float_arg(arg) else "long long"

@@ -119,7 +119,8 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
     bases = em.leaf_bases("cg_row")
     lines = em.take_row_lines() + bases
     row_out = [(n, e) for n, (space, e) in program.outputs.items() if space != "full"]
-    em.preload([e for _, e in row_out], gathers=False)  # the row outputs' own loads, with the row's
+    row_exprs = [e for _, e in row_out]
+    em.preload_row_values(row_exprs)  # the row outputs' own loads, with the row's
     lines += em.take_row_lines()
     lines += [f"Pack<{em.c_type(em.full_leaves[i].arg)}, V> cg_cache{i}[ITEMS];" for i in sorted(cached)]
     filled: set[int] = set()
@@ -135,7 +136,7 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
         lines += [f"float cg_acc{r.index} = {IDENTITY[r.kind]};" for r in group]
         lines += body
         if level == 0:  # after the first pass's loads: the row outputs' gathers
-            em.preload([e for _, e in row_out], gathers=True)
+            em.preload_gathers(row_exprs)
             lines += em.take_row_lines()
         lines += [f"const float cg_red{r.index} = {reduce_fn}<{OPCODE[r.kind]}>(cg_acc{r.index}, {IDENTITY[r.kind]}{extra});"
                   for r in plain]
