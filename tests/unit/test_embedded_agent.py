@@ -368,6 +368,14 @@ def test_recipes_validate_on_every_shape(kernel):
                         for shape_set in ("search", "heldout"):
                             got = ev.evaluate(EvalRequest(kernel=kernel, variant=variant, params=params, dtype=dtype,
                                                           shape_set=shape_set, time=False))
-                            assert got.status is Status.OK, f"{recipe.name} fast={fast} {params} {dtype}: {got.message}"
+                            what = f"{recipe.name} fast={fast} {params} {dtype}: {got.message}"
+                            if fast and got.status is Status.INCORRECT:
+                                # --use_fast_math swaps in approximate hardware functions (tanhf
+                                # becomes tanh.approx, ~2^-11 relative: gelu_tanh's 1 + tanh
+                                # cancels it past fp16's tolerance). Rejecting such a variant is
+                                # the right verdict; only a tolerance miss may reject it.
+                                assert "elements outside rtol" in got.message, what
+                                continue
+                            assert got.status is Status.OK, what
     finally:
         ev.close()
