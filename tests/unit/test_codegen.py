@@ -570,8 +570,9 @@ def test_rows_block_gives_short_rows_fewer_than_32_threads_and_reduces_inside_th
 def test_short_rows_share_a_block_only_while_the_grid_keeps_fill_blocks():
     """rows/block and elementwise/rows pack short rows several to a block, but not below
     FILL_BLOCKS blocks: 1024 rows of 256 elements took 64 blocks of 512 threads (half of an
-    H200's SMs idle), now 256 of 128."""
-    from agents.embedded.codegen.emit import FILL_BLOCKS
+    H200's SMs idle), now 256 of 128. The elementwise schedules' blocks also shrink for a few
+    long rows: one row of 11008 took 3 blocks of 512."""
+    from agents.embedded.launch_fill import FILL_BLOCKS
 
     def launch_of(folder, name, shape, params):
         spec = load_kernel(ROOT / "experiments" / "unseen" / folder)
@@ -582,10 +583,23 @@ def test_short_rows_share_a_block_only_while_the_grid_keeps_fill_blocks():
     assert ew.block[:2] == (32, 4) and ew.grid[:2] == (1, 256)  # (column chunks, row groups)
     ew = launch_of("kv_cache_write", "codegen:elementwise/rows", {"num_tokens": 16, "hidden": 512, "num_slots": 9},
                    {"BLOCK": 512, "ITEMS": 1})
-    assert ew.block[:2] == (64, 1) and ew.grid[:2] == (1, 16)
+    assert ew.block[:2] == (32, 1) and ew.grid[:2] == (2, 16)  # 16 rows: blocks down to a warp
     ew = launch_of("kv_cache_write", "codegen:elementwise/rows", {"num_tokens": 65536, "hidden": 256, "num_slots": 9},
                    {"BLOCK": 512, "ITEMS": 1})
     assert ew.block[:2] == (32, 16)  # many rows: as many to a block as BLOCK holds
+    # A few long rows: blocks shrink (a warp at least) until the launch has about FILL_BLOCKS.
+    ew = launch_of("bias_gelu", "codegen:elementwise/rows", {"num_tokens": 1, "hidden": 11008},
+                   {"BLOCK": 512, "ITEMS": 1})
+    assert ew.block[:2] == (32, 1) and ew.grid[:2] == (43, 1)
+    ew = launch_of("bias_gelu", "codegen:elementwise/rows", {"num_tokens": 16, "hidden": 14336},
+                   {"BLOCK": 512, "ITEMS": 1})
+    assert ew.block[:2] == (128, 1) and ew.grid[0] * ew.grid[1] >= FILL_BLOCKS * 3 // 4
+    ew = launch_of("bias_gelu", "codegen:elementwise/rows", {"num_tokens": 4096, "hidden": 14336},
+                   {"BLOCK": 512, "ITEMS": 1})
+    assert ew.block[:2] == (512, 1)
+    fl = launch_of("logits_mask_fill", "codegen:elementwise/flat", {"num_tokens": 1, "vocab": 128256},
+                   {"BLOCK": 512, "ITEMS": 1})
+    assert fl.block[0] == 64 and fl.grid[0] >= FILL_BLOCKS * 3 // 4
     rb = launch_of("l2norm_rows", "codegen:rows/block", {"num_tokens": 16, "hidden": 128}, {"ITEMS": 1})
     assert rb.block[:2] == (16, 1) and rb.grid[0] == 16
     rb = launch_of("l2norm_rows", "codegen:rows/block", {"num_tokens": 4096, "hidden": 128}, {"ITEMS": 1})

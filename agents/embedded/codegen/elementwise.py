@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from agents.embedded.codegen.cuda_text import PRELUDE
 from agents.embedded.codegen.emit import (
-    FILL_BLOCKS,
     Emitter,
     Schedule,
     c_size,
@@ -24,6 +23,7 @@ from agents.embedded.codegen.emit import (
 )
 from agents.embedded.codegen.ir import Program
 from agents.embedded.codegen.trace import Unsupported
+from agents.embedded.launch_fill import FILL_BLOCKS, fill_threads
 from kernels.spec import KernelSpec
 
 
@@ -112,7 +112,9 @@ def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
     # Threads along a row: one per 8 * ITEMS elements, in steps of 8 (a warp may hold several
     # short rows), at most BLOCK; the rest of BLOCK takes further rows, but no more than keep
     # FILL_BLOCKS blocks: a few hundred short rows packed 16 to a block of 512 left most SMs idle.
-    tx = f"min(BLOCK, max(8, 8 * cdiv({cols_launch}, 64 * ITEMS)))"
+    # A small launch (a few long rows) takes smaller blocks, down to a warp, until it too has
+    # about FILL_BLOCKS (see fill_threads).
+    tx = f"min(BLOCK, max(8, 8 * cdiv({cols_launch}, 64 * ITEMS)), {fill_threads(rows_launch, cols_launch)})"
     ry = f"max(1, min(BLOCK // {tx}, cdiv({rows_launch}, {FILL_BLOCKS})))"
     grid = f"(cdiv({cols_launch}, {tx} * 8 * ITEMS), min(cdiv({rows_launch}, {ry}), 65535))"
     tune = {"BLOCK": (256, 128, 512), "ITEMS": (2, 1, 4)}

@@ -48,11 +48,6 @@ class Schedule:
     source: str
 
 
-# Short rows packed several to a block stop at this many blocks: about two per SM of a 132-SM
-# GPU (H100, H200), so that a few hundred short rows still reach every SM.
-FILL_BLOCKS = 264
-
-
 def c_size(expr: str, index: str = "cg_idx") -> str:
     """A launch-style size expression (``2 * d``) as C of the index type (``cg_idx``: 64-bit
     unless a schedule runs a 32-bit copy; ``index="long long"`` for a bound that must not wrap)."""

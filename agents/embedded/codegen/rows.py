@@ -25,7 +25,6 @@ from agents.embedded.codegen.cuda_text import (
     PRELUDE,
 )
 from agents.embedded.codegen.emit import (
-    FILL_BLOCKS,
     IDENTITY,
     OPCODE,
     Emitter,
@@ -37,6 +36,7 @@ from agents.embedded.codegen.emit import (
 )
 from agents.embedded.codegen.ir import Op, Program, Reduce, walk
 from agents.embedded.codegen.trace import Unsupported
+from agents.embedded.launch_fill import FILL_BLOCKS
 from kernels.spec import KernelSpec
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 
+from agents.embedded.launch_fill import fill_threads
 from kernels.spec import Arg, KernelSpec
 
 _DIR = Path(__file__).resolve().parent
@@ -130,16 +131,19 @@ def _gated(spec: KernelSpec, layout: str) -> str:
     call = f"gated_{layout}({out[0]}, {inp[0]}, {rows}, {d})"
     # The device helpers every layout shares.
     common = _common("gated_common.cu", act=_ACTIVATIONS[act])
+    # Flat and tiles: BLOCK threads to a block, fewer (a warp at least) when the launch would
+    # otherwise leave most SMs without a block (one row of 11008: 3 blocks of 512).
+    threads = f"min(BLOCK, {fill_threads(rows, d)})"
     if layout == "flat":
-        grid = f"(cdiv({rows} * {d}, BLOCK * 8 * ITEMS),)"
+        grid = f"(cdiv({rows} * {d}, {threads} * 8 * ITEMS),)"
         tune = {"BLOCK": (256, 128, 512), "ITEMS": (2, 1, 4), "HINT": (0, 1)}
-        return _fill("gated_flat.cu", spec, grid, "(BLOCK,)", "BLOCK", tune, call, common=common)
+        return _fill("gated_flat.cu", spec, grid, f"({threads},)", "BLOCK", tune, call, common=common)
     if layout == "tiles":
         # 8 = the vector width of 2-byte types; wider types only change how many tiles a row has
         # in the vector path, which the kernel recomputes itself, and the scalar path strides.
-        grid = f"(cdiv({d}, BLOCK * 8 * ITEMS), min({rows}, 65535))"
+        grid = f"(cdiv({d}, {threads} * 8 * ITEMS), min({rows}, 65535))"
         tune = {"BLOCK": (128, 256, 512), "ITEMS": (2, 1, 4), "HINT": (0, 1)}
-        return _fill("gated_tiles.cu", spec, grid, "(BLOCK,)", "BLOCK", tune, call, common=common)
+        return _fill("gated_tiles.cu", spec, grid, f"({threads},)", "BLOCK", tune, call, common=common)
     tune = {"BLOCK": (256, 128, 512, 1024), "ITEMS": (2, 1, 4), "HINT": (0, 1)}
     return _fill("gated_rows.cu", spec, f"({rows},)", "(BLOCK,)", "BLOCK", tune, call, common=common)
 

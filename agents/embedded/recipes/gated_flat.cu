@@ -14,8 +14,8 @@ ${common}
 __device__ __noinline__ void gated_flat_scalar(scalar_t* __restrict__ out, const scalar_t* __restrict__ x,
                                              int rows, int d) {
     const long long total = static_cast<long long>(rows) * d;
-    for (long long i = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x; i < total;
-         i += static_cast<long long>(gridDim.x) * BLOCK) {
+    for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+         i += static_cast<long long>(gridDim.x) * blockDim.x) {
         const long long r = i / d;
         const long long c = i - r * d;
         const float g = static_cast<float>(x[r * 2 * d + c]);
@@ -30,8 +30,10 @@ __device__ __forceinline__ void gated_flat(scalar_t* __restrict__ out, const sca
     if (d % VEC == 0 && (addr & 15) == 0) {
         const long long per_row = d / VEC;
         const long long total = static_cast<long long>(rows) * per_row;
-        const long long step = static_cast<long long>(gridDim.x) * BLOCK * ITEMS;
-        const long long start = static_cast<long long>(blockIdx.x) * BLOCK * ITEMS + threadIdx.x;
+        // blockDim.x is BLOCK, or fewer on a launch too small to give every SM a block.
+        const int nt = blockDim.x;
+        const long long step = static_cast<long long>(gridDim.x) * nt * ITEMS;
+        const long long start = static_cast<long long>(blockIdx.x) * nt * ITEMS + threadIdx.x;
         if (total + step < (1ll << 32)) {
             // Every index fits in 32 bits (any real launch): 32-bit division, a few instructions
             // where the 64-bit one takes dozens.
@@ -41,7 +43,7 @@ __device__ __forceinline__ void gated_flat(scalar_t* __restrict__ out, const sca
                 uint4 g[ITEMS], u[ITEMS];
 #pragma unroll
                 for (int k = 0; k < ITEMS; ++k) {
-                    const unsigned int i = first + k * BLOCK;
+                    const unsigned int i = first + k * nt;
                     if (i < n) {
                         const unsigned int r = i / pr;
                         const uint4* src = reinterpret_cast<const uint4*>(x + static_cast<long long>(r) * 2 * d) + (i - r * pr);
@@ -51,7 +53,7 @@ __device__ __forceinline__ void gated_flat(scalar_t* __restrict__ out, const sca
                 }
 #pragma unroll
                 for (int k = 0; k < ITEMS; ++k) {
-                    const unsigned int i = first + k * BLOCK;
+                    const unsigned int i = first + k * nt;
                     if (i < n) store16(reinterpret_cast<uint4*>(out) + i, gate_times_up(g[k], u[k]));
                 }
             }
@@ -61,7 +63,7 @@ __device__ __forceinline__ void gated_flat(scalar_t* __restrict__ out, const sca
             uint4 g[ITEMS], u[ITEMS];
 #pragma unroll
             for (int k = 0; k < ITEMS; ++k) {
-                const long long i = first + static_cast<long long>(k) * BLOCK;
+                const long long i = first + static_cast<long long>(k) * nt;
                 if (i < total) {
                     const long long r = i / per_row;
                     const uint4* src = reinterpret_cast<const uint4*>(x + r * 2 * d) + (i - r * per_row);
@@ -71,7 +73,7 @@ __device__ __forceinline__ void gated_flat(scalar_t* __restrict__ out, const sca
             }
 #pragma unroll
             for (int k = 0; k < ITEMS; ++k) {
-                const long long i = first + static_cast<long long>(k) * BLOCK;
+                const long long i = first + static_cast<long long>(k) * nt;
                 if (i < total) store16(reinterpret_cast<uint4*>(out) + i, gate_times_up(g[k], u[k]));
             }
         }

@@ -1,5 +1,6 @@
 // ${kernel}: out[t, i] = act(x[t, i]) * x[t, d + i], act computed in fp32 and rounded once.
-// Recipe gated_act/tiles: each block owns one tile of BLOCK * ITEMS 16-byte vectors of a row:
+// Recipe gated_act/tiles: each block owns one tile of blockDim.x * ITEMS 16-byte vectors of a row
+// (blockDim.x is BLOCK, or fewer on a launch too small to give every SM a block):
 // the tile is blockIdx.x, the row blockIdx.y (a 2-D grid, so no thread divides to find its
 // place; rows past grid.y's 65535 are taken in turn by the same blocks). Every thread issues
 // all its gate and up loads before the first store. A scalar path covers d that is not a
@@ -13,9 +14,9 @@ __device__ __noinline__ void gated_tiles_scalar(scalar_t* __restrict__ out, cons
                                               int rows, int d) {
     // Scalar path: the same blocks, read as a flat range (block (x, y) is block y * grid.x + x).
     const long long total = static_cast<long long>(rows) * d;
-    const long long step = static_cast<long long>(gridDim.x) * gridDim.y * BLOCK;
+    const long long step = static_cast<long long>(gridDim.x) * gridDim.y * blockDim.x;
     const long long block = static_cast<long long>(blockIdx.y) * gridDim.x + blockIdx.x;
-    for (long long i = block * BLOCK + threadIdx.x; i < total; i += step) {
+    for (long long i = block * blockDim.x + threadIdx.x; i < total; i += step) {
         const long long r = i / d;
         const long long c = i - r * d;
         const float g = static_cast<float>(x[r * 2 * d + c]);
@@ -30,7 +31,8 @@ __device__ __forceinline__ void gated_tiles(scalar_t* __restrict__ out, const sc
     // The grid counts tiles of 8-element vectors (2-byte types); other types take the scalar path.
     if (VEC == 8 && d % VEC == 0 && (addr & 15) == 0) {
         const int per_row = d / VEC;
-        const int first = blockIdx.x * BLOCK * ITEMS + threadIdx.x;
+        const int nt = blockDim.x;
+        const int first = blockIdx.x * nt * ITEMS + threadIdx.x;
         for (int row = blockIdx.y; row < rows; row += gridDim.y) {
             const uint4* g16 = reinterpret_cast<const uint4*>(x + static_cast<long long>(row) * 2 * d);
             const uint4* u16 = g16 + per_row;
@@ -38,15 +40,15 @@ __device__ __forceinline__ void gated_tiles(scalar_t* __restrict__ out, const sc
             uint4 g[ITEMS], u[ITEMS];
 #pragma unroll
             for (int k = 0; k < ITEMS; ++k) {
-                if (first + k * BLOCK < per_row) {
-                    g[k] = load16(g16 + first + k * BLOCK);
-                    u[k] = load16(u16 + first + k * BLOCK);
+                if (first + k * nt < per_row) {
+                    g[k] = load16(g16 + first + k * nt);
+                    u[k] = load16(u16 + first + k * nt);
                 }
             }
 #pragma unroll
             for (int k = 0; k < ITEMS; ++k) {
-                if (first + k * BLOCK < per_row) {
-                    store16(o16 + first + k * BLOCK, gate_times_up(g[k], u[k]));
+                if (first + k * nt < per_row) {
+                    store16(o16 + first + k * nt, gate_times_up(g[k], u[k]));
                 }
             }
         }
