@@ -52,7 +52,7 @@ UNCAPPED = " uncapped"
 
 
 def without_fill_cap(source: str) -> str:
-    """The source with the small-launch block cap (:func:`agents.embedded.codegen.emit.fill_threads`)
+    """The source with the small-launch block cap (:func:`agents.embedded.launch_fill.fill_threads`)
     taken out of its launch line: the block as the generator wrote it before the cap."""
     import re
 
@@ -126,12 +126,10 @@ def merge_loops(loops: list[dict[str, Any]]) -> dict[str, Any]:
     def spread(values: list[float]) -> list[float] | None:
         return [statistics.median(values), min(values), max(values)] if values else None
 
-    names = first["vs_torch_compile"].keys()
-    first["vs_torch_compile"] = {n: (s[0] if (s := spread([r["vs_torch_compile"][n] for r in loops
-                                                           if r["vs_torch_compile"].get(n)])) else None)
-                                 for n in names}
-    first["vs_torch_compile_range"] = {n: spread([r["vs_torch_compile"][n] for r in loops if r["vs_torch_compile"].get(n)])
-                                       for n in names}
+    ranges = {n: spread([r["vs_torch_compile"][n] for r in loops if r["vs_torch_compile"].get(n)])
+              for n in first["vs_torch_compile"]}
+    first["vs_torch_compile"] = {n: v[0] if v else None for n, v in ranges.items()}
+    first["vs_torch_compile_range"] = ranges
     ab: dict[str, dict[str, list[float] | None]] = {}
     for name in first["times_ms"]:
         twin = name + UNCAPPED
