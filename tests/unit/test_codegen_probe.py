@@ -105,3 +105,18 @@ def test_compare_fill_takes_the_capped_recipes_of_a_library_kernel():
         # Both launches cover the row, one 16-byte vector per thread at ITEMS=1.
         assert capped.grid[0] * 32 * 8 >= 11008 and uncapped.grid[0] * 512 * 8 >= 11008, name
         assert capped.grid[0] > uncapped.grid[0], name
+
+
+def test_compare_fill_takes_merge_flat_and_leaves_merge_pairs():
+    variants = codegen_probe.variants_of(codegen_probe.ROOT / "kernels" / "merge_attn_states_lse", grid=False,
+                                         compare_fill=True)
+    # merge/flat and the generated elementwise/rows have the cap; merge/pairs (a row of threads per
+    # pair) has none and no twin.
+    assert {n.split(" ")[0] for n in variants} == {"recipe:merge/flat", "elementwise/rows"}
+    source, params = variants["recipe:merge/flat BLOCK=256,ITEMS=1"]
+    from kernels.launch import parse_launch_header
+
+    one_token = {"num_tokens": 1, "num_heads": 32, "head_dim": 128}
+    assert parse_launch_header(source).resolve(one_token, params).block[0] == 32
+    twin = variants["recipe:merge/flat BLOCK=256,ITEMS=1" + codegen_probe.UNCAPPED][0]
+    assert parse_launch_header(twin).resolve(one_token, params).block[0] == 256

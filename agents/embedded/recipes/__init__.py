@@ -271,9 +271,10 @@ def _merge_call(spec: KernelSpec) -> tuple[str, str, str, str]:
 
 def _merge(spec: KernelSpec) -> str:
     tokens, heads, head_dim, call = _merge_call(spec)
-    grid = f"(cdiv({tokens} * {heads} * {head_dim}, BLOCK * 8 * ITEMS),)"
+    threads = f"min(BLOCK, {fill_threads(f'{tokens} * {heads}', head_dim)})"  # small launches: smaller blocks
+    grid = f"(cdiv({tokens} * {heads} * {head_dim}, {threads} * 8 * ITEMS),)"
     tune = {"BLOCK": (256, 128, 512), "ITEMS": (1, 2, 4)}
-    return _fill("merge_flat.cu", spec, grid, "(BLOCK,)", "BLOCK", tune, call)
+    return _fill("merge_flat.cu", spec, grid, f"({threads},)", "BLOCK", tune, call)
 
 
 def _merge_pairs(spec: KernelSpec) -> str:

@@ -17,12 +17,14 @@ __device__ __forceinline__ void merge_body(scalar_t* __restrict__ v_out, float* 
     using P = Pack<V>;
     const int per_pair = head_dim / V;
     const long long total = pairs * per_pair;
-    const long long step = static_cast<long long>(gridDim.x) * BLOCK * ITEMS;
-    for (long long first = static_cast<long long>(blockIdx.x) * BLOCK * ITEMS + threadIdx.x; first < total; first += step) {
+    // blockDim.x is BLOCK, or fewer on a launch too small to give every SM a block.
+    const int nt = blockDim.x;
+    const long long step = static_cast<long long>(gridDim.x) * nt * ITEMS;
+    for (long long first = static_cast<long long>(blockIdx.x) * nt * ITEMS + threadIdx.x; first < total; first += step) {
         P a[ITEMS], b[ITEMS];
 #pragma unroll
         for (int k = 0; k < ITEMS; ++k) {
-            const long long i = first + static_cast<long long>(k) * BLOCK;
+            const long long i = first + static_cast<long long>(k) * nt;
             if (i < total) {
                 a[k] = reinterpret_cast<const P*>(v_a)[i];
                 b[k] = reinterpret_cast<const P*>(v_b)[i];
@@ -30,7 +32,7 @@ __device__ __forceinline__ void merge_body(scalar_t* __restrict__ v_out, float* 
         }
 #pragma unroll
         for (int k = 0; k < ITEMS; ++k) {
-            const long long i = first + static_cast<long long>(k) * BLOCK;
+            const long long i = first + static_cast<long long>(k) * nt;
             if (i >= total) continue;
             const long long pair = i / per_pair;
             const float sa = s_a[pair];
