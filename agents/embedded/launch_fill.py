@@ -13,5 +13,13 @@ def fill_threads(rows: str, cols: str) -> str:
     ``rows * cols`` elements, 8 * ITEMS to a thread, make about FILL_BLOCKS blocks. A block capped
     at this spreads a small launch over the SMs: on one row of 11008 elements the search's
     evaluations of one generated kernel ran 4.3-4.7 us with 11 blocks of 128 threads, 4.6-4.8
-    with 6 of 256 and 5.2-5.3 with 3 of 512 (unseen run, H200)."""
+    with 6 of 256 and 5.2-5.3 with 3 of 512 (evaluations.jsonl of the unseen sweep at 2cbb244,
+    H200)."""
     return f"max(32, 32 * cdiv({rows} * {cols}, 8 * ITEMS * 32 * {FILL_BLOCKS}))"
+
+
+def capped_threads(rows: str, cols: str) -> str:
+    """A launch expression: BLOCK threads to a block, fewer (a warp at least) when ``rows *
+    cols`` elements would otherwise leave most SMs without a block. A kernel launched with it
+    must index by blockDim.x, not BLOCK."""
+    return f"min(BLOCK, {fill_threads(rows, cols)})"

@@ -261,9 +261,9 @@ def test_rows_off_vector_boundaries_take_the_out_of_line_scalar_paths(folder, tm
 
 def test_row_outputs_read_their_gathers_early_and_still_compute_the_reference(tmp_path):
     """cross_entropy_rows' loss reads the target and the logit at it before the row's
-    reductions (Emitter.preload_row_values and preload_gathers), no longer after them: on every edge case of the spec (ignored
-    targets among them, whose gather is clamped to column 0), each non-cluster rows schedule
-    still computes the reference, in fp16 and fp32."""
+    reductions (Emitter.preload_row_values and preload_gathers), no longer after them: on
+    every edge case of the spec (ignored targets among them, whose gather is clamped to
+    column 0), each non-cluster rows schedule still computes the reference, in fp16 and fp32."""
     spec = load_kernel(UNSEEN / "cross_entropy_rows")
     shapes = [{"num_tokens": 5, "vocab": 200}, {"num_tokens": 2, "vocab": 9000}]
     assert spec.edge_cases

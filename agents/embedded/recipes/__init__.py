@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 
-from agents.embedded.launch_fill import fill_threads
+from agents.embedded.launch_fill import capped_threads
 from kernels.spec import Arg, KernelSpec
 
 _DIR = Path(__file__).resolve().parent
@@ -131,9 +131,8 @@ def _gated(spec: KernelSpec, layout: str) -> str:
     call = f"gated_{layout}({out[0]}, {inp[0]}, {rows}, {d})"
     # The device helpers every layout shares.
     common = _common("gated_common.cu", act=_ACTIVATIONS[act])
-    # Flat and tiles: BLOCK threads to a block, fewer (a warp at least) when the launch would
-    # otherwise leave most SMs without a block (one row of 11008: 3 blocks of 512).
-    threads = f"min(BLOCK, {fill_threads(rows, d)})"
+    # Flat and tiles: fewer threads to a block on a small launch (one row of 11008: 3 blocks of 512).
+    threads = capped_threads(rows, d)
     if layout == "flat":
         grid = f"(cdiv({rows} * {d}, {threads} * 8 * ITEMS),)"
         tune = {"BLOCK": (256, 128, 512), "ITEMS": (2, 1, 4), "HINT": (0, 1)}
@@ -271,7 +270,7 @@ def _merge_call(spec: KernelSpec) -> tuple[str, str, str, str]:
 
 def _merge(spec: KernelSpec) -> str:
     tokens, heads, head_dim, call = _merge_call(spec)
-    threads = f"min(BLOCK, {fill_threads(f'{tokens} * {heads}', head_dim)})"  # small launches: smaller blocks
+    threads = capped_threads(f"{tokens} * {heads}", head_dim)  # small launches: smaller blocks
     grid = f"(cdiv({tokens} * {heads} * {head_dim}, {threads} * 8 * ITEMS),)"
     tune = {"BLOCK": (256, 128, 512), "ITEMS": (1, 2, 4)}
     return _fill("merge_flat.cu", spec, grid, f"({threads},)", "BLOCK", tune, call)
