@@ -12,9 +12,9 @@ def fill_threads(rows: str, cols: str) -> str:
     """A launch expression: the threads per block (a multiple of a warp, at least one) at which
     ``rows * cols`` elements, 8 * ITEMS to a thread, make about FILL_BLOCKS blocks. A block capped
     at this spreads a small launch over the SMs: on one row of 11008 elements the search's
-    evaluations of one generated kernel ran 4.3-4.7 us with 11 blocks of 128 threads, 4.6-4.8
-    with 6 of 256 and 5.2-5.3 with 3 of 512 (evaluations.jsonl of the unseen sweep at 2cbb244,
-    H200)."""
+    evaluations of its generated kernels ran 4.3-4.9 us with 11 blocks (median 4.66), 4.6-5.1
+    with 6 (4.77) and 4.8-5.7 with 3 (5.27) (evaluations.jsonl of the unseen sweep at 2cbb244,
+    H200; four variants, 21 evaluations)."""
     return f"max(32, 32 * cdiv({rows} * {cols}, 8 * ITEMS * 32 * {FILL_BLOCKS}))"
 
 
