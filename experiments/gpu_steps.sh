@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Runs the GPU evidence in named steps, each resumable, inside one wall-clock limit.
+#
+#   STEPS="tests unseen fill" LIMIT=550 OUT=/tmp/out bash experiments/gpu_steps.sh
+#
+# Made for a machine that cuts every command at a fixed limit and keeps nothing between
+# commands: everything a step needs to go on lives under runs/ (sweep directories, probe
+# outputs, and runs/.done/<step> once a step has finished), runs/state.tgz is unpacked first
+# when present, and the end of every call packs runs/ into $OUT/state.tgz. Hand that archive
+# back as runs/state.tgz and the next call skips what is done and resumes what was cut.
+# Logs: $OUT/logs/<step>.log.
+#
+# Steps (run in the order STEPS names them; a step cut by the limit ends the call):
+#   tests   python -m pytest -m gpu over GPU_TESTS (';'-separated node ids; default: all)
+#   unseen  search.sweep over experiments/unseen, population 8, 5 rounds (resumed when cut)
+#   lib     search.sweep over the built-in library, population 8, 5 rounds (resumed when cut)
+#   search  search.run, population 8, 5 rounds, one GPU (resumed when cut)
+#   fill    experiments.codegen_probe --compare-fill --loops 3 --no-peers, one kernel folder at
+#           a time (FILL: space-separated folders; each tried once, its probe.json kept)
+set -uo pipefail
+: "${OUT:?OUT: the folder whose files come back}"
+LIMIT=${LIMIT:-550}        # seconds this call may use, packing included
+RESERVE=${RESERVE:-25}     # seconds kept for packing the state
+STEPS=${STEPS:-"tests"}
+PY=${PY:-python3}
+start=$(date +%s)
+mkdir -p runs/.done "$OUT/logs"
+if [ -f runs/state.tgz ]; then
+  tar xzf runs/state.tgz -C runs && rm -f runs/state.tgz
+fi
+
+left() { echo $(( LIMIT - RESERVE - ($(date +%s) - start) )); }
+
+pack() {
+  tar czf "$OUT/state.tgz" -C runs --exclude=./state.tgz . 2>/dev/null
+  ls runs/.done > "$OUT/done.txt"
+  echo "[steps] packed $(du -h "$OUT/state.tgz" | cut -f1) after $(( $(date +%s) - start )) s; done: $(ls runs/.done | tr '\n' ' ')"
+}
+trap pack EXIT
+
+# run NAME CMD...: runs CMD under what is left of the limit, logging to logs/NAME.log.
+# Returns the command's status; 124 means the limit cut it.
+run() {
+  local name=$1; shift
+  local t; t=$(left)
+  if [ "$t" -lt 30 ]; then echo "[steps] $name: no time left"; return 124; fi
+  echo "[steps] $name: $* (limit ${t} s)"
+  timeout -k 10 "$t" "$@" 2>&1 | tee -a "$OUT/logs/$name.log" | tail -n 40
+  local rc=${PIPESTATUS[0]}
+  [ "$rc" = 137 ] && rc=124
+  echo "[steps] $name: rc $rc"
+  return "$rc"
+}
+
+# sweep NAME ARGS...: a new sweep under runs/NAME, or the resumption of the one already there.
+sweep() {
+  local name=$1; shift
+  local dir; dir=$(ls -d runs/"$name"/sweep-* 2>/dev/null | head -n 1)
+  if [ -z "$dir" ]; then
+    run "$name" "$PY" -m search.sweep "$@" --population 8 --budget-rounds 5 --out runs/"$name"
+  else
+    run "$name" "$PY" -m search.sweep --resume "$dir"
+  fi
+}
+
+step() {
+  case $1 in
+    tests)
+      local ids=()
+      IFS=';' read -r -a ids <<< "${GPU_TESTS:-}"
+      run tests "$PY" -m pytest -m gpu -q -p no:cacheprovider "${ids[@]}"
+      local rc=$?; [ "$rc" = 124 ] && return 124
+      return 0 ;;  # failures are results: the log says which
+    unseen) sweep unseen --library experiments/unseen ;;
+    lib) sweep lib ;;
+    search)
+      local dir; dir=$(ls -d runs/search/*/ 2>/dev/null | head -n 1)
+      if [ -z "$dir" ]; then
+        run search "$PY" -m search.run --population 8 --rounds 5 --gpus 1 --out runs/search
+      else
+        run search "$PY" -m search.run --resume "${dir%/}"
+      fi ;;
+    fill)
+      local k rc
+      for k in ${FILL:-}; do
+        local tag; tag=$(basename "$k")
+        [ -f runs/fill/"$tag"/.tried ] && continue
+        run fill "$PY" -m experiments.codegen_probe "$k" --compare-fill --loops 3 --no-peers --out runs/fill/"$tag"
+        rc=$?; [ "$rc" = 124 ] && return 124
+        [ "$rc" = 0 ] || echo "[steps] fill: $tag failed (rc $rc), kept going"
+        mkdir -p runs/fill/"$tag" && touch runs/fill/"$tag"/.tried
+      done ;;
+    *) echo "[steps] unknown step: $1"; return 2 ;;
+  esac
+}
+
+for s in $STEPS; do
+  if [ -f runs/.done/"$s" ]; then echo "[steps] $s: done before"; continue; fi
+  step "$s"; rc=$?
+  if [ "$rc" = 0 ]; then touch runs/.done/"$s"
+  elif [ "$rc" = 124 ]; then echo "[steps] $s: cut by the limit; the next call resumes it"; break
+  else echo "[steps] $s: failed (rc $rc)"; break
+  fi
+done
