@@ -7,7 +7,7 @@ well as its data: a small launch whose instructions come from DRAM may wait on i
 fetch, and then a larger binary, or a hot path laid out behind code it skips, is slower on
 the small shapes for a reason no data-side change will reach. On small shapes our kernels
 trail torch.compile's by 0.3-1 us (bias_gelu [1, 11008] 4.70 against 4.10 us; transpose_2d
-[1, 4096] 4.93 us against our own baseline's 3.97 us in unseen-h200), which is what such a
+[1, 4096] 4.93 us against our own baseline's 3.97 us in unseen-h200-201e26c), which is what such a
 cost would look like.
 
 One block of 128 threads on 128 floats, so that data is a single round trip. Per kernel:

@@ -218,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
             if best is not None:
                 print(f"{result['kernel']}: best {best[0]} at {best[1]:.3f}x torch.compile", flush=True)
             print("\n".join([result["kernel"] + ":", *_ab_markdown(result)]) if args.compare_fill else "", flush=True)
-        gpu = str(getattr(evaluator, "device_name", "") or "GPU")
+        import torch  # the GPU's name, as the search's report takes it when the evaluator has none
+
+        gpu = str(getattr(evaluator, "device_name", "") or torch.cuda.get_device_name(0))
     finally:
         evaluator.close()
     meta = {"command": "python -m experiments.codegen_probe " + shlex.join(sys.argv[1:] if argv is None else list(argv)),

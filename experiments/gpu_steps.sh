@@ -13,7 +13,9 @@
 # Steps (run in the order STEPS names them; a step cut by the limit ends the call):
 #   tests   python -m pytest -m gpu over GPU_TESTS (';'-separated node ids; default: all)
 #   unseen  search.sweep over experiments/unseen, population 8, 5 rounds (resumed when cut)
-#   lib     search.sweep over the built-in library, population 8, 5 rounds (resumed when cut)
+#   lib     search.sweep over the built-in library, population 8, 5 rounds (resumed when cut);
+#           LIB_KERNELS (space-separated names) sweeps only those: one part of a library swept in
+#           parts, reported as one by experiments.sweep_results <part dirs...>
 #   search  search.run, population 8, 5 rounds, one GPU (resumed when cut)
 #   fill    experiments.codegen_probe --compare-fill --loops 3 --no-peers, one kernel folder at
 #           a time (FILL: space-separated folders; each tried once, its probe.json kept)
@@ -72,7 +74,10 @@ step() {
       local rc=$?; [ "$rc" = 124 ] && return 124
       return 0 ;;  # failures are results: the log says which
     unseen) sweep unseen --library experiments/unseen ;;
-    lib) sweep lib ;;
+    lib)
+      local ks=() k
+      for k in ${LIB_KERNELS:-}; do ks+=(--kernel "$k"); done
+      sweep lib "${ks[@]}" ;;
     search)
       local dir; dir=$(ls -d runs/search/*/ 2>/dev/null | head -n 1)
       if [ -z "$dir" ]; then

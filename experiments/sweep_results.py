@@ -1,6 +1,11 @@
 """Turns a library sweep into a results file with issue targets checked, and a plot per kernel.
 
     python -m experiments.sweep_results runs/sweep-<id> --out experiments/results/sweep-h200
+    python -m experiments.sweep_results runs/a/sweep-<id1> runs/b/sweep-<id2> --out ...  # one sweep in parts
+
+A library too long to sweep in one sitting can be swept in parts (``search.sweep --kernel``
+for each part, all at one commit on one kind of GPU) and reported as one: the parts' kernels
+are pooled, their targets checked together, and the file names every part (commands, date).
 
 Reads the sweep's run summary (``summary.json``, written by the run's end: every winner
 re-validated on the held-out shapes, then re-timed in a fresh evaluator in one interleaved
@@ -46,6 +51,51 @@ def find_summary(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         if (folder / "summary.json").is_file():
             return json.loads((folder / "summary.json").read_text()), meta
     raise FileNotFoundError(f"{path}: no summary.json (neither in the sweep's run directory nor beside sweep.json)")
+
+
+# What the parts of one sweep must share: the code, the machine and the protocol.
+PART_KEYS = ("git_commit", "gpu", "evaluator", "n_gpus")
+
+
+def merge_parts(parts: list[tuple[Path, dict[str, Any], dict[str, Any]]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One (summary, meta) from the sweeps of one library split by ``--kernel`` into parts, run
+    one after the other (a sweep too long for one sitting): the parts must share the commit, the
+    GPU, the evaluator and its GPU count, and the library, and each kernel may be in one part
+    only. Wall time is their sum, busy fraction their wall-weighted mean; every part's commands
+    and date are kept (``parts``).
+
+    Raises:
+        ValueError: parts that differ in any of those, or that share a kernel.
+    """
+    if len(parts) == 1:
+        return parts[0][1], parts[0][2]
+    first_path, first, first_meta = parts[0]
+    seen: dict[str, Path] = {}
+    for path, summary, meta in parts:
+        differ = [k for k in PART_KEYS if summary.get(k) != first.get(k)]
+        if meta.get("library") != first_meta.get("library"):
+            differ.append("library")
+        if differ:
+            raise ValueError(f"{path} and {first_path} are not parts of one sweep: they differ in "
+                             + ", ".join(f"{k} ({summary.get(k, meta.get(k))!r} vs {first.get(k, first_meta.get(k))!r})"
+                                         for k in differ))
+        for k in summary["kernels"]:
+            name = f"{k['kernel']} ({k.get('dtype')})"
+            if name in seen:
+                raise ValueError(f"{name} is in two parts: {seen[name]} and {path}")
+            seen[name] = path
+    wall = sum(float(s["wall_s"]) for _, s, _ in parts)
+    busy = sum(float(s["wall_s"]) * float(s["gpu_busy_fraction"]) for _, s, _ in parts) / wall if wall else 0.0
+    summary = {**first, "kernels": [k for _, s, _ in parts for k in s["kernels"]], "wall_s": wall,
+               "gpu_busy_fraction": busy, "date": max(str(s.get("date", "")) for _, s, _ in parts)}
+    meta = {**first_meta, "sweep_id": "+".join(str(m.get("sweep_id", p.name)) for p, _, m in parts),
+            "skipped": {k: v for _, _, m in parts for k, v in (m.get("skipped") or {}).items()},
+            "attempts": [a for _, _, m in parts for a in m.get("attempts", [])],
+            "parts": [{"sweep_id": m.get("sweep_id", p.name), "date": s.get("date"), "wall_s": s.get("wall_s"),
+                       "kernels": sorted(k["kernel"] for k in s["kernels"]),
+                       "commands": [a["command"] for a in m.get("attempts", [])] or [s.get("command")]}
+                      for p, s, m in parts]}
+    return summary, meta
 
 
 def entry_spec(k: dict[str, Any]) -> KernelSpec:
@@ -209,6 +259,10 @@ def to_markdown(summary: dict[str, Any], meta: dict[str, Any], entries: list[dic
     verdict = spread.verdict_text
     lines = [f"# Library sweep on {summary['gpu']}", "",
              f"- command: {commands}", f"- git commit: {summary.get('git_commit')}", f"- date: {summary.get('date')}",
+             *([f"- parts: {len(meta['parts'])} sweeps of this commit, one after the other, the library split by "
+                "`--kernel`: " + "; ".join(f"{p['sweep_id']} ({p['date']}, {float(p['wall_s']):.0f} s: "
+                                           f"{', '.join(p['kernels'])})" for p in meta["parts"])]
+               if meta.get("parts") else []),
              f"- evaluator: {summary.get('evaluator')}, GPUs: {summary.get('n_gpus')}, agents: embedded; wall "
              f"{summary['wall_s']:.0f} s, {busy_label(summary.get('evaluator', 'gpu')).replace('gpu', 'GPU')} "
              f"{summary['gpu_busy_fraction']:.0%}",
@@ -289,17 +343,22 @@ def to_markdown(summary: dict[str, Any], meta: dict[str, Any], entries: list[dic
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("sweep_dir", type=Path)
+    p.add_argument("sweep_dir", type=Path, nargs="+",
+                   help="a sweep directory, or several: the parts of one sweep split by --kernel (same commit and GPU)")
     p.add_argument("--out", type=Path, default=Path("experiments/results/sweep-h200"))
     p.add_argument("--no-plots", action="store_true")
     args = p.parse_args(argv)
-    summary, meta = find_summary(args.sweep_dir)
+    try:
+        summary, meta = merge_parts([(d, *find_summary(d)) for d in args.sweep_dir])
+    except (FileNotFoundError, ValueError) as e:
+        print(f"sweep_results: {e}", file=sys.stderr)
+        return 2
     entries = [kernel_entry(k) for k in sorted(summary["kernels"], key=lambda k: k["kernel"])]
     targets = check_targets(entries)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     slim = {k: v for k, v in summary.items() if k != "kernels"}
     args.out.with_suffix(".json").write_text(json.dumps(
-        {"summary": slim, "sweep": {k: meta[k] for k in ("sweep_id", "skipped", "attempts") if k in meta},
+        {"summary": slim, "sweep": {k: meta[k] for k in ("sweep_id", "skipped", "attempts", "parts") if k in meta},
          "targets": targets, "kernels": entries}, indent=1, default=str))
     text = to_markdown(summary, meta, entries, targets)
     args.out.with_suffix(".md").write_text(text)

@@ -159,3 +159,51 @@ def test_a_library_of_its_own_is_held_to_the_general_agents_targets():
     t = check_targets(floored)
     assert t["external_verdict"] != "met" and t["below_floor_vs_torch_compile"] == ["layernorm"]
     assert "1.15x" in to_markdown(summary, {}, floored, t)
+
+
+def _sweep_dir(root: Path, name: str, kernels: list[dict], commit: str = "abc", library: str | None = None) -> Path:
+    """A sweep directory as search.sweep leaves it (sweep.json beside the run's summary.json)."""
+    run = root / name / "run"
+    run.mkdir(parents=True)
+    summary = {"gpu": "G", "command": f"python -m search.sweep --kernel {kernels[0]['kernel']}", "git_commit": commit,
+               "date": f"2026-12-0{len(name)}", "evaluator": "gpu", "n_gpus": 1, "wall_s": 100.0 * len(kernels),
+               "gpu_busy_fraction": 0.5 + 0.1 * len(kernels), "kernels": kernels}
+    (run / "summary.json").write_text(json.dumps(summary))
+    meta = {"sweep_id": name, "run_dir": "run", "skipped": {}, "attempts": [{"command": summary["command"]}],
+            **({"library": library} if library else {})}
+    (root / name / "sweep.json").write_text(json.dumps(meta))
+    return root / name
+
+
+def test_a_sweep_in_parts_is_reported_as_one(tmp_path: Path):
+    """Two parts of one library (split by --kernel, same commit and GPU) make one file: kernels
+    pooled and sorted, targets over all of them, wall summed, every part named."""
+    rng = {"baseline": (2.0, 1.9, 2.1), "torch_compile": (1.2, 1.15, 1.25)}
+    a = _sweep_dir(tmp_path, "p1", [_kernel("silu_and_mul", 2.0, 1.2, ranges=rng)])
+    b = _sweep_dir(tmp_path, "p22", [_kernel("rmsnorm", 2.0, 0.8, ranges={"torch_compile": (0.8, 0.78, 0.82)}),
+                                     _kernel("layernorm", 2.0, 1.3, ranges={"torch_compile": (1.3, 1.2, 1.4)})])
+    out = tmp_path / "res" / "sweep-h200"
+    assert main([str(a), str(b), "--out", str(out), "--no-plots"]) == 0
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert [k["kernel"] for k in data["kernels"]] == ["layernorm", "rmsnorm", "silu_and_mul"]
+    assert data["summary"]["wall_s"] == 300.0 and abs(data["summary"]["gpu_busy_fraction"] - (60 + 140) / 300) < 1e-9
+    assert data["targets"]["below_one_vs_torch_compile"] == ["rmsnorm"]
+    assert [p["kernels"] for p in data["sweep"]["parts"]] == [["silu_and_mul"], ["layernorm", "rmsnorm"]]
+    text = out.with_suffix(".md").read_text()
+    assert "- parts: 2 sweeps of this commit" in text and "p22 (2026-12-03, 200 s: layernorm, rmsnorm)" in text
+    assert "`python -m search.sweep --kernel silu_and_mul`; `python -m search.sweep --kernel rmsnorm`" in text
+
+
+def test_parts_of_different_code_or_sharing_a_kernel_are_refused(tmp_path: Path, capsys):
+    a = _sweep_dir(tmp_path, "p1", [_kernel("silu_and_mul", 2.0, 1.2)])
+    other = _sweep_dir(tmp_path, "p2", [_kernel("rmsnorm", 2.0, 1.2)], commit="def")
+    twice = _sweep_dir(tmp_path, "p3", [_kernel("silu_and_mul", 2.1, 1.3)])
+    elsewhere = _sweep_dir(tmp_path, "p4", [_kernel("layernorm", 2.0, 1.2)], library="/x/unseen")
+    out = tmp_path / "res" / "x"
+    assert main([str(a), str(other), "--out", str(out), "--no-plots"]) == 2
+    assert "differ in git_commit ('def' vs 'abc')" in capsys.readouterr().err
+    assert main([str(a), str(twice), "--out", str(out), "--no-plots"]) == 2
+    assert "silu_and_mul (float16) is in two parts" in capsys.readouterr().err
+    assert main([str(a), str(elsewhere), "--out", str(out), "--no-plots"]) == 2
+    assert "differ in library" in capsys.readouterr().err
+    assert not out.with_suffix(".json").exists()
