@@ -17,12 +17,15 @@
 #           LIB_KERNELS (space-separated names) sweeps only those: one part of a library swept in
 #           parts, reported as one by experiments.sweep_results <part dirs...>
 #   search  search.run, population 8, 5 rounds, one GPU (resumed when cut)
+#   diag    experiments.timing_truth --per-peer (the baseline beside each peer alone) into
+#           runs/diag/timing-truth.json
 #   fill    experiments.codegen_probe --compare-fill --loops 3 --no-peers, one kernel folder at
 #           a time (FILL: space-separated folders; each tried once, its probe.json kept)
 set -uo pipefail
 : "${OUT:?OUT: the folder whose files come back}"
 LIMIT=${LIMIT:-550}        # seconds this call may use, packing included
 RESERVE=${RESERVE:-25}     # seconds kept for packing the state
+MIN_STEP=${MIN_STEP:-30}   # a step is not started with less time than this left
 STEPS=${STEPS:-"tests"}
 PY=${PY:-python3}
 start=$(date +%s)
@@ -45,7 +48,7 @@ trap pack EXIT
 run() {
   local name=$1; shift
   local t; t=$(left)
-  if [ "$t" -lt 30 ]; then echo "[steps] $name: no time left"; return 124; fi
+  if [ "$t" -lt "$MIN_STEP" ]; then echo "[steps] $name: no time left"; return 124; fi
   echo "[steps] $name: $* (limit ${t} s)"
   timeout -k 10 "$t" "$@" 2>&1 | tee -a "$OUT/logs/$name.log" | tail -n 40
   local rc=${PIPESTATUS[0]}
@@ -85,6 +88,9 @@ step() {
       else
         run search "$PY" -m search.run --resume "${dir%/}"
       fi ;;
+    diag)
+      mkdir -p runs/diag
+      run diag "$PY" -m experiments.timing_truth --per-peer --out runs/diag/timing-truth.json ;;
     fill)
       local k rc
       for k in ${FILL:-}; do
