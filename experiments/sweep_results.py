@@ -350,8 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         summary, meta = merge_parts([(d, *find_summary(d)) for d in args.sweep_dir])
-    except (FileNotFoundError, ValueError) as e:
-        print(f"sweep_results: {e}", file=sys.stderr)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"sweep_results: {exc}", file=sys.stderr)
         return 2
     entries = [kernel_entry(k) for k in sorted(summary["kernels"], key=lambda k: k["kernel"])]
     targets = check_targets(entries)
