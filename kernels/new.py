@@ -78,7 +78,7 @@ SPEC = KernelSpec(
     # kind "tensor" (a device pointer), "int" (a shape symbol) or "float" (a value in constants).
     # role "in" (must stay unchanged), "out" (fully written), "inout" (read and written).
     # dtype "scalar" (the run's dtype, scalar_t in CUDA) or a fixed one: "float32", "int32",
-    # "int64", "uint8", "float8_e4m3fn".
+    # "int64", "uint8", "int8", "float8_e4m3fn".
     # multiple_of: the alignment callers promise (8 elements = 16-byte rows in fp16/bf16);
     # min_value: the smallest value (1 for sizes, 0 for flags).
     args=(

@@ -46,6 +46,7 @@ _C_TYPES = {
     "int32": "int",
     "int64": "long long",
     "uint8": "unsigned char",
+    "int8": "signed char",
     "float8_e4m3fn": "__nv_fp8_e4m3",
 }
 

@@ -148,7 +148,7 @@ def _op(node: Op, a: list[Any]) -> Any:
     if node.name == "round_to":
         return a[0].to({"__half": torch.float16, "__nv_bfloat16": torch.bfloat16}[node.extra[0]]).float()
     if node.name == "toint":
-        ctype = {"unsigned char": torch.uint8, "int": torch.int32, "long long": torch.int64}[node.extra[0]]
+        ctype = {"unsigned char": torch.uint8, "signed char": torch.int8, "int": torch.int32, "long long": torch.int64}[node.extra[0]]
         return a[0].to(torch.int64).to(ctype).long() if a[0].is_floating_point() else a[0].to(ctype).long()
     if node.name in ("add", "sub", "mul", "div") and any(torch.as_tensor(x).is_floating_point() for x in a):
         a = [torch.as_tensor(x).float() for x in a]

@@ -41,9 +41,9 @@ COMPARE: dict[str, str] = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "eq": "
 _SCATTERS = {"index_put"}
 _VIEWS = {"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "expand", "clone", "alias",
           "contiguous", "lift_fresh_copy", "detach", "broadcast_in_dim"}
-# The C type of a torch dtype named in a cast: the spec's argument types, and int8 (a cast
-# target only). Other integer casts go through long long.
-_TORCH_TO_C = {**_C_TYPES, "int8": "signed char"}
+# The C type of a torch dtype named in a cast: the spec's argument types. Other integer casts
+# go through long long.
+_TORCH_TO_C = dict(_C_TYPES)
 
 
 @dataclass(frozen=True)
@@ -630,7 +630,7 @@ def read_program(spec: KernelSpec, trace: Trace) -> Program:
     """
     program = _Reader(spec, trace).run()
     for name in program.outputs:
-        if program.dtypes.get(name) not in (SCALAR, "float32", "uint8", "int32", "int64", "float16", "bfloat16",
-                                            "float8_e4m3fn"):
+        if program.dtypes.get(name) not in (SCALAR, "float32", "uint8", "int8", "int32", "int64", "float16",
+                                            "bfloat16", "float8_e4m3fn"):
             raise Unsupported(f"output {name} of type {program.dtypes.get(name)}")
     return program
