@@ -103,3 +103,24 @@ def test_short_rows_reduce_inside_their_lanes(evaluator, tmp_path):
     assert {"codegen:rows/block", "codegen:rows/block+online"} <= set(schedules)
     failures = _failures(evaluator, folder, schedules.values(), ("float16", "float32"))
     assert not failures, "\n".join(failures)
+
+
+def _reviewer_kernels() -> list[str]:
+    from tests.unit.test_codegen_reviewer_kernels import FOLDERS as REVIEWER
+
+    return sorted(REVIEWER)
+
+
+@pytest.mark.parametrize("name", _reviewer_kernels())
+def test_kernels_written_in_the_tests_get_correct_schedules(evaluator, name, tmp_path):
+    """The kernels of tests/unit/test_codegen_reviewer_kernels.py (in no library the generator
+    was written against) on the GPU: every schedule, cluster ones included, validated by the
+    evaluator on the search and held-out shapes in every dtype."""
+    from tests.unit.test_codegen import _kernel_here
+    from tests.unit.test_codegen_reviewer_kernels import FOLDERS as REVIEWER
+
+    spec = _kernel_here(tmp_path, name, *REVIEWER[name])
+    schedules = generate(spec)
+    assert schedules, f"{name}: no schedule generated"
+    failures = _failures(evaluator, tmp_path / name, schedules, spec.dtypes)
+    assert not failures, "\n".join(failures)
