@@ -46,6 +46,7 @@ _START_TIMEOUT_S = 120.0
 # Variables NVRTC and the child's Python may need; everything else of the parent stays out.
 _ENV_ALLOWED = ("PATH", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "LANG", "LC_ALL")
 _LEN = struct.Struct("<Q")
+_WORKDIR_PREFIX = "nvrtc-sandbox-"  # the child's empty working directory, one per child
 _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 
 
@@ -110,7 +111,7 @@ class _Child:
 
     def __init__(self, memory_bytes: int) -> None:
         self.memory_bytes = memory_bytes
-        self.workdir = tempfile.mkdtemp(prefix="nvrtc-sandbox-")
+        self.workdir = tempfile.mkdtemp(prefix=_WORKDIR_PREFIX)
         self.stderr: IO[bytes] = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "evaluators.compile_sandbox", "--memory-bytes", str(memory_bytes)],
@@ -264,6 +265,16 @@ def _compile_in_child(request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
     return {"ok": out.ok, "log": out.log, "limit": out.limit}, out.cubin
 
 
+def _remove_own_directory() -> None:
+    """The child's working directory, removed by the child when its parent goes: a parent that
+    ends without closing its sandbox (a killed Ray worker, ``os._exit``) would otherwise leave
+    one empty directory in the temporary folder per process. Only a directory this module made."""
+    here = os.getcwd()
+    if os.path.basename(here).startswith(_WORKDIR_PREFIX):
+        os.chdir("/")
+        shutil.rmtree(here, ignore_errors=True)
+
+
 def _serve(memory_bytes: int) -> None:
     _limit_self(memory_bytes)
     from cuda.bindings import nvrtc  # noqa: F401  (loaded under the limit, before the first request)
@@ -278,6 +289,7 @@ def _serve(memory_bytes: int) -> None:
     while True:
         head = stdin.read(_LEN.size)
         if len(head) < _LEN.size:  # the parent closed the pipe or died
+            _remove_own_directory()
             return
         request = json.loads(stdin.read(_LEN.unpack(head)[0]))
         reply, cubin = _compile_in_child(request)

@@ -139,6 +139,21 @@ def test_the_compiler_process_sees_no_secret(monkeypatch: pytest.MonkeyPatch, tm
         sandbox.close()
 
 
+def test_a_child_whose_parent_goes_removes_its_own_directory() -> None:
+    """A parent that ends without closing its sandbox (a killed worker) closes the pipe: the
+    child then removes its working directory and exits, so none is left behind."""
+    sandbox = CompileSandbox()
+    assert sandbox.compile('extern "C" __global__ void k(float* o) { o[0] = 1.0f; }', ["-default-device"],
+                           CompileLimits()).ok
+    child = sandbox._child  # the test plays the parent that goes: its end of the pipe closes
+    assert child is not None and os.path.isdir(child.workdir)
+    assert child.proc.stdin is not None
+    child.proc.stdin.close()
+    assert child.proc.wait(timeout=30) == 0
+    assert not os.path.exists(child.workdir)
+    sandbox.close()
+
+
 def test_check_compile_only_prints_one_json_verdict(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                     compile_cache: Path) -> None:
     path = tmp_path / "v.cu"
