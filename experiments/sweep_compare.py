@@ -51,7 +51,10 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any
                 verdict = "one run: no verdict"
             else:
                 verdict = "better" if b[0] > a[2] else "worse" if b[2] < a[0] else "tie"
-            row[label] = {"before": a, "after": b, "ratio": b[1] / a[1], "verdict": verdict}
+            # after/before over the two spreads: the lowest after over the highest before, up to
+            # the highest after over the lowest before
+            row[label] = {"before": a, "after": b, "ratio": b[1] / a[1],
+                          "ratio_range": (b[0] / a[2], b[1] / a[1], b[2] / a[0]), "verdict": verdict}
         rows.append(row)
     return rows
 
@@ -70,12 +73,14 @@ def to_markdown(rows: list[dict[str, Any]], before: str, after: str) -> str:
         cells = [row["kernel"]]
         for label, _ in MEASURES:
             m = row[label]
-            cells += ["n/a"] * 4 if m is None else [_cell(m["before"]), _cell(m["after"]), f"{m['ratio']:.3f}",
+            cells += ["n/a"] * 4 if m is None else [_cell(m["before"]), _cell(m["after"]), _cell(m["ratio_range"]),
                                                     m["verdict"]]
         lines.append("| " + " | ".join(cells) + " |")
     verdicts = ("better", "tie", "worse", "one run: no verdict")
     counts = {v: sum(1 for r in rows if r["baseline"] and r["baseline"]["verdict"] == v) for v in verdicts}
-    lines += ["", f"vs baseline: {counts['better']} better, {counts['tie']} tie, {counts['worse']} worse, "
+    lines += ["", "Each figure: median over the end-of-run loops [min-max]; after/before: the medians' ratio "
+              "[lowest after / highest before - highest after / lowest before].",
+              "", f"vs baseline: {counts['better']} better, {counts['tie']} tie, {counts['worse']} worse, "
               f"{counts['one run: no verdict']} without a verdict (a single figure) of {len(rows)} kernels in both"]
     return "\n".join(lines) + "\n"
 

@@ -27,9 +27,12 @@ def test_verdicts_by_whole_ranges():
     assert set(rows) == {"a", "b", "c", "d"}
     assert [rows[k]["baseline"]["verdict"] for k in "abcd"] == ["better", "worse", "tie", "one run: no verdict"]
     assert rows["a"]["baseline"]["ratio"] == 2.2 / 2.0
+    # the ratio carries its spread: lowest after over highest before, highest after over lowest before
+    assert rows["a"]["baseline"]["ratio_range"] == (2.1 / 2.05, 2.2 / 2.0, 2.3 / 1.9)
     assert rows["a"]["torch_compile"]["verdict"] == "one run: no verdict"  # single figures both sides
     assert rows["b"]["torch_compile"] is None  # no figure in either: not compared
     text = sweep_compare.to_markdown(list(rows.values()), "old.json", "new.json")
+    assert "1.100x [1.024-1.211]" in text  # a's after/before with its range
     assert "2.200x [2.100-2.300]" in text and "1 better, 1 tie, 1 worse, 1 without a verdict" in text
 
 
