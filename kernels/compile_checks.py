@@ -109,7 +109,8 @@ def _refuse_directive(name: str, rest: str) -> None:
         if header not in ALLOWED_INCLUDES:
             raise CompileRefused(
                 f"{shown} is not allowed; only #include of {', '.join(sorted(ALLOWED_INCLUDES))} "
-                "written as a literal name (device code only, no other files)"
+                "written as a literal name (device code only, no other files); the C limits "
+                "INFINITY, NAN, HUGE_VALF, FLT_MAX, FLT_MIN, FLT_EPSILON, DBL_MAX, INT_MAX and INT_MIN are predefined"
             )
     elif name == "pragma":
         first = _IDENT_RE.match(rest.strip())

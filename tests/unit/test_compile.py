@@ -159,6 +159,24 @@ def test_c_library_headers_nvrtc_lacks_are_refused_with_the_allowed_list(name: s
     assert not compile_cache.exists()
 
 
+def test_the_c_limits_a_kernel_gets_from_host_headers_under_nvcc_are_predefined(compile_cache: Path) -> None:
+    """INFINITY, NAN, FLT_MAX and the rest come from <math.h>, <float.h> and <limits.h> under nvcc,
+    which NVRTC lacks: a kernel written for nvcc compiles unchanged, and one that defines a
+    limit itself keeps its own (a warning, not an error)."""
+    body = ("extern \"C\" __global__ void k(float* o) {\n"
+            "    float m = -INFINITY;\n"
+            "    o[0] = fmaxf(m, o[1]) + (isnan(o[2]) ? NAN : HUGE_VALF) + FLT_MAX + FLT_MIN + FLT_EPSILON;\n"
+            "    o[3] = (float)DBL_MAX + (float)INT_MAX + (float)INT_MIN;\n"
+            "}\n")
+    result = _compile(body, dtype="float32")
+    assert result.ok, result.log
+    own = _compile("#define FLT_MAX 3.4e38f\n" + body, dtype="float32")
+    assert own.ok, own.log
+    assert 'redefinition of macro "FLT_MAX"' in own.log
+    refused = _compile("#include <float.h>\n" + body, dtype="float32")
+    assert not refused.ok and "FLT_MAX" in refused.log and "predefined" in refused.log
+
+
 @pytest.mark.parametrize(
     "include", ["#include <cuda_fp8.h>", '#include "cuda_bf16.h"', "#include <math_constants.h>", "// #include </etc/hostname>"]
 )
