@@ -10,7 +10,8 @@ JIT folder (the loop's own torch.compile compilations are fresh: they lower and 
 again, see :mod:`evaluators.peers`). Nothing is timed here.
 
 The processes launch one call per peer and shape on the GPU, beside the search's timing.
-The winners' final timing starts only after they have finished (:meth:`PeerWarmup.wait`).
+When the search is over, whatever still runs is stopped (:meth:`PeerWarmup.stop`) before the
+winners' final timing starts.
 
     python -m evaluators.peer_warmup --dtype float16 silu_and_mul fused_add_rmsnorm
 """
@@ -106,6 +107,10 @@ class PeerWarmup:
             for log in self.logs:
                 log.close()
             return time.time() - start
+
+    def running(self) -> bool:
+        """Some process has not ended yet."""
+        return any(proc.poll() is None for proc in self.procs)
 
     def stop(self) -> None:
         """Kills whatever still runs (a run that ends early or fails)."""

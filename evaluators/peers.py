@@ -191,13 +191,16 @@ def _load_ours(ctx: Context, spec: KernelSpec, job: dict[str, Any], shapes: list
 
 
 def peer_impls(ctx: Context, spec: KernelSpec, shape: Shape, dtype: str, inputs: RepInputs,
-                work: Buffers, peers: Mapping[str, Peer], errors: dict[str, str]) -> list[Timed]:
+                work: Buffers, peers: Mapping[str, Peer], errors: dict[str, str],
+                seconds: dict[str, float] | None = None) -> list[Timed]:
     """The peers that agree with the reference on this shape, each captured in a graph that
-    holds its call alone (staging runs before the flush, outside the window)."""
+    holds its call alone (staging runs before the flush, outside the window). ``seconds``
+    gathers each peer's set-up time (its compilation included)."""
     impls = []
     for name, peer in peers.items():
         if name in errors:
             continue
+        start = time.perf_counter()
         try:
             wrong = _check_peer(spec, peer, shape, dtype, ctx)
             if wrong:
@@ -212,6 +215,9 @@ def peer_impls(ctx: Context, spec: KernelSpec, shape: Shape, dtype: str, inputs:
                                                        scratch), graph.replay))
         except Exception as exc:  # a peer that cannot run here (missing package, unsupported dtype)
             errors[name] = f"{type(exc).__name__}: {exc}"[:500]
+        finally:
+            if seconds is not None:
+                seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
     return impls
 
 
@@ -246,7 +252,8 @@ def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
         kernel: the guard that fired}; none of its times are reported), ``notes`` ({peer:
         what exactly is timed}), ``l2_persistence`` (carve-out and access-policy window, bytes;
         ``l2_finding`` when not both zero), ``copy_bw_bytes_per_s`` and ``phase_s`` (seconds
-        spent setting up the peers, compilations included, and in the timed loops).
+        spent setting up the peers, compilations included, and in the timed loops), and
+        ``prepare_s_by_peer`` (the set-up seconds per peer, every shape's summed).
     """
     spec: KernelSpec = ctx.spec(job["kernel_dir"])
     dtype, shapes = job["dtype"], job["shapes"]
@@ -263,6 +270,7 @@ def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
     # Where a loop's time goes: the peers' set-up (torch.compile compiles and autotunes here,
     # with its caches off) against the timed loop itself.
     phase_s = {"prepare": 0.0, "loop": 0.0}
+    prepare_by_peer: dict[str, float] = {}
     for shape in shapes:
         label = shape_label(shape)
         inputs = RepInputs(spec, _input_sets(ctx, spec, shape, dtype), job["warmup"] + job["repetitions"],
@@ -276,7 +284,7 @@ def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
         if job.get("graph_ours"):
             impls += [mine.timed(n, k, graph=True) for n, k in live.items()]
         start = time.perf_counter()
-        impls += peer_impls(ctx, spec, shape, dtype, inputs, work, peers, errors)
+        impls += peer_impls(ctx, spec, shape, dtype, inputs, work, peers, errors, prepare_by_peer)
         phase_s["prepare"] += time.perf_counter() - start
         # Our kernels launch on the stream they were loaded on and the events go to the current
         # one: if they differ, the events would time nothing (see timing.capture_graph).
@@ -307,6 +315,7 @@ def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
         "peers": times, "iqr": spreads, "errors": errors, "failed": failed, "copy_bw_bytes_per_s": ctx.copy_bw,
         "compiled": which, "compile_candidates": candidates, "l2_persistence": l2,
         "notes": {n: p.note for n, p in peers.items() if p.note}, "phase_s": phase_s,
+        "prepare_s_by_peer": prepare_by_peer,
     }
     if l2_finding(l2):
         reply["l2_finding"] = l2_finding(l2)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -466,6 +467,19 @@ def _call_key(what: str, k: _Progress, *more: Any, item: Scored | None = None) -
     return json.dumps([what, k.st.name, k.st.dtype, item.variant.id, sorted(item.params.items()), *more])
 
 
+def stop_warmup(warmup: PeerWarmup) -> float | None:
+    """Ends the peers' warm-up before the loops time: no other process may launch anything on
+    the GPUs then. What it has not done is stopped, not waited for: it only fills on-disk caches
+    that the loops' own fresh compilations fill as well, so waiting would idle the GPUs for work
+    done twice (a resumed run whose search was over waited about 2 min for it). Returns how
+    long it had run if it was still running, else None."""
+    ran = time.time() - warmup.started if warmup.running() else None
+    if ran is not None:
+        print(f"end: peer warm-up stopped after {ran:.0f} s; the peers' loops compile what it had not", flush=True)
+    warmup.stop()
+    return ran
+
+
 def finalize(ctl: Controller, warmup: PeerWarmup | None = None) -> tuple[list[KernelResult], str]:
     """Re-validates, re-times and writes ``best/``; returns the results and the device name.
 
@@ -475,9 +489,7 @@ def finalize(ctl: Controller, warmup: PeerWarmup | None = None) -> tuple[list[Ke
     end = EndOfRun(ctl)
     end.heldout()
     if warmup is not None:
-        # The final timing starts once the peers' compiles are in the caches and no other
-        # process launches anything on the GPUs.
-        warmup.wait()
+        stop_warmup(warmup)
     ctl.pool.renew(size=max(1, min(len(ctl.pool.actors), len(ctl.states))), max_concurrency=len(ctl.states))
     device = ctl.pool.device_name()
     results = end.finish()

@@ -139,6 +139,10 @@ def test_the_peers_loop_times_our_kernels_doing_their_work(evaluator):
         assert loop_ms > 0.7 * largest.baseline_ms, (kernel, loop_ms, largest.baseline_ms, reply.get("errors"))
         # Both torch peers are captured and timed (a host read inside one fails its capture).
         assert {"torch_eager", "torch_compile"} <= set(reply["peers"]), reply["errors"]
+        # Every peer's set-up time is kept (the compilations make most of a loop's time).
+        by_peer = reply["prepare_s_by_peer"]
+        assert "torch_eager" in by_peer and any(n.startswith("torch_compile[") for n in by_peer), by_peer
+        assert 0.0 < sum(by_peer.values()) <= reply["phase_s"]["prepare"] + 1e-6, (by_peer, reply["phase_s"])
 
 
 def test_our_kernels_can_be_timed_through_graphs_like_the_peers(evaluator):

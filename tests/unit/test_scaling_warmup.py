@@ -66,3 +66,21 @@ def test_warmup_stop_kills_what_still_runs(tmp_path):
     start = time.time()
     warm.stop()
     assert warm.procs[0].poll() is not None and time.time() - start < 30.0
+
+
+def test_the_end_of_a_run_stops_a_warm_up_that_still_runs_instead_of_waiting(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    from search.finalize import stop_warmup
+
+    warm = PeerWarmup(["silu_and_mul"], "float16", tmp_path, processes=1)
+    warm.stop()
+    # In its place a process that would run for a minute: the end of the run must not wait.
+    warm.procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])]
+    start = time.time()
+    ran = stop_warmup(warm)
+    assert ran is not None and time.time() - start < 10.0
+    assert warm.procs[0].poll() is not None and not warm.running()
+    assert "peer warm-up stopped" in capsys.readouterr().out
+    assert stop_warmup(warm) is None  # nothing left to stop: no message
