@@ -10,7 +10,7 @@ from kernels.folders import KernelRef
 from kernels.records import Stage
 from kernels.spec import KernelSpec, shape_label
 from kernels.variant import Variant
-from kernels.verdict import Evaluation
+from kernels.verdict import Evaluation, Status
 from search.selection import Dedupe, EliteArchive, Islands, Scored
 
 
@@ -122,9 +122,14 @@ class KernelState:
             SearchError: the baseline does not pass.
         """
         if evaluation.speedup is None:
+            hint = ""
+            if evaluation.status is Status.INCORRECT:
+                hint = (f" (the baseline and the reference disagree beyond the {self.dtype} tolerance: fix the "
+                        "baseline, or give the spec looser `tolerances` for that dtype if the reference is "
+                        "stricter than the kernel needs to be)")
             raise SearchError(
                 f"{self.name}: the baseline itself failed ({evaluation.status.value}): "
-                f"{evaluation.message.splitlines()[0] if evaluation.message else ''}"
+                f"{evaluation.message.splitlines()[0] if evaluation.message else ''}{hint}"
             )
         self.baseline_scored = Scored(self.baseline, evaluation, Stage.SCREEN)
         self.verdicts[self.baseline.id] = evaluation

@@ -128,3 +128,22 @@ def test_admission_refuses_without_gpu_and_ships_no_artifact(compile_cache):
     too_wide = spec.baseline_source().replace("block=(256,)", "block=(2048,)")
     summary, artifact = admission("silu_and_mul", too_wide, "float16", {}, shapes)
     assert isinstance(summary, Refusal) and summary.status is Status.RESOURCE_ERROR and artifact is None
+
+
+def test_a_baseline_off_its_reference_stops_the_search_and_says_what_to_do():
+    import pytest
+
+    from kernels.folders import KernelRef
+    from kernels.spec import load_kernel
+    from kernels.verdict import Evaluation, Status
+    from search.state import KernelState, SearchError
+
+    spec = load_kernel("silu_and_mul")
+    st = KernelState(spec, KernelRef.of(spec.directory), "float32", 2, 2, 2)
+    wrong = Evaluation(Status.INCORRECT, "out[3, 0]: expected 1.0, got 1.5 (shape [1, 8], float32, case offset, seed 0)")
+    with pytest.raises(SearchError, match=r"baseline itself failed \(INCORRECT\).*float32 tolerance.*`tolerances`"):
+        st.set_baseline(wrong)
+    crashed = Evaluation(Status.CRASH, "illegal address")
+    with pytest.raises(SearchError) as info:
+        st.set_baseline(crashed)
+    assert "tolerance" not in str(info.value)
