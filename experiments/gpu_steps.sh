@@ -16,6 +16,8 @@
 #   lib     search.sweep over the built-in library, population 8, 5 rounds (resumed when cut);
 #           LIB_KERNELS (space-separated names) sweeps only those: one part of a library swept in
 #           parts, reported as one by experiments.sweep_results <part dirs...>
+#   NAME=k1,k2,...  (NAME starting with "lib") the same over the kernels listed, under runs/NAME:
+#           several parts in one call or over several calls, e.g. "lib2a=rotary_embedding_neox,topk_softmax"
 #   search  search.run, population 8, 5 rounds, one GPU (resumed when cut)
 #   diag    experiments.timing_truth --per-peer (the baseline beside each peer alone) into
 #           runs/diag/timing-truth.json
@@ -81,6 +83,10 @@ step() {
       local ks=() k
       for k in ${LIB_KERNELS:-}; do ks+=(--kernel "$k"); done
       sweep lib "${ks[@]}" ;;
+    lib*=*)
+      local ks=() k list=${1#*=}
+      for k in ${list//,/ }; do ks+=(--kernel "$k"); done
+      sweep "${1%%=*}" "${ks[@]}" ;;
     search)
       local dir; dir=$(ls -d runs/search/*/ 2>/dev/null | head -n 1)
       if [ -z "$dir" ]; then
@@ -106,10 +112,11 @@ step() {
 }
 
 for s in $STEPS; do
-  if [ -f runs/.done/"$s" ]; then echo "[steps] $s: done before"; continue; fi
+  name=${s%%=*}  # a library part is known by its name
+  if [ -f runs/.done/"$name" ]; then echo "[steps] $name: done before"; continue; fi
   step "$s"; rc=$?
-  if [ "$rc" = 0 ]; then touch runs/.done/"$s"
-  elif [ "$rc" = 124 ]; then echo "[steps] $s: cut by the limit; the next call resumes it"; break
-  else echo "[steps] $s: failed (rc $rc)"; break
+  if [ "$rc" = 0 ]; then touch runs/.done/"$name"
+  elif [ "$rc" = 124 ]; then echo "[steps] $name: cut by the limit; the next call resumes it"; break
+  else echo "[steps] $name: failed (rc $rc)"; break
   fi
 done

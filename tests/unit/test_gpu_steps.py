@@ -18,7 +18,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "gpu_steps.sh"
 STAND_IN = """#!/usr/bin/env bash
 echo "$*" >> calls.txt
 case "$*" in
-  *search.sweep*--out*) mkdir -p runs/unseen/sweep-1; sleep "${SLEEP:-0}" ;;
+  *search.sweep*--out*) args="$*"; mkdir -p "${args##*--out }"/sweep-1; sleep "${SLEEP:-0}" ;;
   *experiments.codegen_probe*) [ "$FAIL_PROBE" = "${3##*/}" ] && exit 3 ;;
 esac
 exit 0
@@ -83,3 +83,21 @@ def test_an_unknown_step_stops_the_call(work: Path):
     r = _call(work, work / "o", "tests nonsense unseen", limit=30)
     assert "unknown step: nonsense" in r.stdout and "nonsense: failed" in r.stdout
     assert (work / "o" / "done.txt").read_text().split() == ["tests"]
+
+
+def test_named_library_parts_sweep_their_own_kernels_into_their_own_folders(work: Path):
+    steps = "lib2a=rotary_embedding_neox,topk_softmax lib2b=layernorm"
+    first = _call(work, work / "o1", steps, limit=5, SLEEP="60")
+    assert "lib2a: cut by the limit" in first.stdout
+    calls = (work / "calls.txt").read_text().splitlines()
+    assert calls == ["-m search.sweep --kernel rotary_embedding_neox --kernel topk_softmax --population 8 "
+                     "--budget-rounds 5 --out runs/lib2a"]
+    _hand_back(work, work / "o1")
+    second = _call(work, work / "o2", steps, limit=60)
+    calls = (work / "calls.txt").read_text().splitlines()[1:]
+    assert calls == ["-m search.sweep --resume runs/lib2a/sweep-1",
+                     "-m search.sweep --kernel layernorm --population 8 --budget-rounds 5 --out runs/lib2b"]
+    assert (work / "o2" / "done.txt").read_text().split() == ["lib2a", "lib2b"]
+    _hand_back(work, work / "o2")
+    third = _call(work, work / "o3", steps, limit=60)
+    assert "lib2a: done before" in third.stdout and "lib2b: done before" in third.stdout
