@@ -190,17 +190,31 @@ def _load_ours(ctx: Context, spec: KernelSpec, job: dict[str, Any], shapes: list
     return ours
 
 
+def _compile_seconds() -> dict[str, float]:
+    """Seconds torch.compile has spent so far in this process, per timed phase (dynamo's
+    ``compilation_time_metrics``: nested phases, each counted inclusively), where this torch
+    keeps them."""
+    try:
+        from torch._dynamo.utils import compilation_time_metrics
+    except ImportError:
+        return {}
+    return {name: float(sum(times)) for name, times in compilation_time_metrics.items()}
+
+
 def peer_impls(ctx: Context, spec: KernelSpec, shape: Shape, dtype: str, inputs: RepInputs,
                 work: Buffers, peers: Mapping[str, Peer], errors: dict[str, str],
-                seconds: dict[str, float] | None = None) -> list[Timed]:
+                seconds: dict[str, float] | None = None,
+                phases: dict[str, dict[str, float]] | None = None) -> list[Timed]:
     """The peers that agree with the reference on this shape, each captured in a graph that
     holds its call alone (staging runs before the flush, outside the window). ``seconds``
-    gathers each peer's set-up time (its compilation included)."""
+    gathers each peer's set-up time (its compilation included), ``phases`` the torch.compile
+    phases inside it (see :func:`_compile_seconds`; 10 ms or more)."""
     impls = []
     for name, peer in peers.items():
         if name in errors:
             continue
         start = time.perf_counter()
+        before = _compile_seconds() if phases is not None else {}
         try:
             wrong = _check_peer(spec, peer, shape, dtype, ctx)
             if wrong:
@@ -218,6 +232,12 @@ def peer_impls(ctx: Context, spec: KernelSpec, shape: Shape, dtype: str, inputs:
         finally:
             if seconds is not None:
                 seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
+            if phases is not None:
+                mine = phases.setdefault(name, {})
+                for phase, total in _compile_seconds().items():
+                    spent = total - before.get(phase, 0.0)
+                    if spent >= 0.01:
+                        mine[phase] = mine.get(phase, 0.0) + spent
     return impls
 
 
@@ -253,7 +273,9 @@ def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
         what exactly is timed}), ``l2_persistence`` (carve-out and access-policy window, bytes;
         ``l2_finding`` when not both zero), ``copy_bw_bytes_per_s`` and ``phase_s`` (seconds
         spent setting up the peers, compilations included, and in the timed loops), and
-        ``prepare_s_by_peer`` (the set-up seconds per peer, every shape's summed).
+        ``prepare_s_by_peer`` (the set-up seconds per peer, every shape's summed) with
+        ``compile_phases_s`` (per compiled peer, torch.compile's phases in those seconds: where
+        a loop's set-up goes).
     """
     spec: KernelSpec = ctx.spec(job["kernel_dir"])
     dtype, shapes = job["dtype"], job["shapes"]
@@ -271,6 +293,7 @@ def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
     # with its caches off) against the timed loop itself.
     phase_s = {"prepare": 0.0, "loop": 0.0}
     prepare_by_peer: dict[str, float] = {}
+    phases_by_peer: dict[str, dict[str, float]] = {}
     for shape in shapes:
         label = shape_label(shape)
         inputs = RepInputs(spec, _input_sets(ctx, spec, shape, dtype), job["warmup"] + job["repetitions"],
@@ -284,7 +307,7 @@ def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
         if job.get("graph_ours"):
             impls += [mine.timed(n, k, graph=True) for n, k in live.items()]
         start = time.perf_counter()
-        impls += peer_impls(ctx, spec, shape, dtype, inputs, work, peers, errors, prepare_by_peer)
+        impls += peer_impls(ctx, spec, shape, dtype, inputs, work, peers, errors, prepare_by_peer, phases_by_peer)
         phase_s["prepare"] += time.perf_counter() - start
         # Our kernels launch on the stream they were loaded on and the events go to the current
         # one: if they differ, the events would time nothing (see timing.capture_graph).
@@ -316,6 +339,7 @@ def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
         "compiled": which, "compile_candidates": candidates, "l2_persistence": l2,
         "notes": {n: p.note for n, p in peers.items() if p.note}, "phase_s": phase_s,
         "prepare_s_by_peer": prepare_by_peer,
+        "compile_phases_s": {n: dict(sorted(ph.items(), key=lambda kv: -kv[1])) for n, ph in phases_by_peer.items() if ph},
     }
     if l2_finding(l2):
         reply["l2_finding"] = l2_finding(l2)

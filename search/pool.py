@@ -274,15 +274,15 @@ class EvaluatorActor:
                    compile_trials: int | None = None, peers: bool = True) -> dict[str, Any]:
         """The peers' loop: ``peers`` (times), ``errors`` (peers not timed), ``failed`` (our
         kernels that failed verification in the loop), what the loop recorded beside them
-        (``compiled``, ``notes``, ``l2_persistence``, ``l2_finding``, ``phase_s``, ``prepare_s_by_peer``)
-        and ``busy_s`` (GPU busy, as for evaluate); ``fresh_process``: in a new sandbox process;
+        (``compiled``, ``notes``, ``l2_persistence``, ``l2_finding``, ``phase_s``, ``prepare_s_by_peer``,
+        ``compile_phases_s``) and ``busy_s`` (GPU busy, as for evaluate); ``fresh_process``: in a new sandbox process;
         ``peers`` False: our kernels alone."""
         with self._lock:
             start = time.perf_counter()
             reply = self.evaluator.time_peers_full(kernel, dtype, shape_set, ours, fresh_process=fresh_process,
                                                    compile_trials=compile_trials, peers=peers)
             kept = {k: reply[k] for k in ("compiled", "notes", "l2_persistence", "l2_finding", "phase_s",
-                                          "prepare_s_by_peer") if k in reply}
+                                          "prepare_s_by_peer", "compile_phases_s") if k in reply}
             return {"peers": dict(reply["peers"]), "errors": dict(reply.get("errors", {})),
                     "failed": dict(reply.get("failed", {})), **kept, "busy_s": time.perf_counter() - start}
 

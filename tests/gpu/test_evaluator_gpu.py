@@ -143,6 +143,10 @@ def test_the_peers_loop_times_our_kernels_doing_their_work(evaluator):
         by_peer = reply["prepare_s_by_peer"]
         assert "torch_eager" in by_peer and any(n.startswith("torch_compile[") for n in by_peer), by_peer
         assert 0.0 < sum(by_peer.values()) <= reply["phase_s"]["prepare"] + 1e-6, (by_peer, reply["phase_s"])
+        # ... and, for the compilations, torch.compile's phases inside that time.
+        phases = reply["compile_phases_s"]
+        assert phases and all(n.startswith("torch_compile[") for n in phases), phases
+        assert all(0.0 < ph.get("_compile.compile_inner", 0.0) <= by_peer[n] + 1e-6 for n, ph in phases.items()), phases
 
 
 def test_our_kernels_can_be_timed_through_graphs_like_the_peers(evaluator):

@@ -94,6 +94,7 @@ def test_named_library_parts_sweep_their_own_kernels_into_their_own_folders(work
                      "--budget-rounds 5 --out runs/lib2a"]
     _hand_back(work, work / "o1")
     second = _call(work, work / "o2", steps, limit=60)
+    assert second.returncode == 0, second.stderr
     calls = (work / "calls.txt").read_text().splitlines()[1:]
     assert calls == ["-m search.sweep --resume runs/lib2a/sweep-1",
                      "-m search.sweep --kernel layernorm --population 8 --budget-rounds 5 --out runs/lib2b"]
