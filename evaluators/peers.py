@@ -210,15 +210,16 @@ def peer_impls(ctx: Context, spec: KernelSpec, shape: Shape, dtype: str, inputs:
     gathers each peer's set-up time (its compilation included), ``phases`` the torch.compile
     phases inside it (see :func:`_compile_seconds`; 10 ms or more)."""
     impls = []
+    label = shape_label(shape)
     for name, peer in peers.items():
-        if name in errors:
-            continue
+        if name in errors and not errors[name].startswith("["):
+            continue  # unavailable on every shape (see _peer_error)
         start = time.perf_counter()
         before = _compile_seconds() if phases is not None else {}
         try:
             wrong = _check_peer(spec, peer, shape, dtype, ctx)
             if wrong:
-                errors[name] = f"disagrees with the reference: {wrong}"
+                _peer_error(errors, name, label, f"disagrees with the reference: {wrong}")
                 continue
             scratch: Scratch = {}
             if peer.stage is not None:
@@ -227,8 +228,10 @@ def peer_impls(ctx: Context, spec: KernelSpec, shape: Shape, dtype: str, inputs:
             graph = capture_graph(functools.partial(peer.run, work, shape, spec.constants, scratch))
             impls.append(Timed(name, functools.partial(_prepare_peer, inputs, work, peer, shape, spec.constants,
                                                        scratch), graph.replay))
-        except Exception as exc:  # a peer that cannot run here (missing package, unsupported dtype)
+        except ImportError as exc:  # the library is not installed: no shape can time it
             errors[name] = f"{type(exc).__name__}: {exc}"[:500]
+        except Exception as exc:  # a peer that cannot run this shape (a launch limit, an unsupported size)
+            _peer_error(errors, name, label, f"{type(exc).__name__}: {exc}")
         finally:
             if seconds is not None:
                 seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
@@ -239,6 +242,16 @@ def peer_impls(ctx: Context, spec: KernelSpec, shape: Shape, dtype: str, inputs:
                     if spent >= 0.01:
                         mine[phase] = mine.get(phase, 0.0) + spent
     return impls
+
+
+def _peer_error(errors: dict[str, str], name: str, label: str, why: str) -> None:
+    """Notes that a peer could not be timed on one shape (``<shape label>: why``, after those of
+    earlier shapes). It is still tried on the next shapes: FlashInfer's merge_state failing on
+    one merge_attn_states_multi shape, or one torch.compile compilation on one shape, must not
+    leave the other shapes without that peer. A note that does not start with a shape label
+    ("[") holds for every shape and the peer is not tried again."""
+    line = f"{label}: {why}"[:300]
+    errors[name] = f"{errors[name]}; {line}"[:1500] if name in errors else line
 
 
 def _prepare_peer(inputs: RepInputs, work: Buffers, peer: Peer, shape: Shape, constants: Any, scratch: Scratch,
@@ -268,7 +281,8 @@ def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
         ``peers`` ({implementation: {shape label: median ms}}, ``torch_compile`` being the
         fastest compilation), ``iqr`` (the same for the spreads), ``compiled`` ({shape label:
         the compilation that won, ``<mode>#<trial>``}), ``compile_candidates`` (every
-        compilation's medians), ``errors`` ({peer: why it was not timed}), ``failed`` ({our
+        compilation's medians), ``errors`` ({peer: why it was not timed, per shape as
+        ``<label>: why; ...`` where it failed on some shapes only}), ``failed`` ({our
         kernel: the guard that fired}; none of its times are reported), ``notes`` ({peer:
         what exactly is timed}), ``l2_persistence`` (carve-out and access-policy window, bytes;
         ``l2_finding`` when not both zero), ``copy_bw_bytes_per_s`` and ``phase_s`` (seconds

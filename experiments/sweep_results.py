@@ -134,6 +134,8 @@ def kernel_entry(k: dict[str, Any]) -> dict[str, Any]:
         "sanitizer": k.get("sanitizer_status"), "lineage": [x["note"] for x in k["lineage"]][:1],
         "peer_errors": dict(k.get("peer_errors") or {}),
         "peer_failures": dict(k.get("peer_failures") or {}),
+        # shapes each implementation was timed on in the loop (a peer may fail on some only)
+        "shapes_timed": {impl: len(times) for impl, times in loop.items()}, "shapes": len(k["shapes"]),
         # median and min-max over the repeated end-of-run loops, per peer ("baseline" too)
         "spreads": dict(k.get("spreads") or {}), "peer_runs": k.get("peer_runs", 0),
         "peer_notes": dict(k.get("peer_notes") or {}),
@@ -153,12 +155,15 @@ def _compiled_won(k: dict[str, Any]) -> dict[str, int]:
 
 
 def _ratio(e: dict[str, Any], peer: str, median: float | None) -> str:
-    """A ratio with its spread over the loops (``1.12x [1.05-1.18] faster``), else the single figure."""
+    """A ratio with its spread over the loops (``1.12x [1.05-1.18] faster``), else the single
+    figure; ``over 2 of 7 shapes`` where the peer was timed on some shapes only."""
+    timed, shapes = e.get("shapes_timed", {}).get(peer), e.get("shapes")
+    part = f" over {timed} of {shapes} shapes" if timed is not None and shapes and timed < shapes else ""
     ranged = e.get("spreads", {}).get(peer)
     if ranged:
-        return spread.text(ranged)
+        return spread.text(ranged) + part
     source = "evaluator" if peer == "baseline" and e.get("vs_baseline_source") == "evaluator" else "loop"
-    return "-" if median is None else f"{median:.3f}x (one {source} run, no spread)"
+    return "-" if median is None else f"{median:.3f}x (one {source} run, no spread){part}"
 
 
 def _spread_of(e: dict[str, Any], peer: str, median: float | None) -> spread.Spread | None:

@@ -191,7 +191,9 @@ def print_summary(summary: dict[str, Any], out: TextIO | None = None) -> None:
             if peer == "baseline":
                 continue  # printed above
             ranged = k.get("spreads", {}).get(peer)
-            w(f"   vs {peer}: {spread.text(ranged) if ranged else f'{value:.3f}x (one run, no spread)'}\n")
+            timed = sum(1 for s in k["shapes"] if peer in s.get("loop_ms", {}))
+            part = f" over {timed} of {len(k['shapes'])} shapes" if 0 < timed < len(k["shapes"]) else ""
+            w(f"   vs {peer}: {spread.text(ranged) if ranged else f'{value:.3f}x (one run, no spread)'}{part}\n")
         for finding in k.get("l2_findings", []):
             w(f"   !! {finding}\n")
         for peer, why in k.get("peer_errors", {}).items():

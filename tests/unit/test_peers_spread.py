@@ -199,3 +199,36 @@ def test_only_peers_keeps_the_named_peers_and_every_compilation_by_one_name() ->
     assert compiled and all(n.startswith(COMPILED + "[") for n in compiled)
     assert set(compiled) == {n for n in peers if n.startswith(COMPILED + "[")}
     assert only_peers(peers, ["no_such_peer"]) == {}
+
+
+def test_a_peer_failing_on_one_shape_is_still_tried_on_the_others_and_a_missing_library_is_not():
+    """Set up on the CPU: every peer that gets past its reference check then fails its graph
+    capture, which is enough to see which peers are tried on which shapes."""
+    import types
+
+    from evaluators.peers import peer_impls
+
+    spec = load_kernel("silu_and_mul")
+    shapes = [dict(s) for s in spec.search_shapes[:2]]
+    calls = {"fails_on_first": 0, "missing": 0}
+
+    def fails_on_first(t, shape, constants):
+        calls["fails_on_first"] += 1
+        if shape == shapes[0]:
+            raise RuntimeError("kernel launch failed: invalid argument")
+        raise RuntimeError("second shape reached")
+
+    def missing(t, shape, constants):
+        calls["missing"] += 1
+        raise ModuleNotFoundError("No module named 'somelib'")
+
+    ctx = types.SimpleNamespace(device=torch.device("cpu"))
+    peers = {"fails_on_first": as_peer(fails_on_first), "missing": as_peer(missing)}
+    errors: dict[str, str] = {}
+    for shape in shapes:
+        assert peer_impls(ctx, spec, shape, "float32", None, {}, peers, errors) == []
+    assert calls == {"fails_on_first": 2, "missing": 1}
+    first, second = (f"[{', '.join(str(v) for v in s.values())}]" for s in shapes)
+    assert errors["fails_on_first"].startswith(f"{first}: RuntimeError: kernel launch failed")
+    assert f"; {second}: RuntimeError: second shape reached" in errors["fails_on_first"]
+    assert errors["missing"] == "ModuleNotFoundError: No module named 'somelib'"

@@ -207,3 +207,18 @@ def test_parts_of_different_code_or_sharing_a_kernel_are_refused(tmp_path: Path,
     assert main([str(a), str(elsewhere), "--out", str(out), "--no-plots"]) == 2
     assert "differ in library" in capsys.readouterr().err
     assert not out.with_suffix(".json").exists()
+
+
+def test_a_peer_timed_on_some_shapes_only_says_over_how_many():
+    k = _kernel("merge_attn_states_lse", 2.0, 1.2, ranges={"flashinfer": (1.1, 1.05, 1.15)})
+    labels = [s["label"] for s in k["shapes"]]
+    for s in k["shapes"][:2]:
+        s["loop_ms"]["flashinfer"] = s["loop_ms"]["best"] * 1.1
+    k["speedup_over_peers"]["flashinfer"] = 1.1
+    k["peer_errors"] = {"flashinfer": f"{labels[2]}: RuntimeError: launch failed: invalid argument"}
+    e = kernel_entry(k)
+    assert e["shapes_timed"]["flashinfer"] == 2 and e["shapes"] == len(labels) > 2
+    text = to_markdown({"gpu": "G", "command": "c", "evaluator": "gpu", "n_gpus": 1, "wall_s": 1.0,
+                        "gpu_busy_fraction": 0.5}, {}, [e], check_targets([e]))
+    assert f"flashinfer 1.100x [1.050-1.150] faster over 2 of {len(labels)} shapes" in text
+    assert "over" not in text.split("| merge_attn_states_lse |")[1].split("|")[2]  # torch.compile: every shape
