@@ -101,14 +101,17 @@ class Evaluator(ABC):
     def time_peers_full(self, kernel: KernelRef | str, dtype: str, shape_set: str = "search",
                         ours: dict[str, tuple[str, dict[str, int]]] | None = None,
                         repetitions: int = 100, graph_ours: bool = False, fresh_process: bool = False,
-                        compile_trials: int | None = None, peers: bool = True) -> dict[str, Any]:
+                        compile_trials: int | None = None, peers: bool = True,
+                        compile_cache: str | None = None) -> dict[str, Any]:
         """Like :meth:`time_peers`, with ``errors`` (``{peer: why it was not timed}``),
         ``failed`` (``{our kernel: why}``: ours get the evaluator's guards in this loop, and one
         that fails them is reported there, never timed) and, on a GPU, spreads (``iqr``) and
         the copy bandwidth. ``graph_ours`` also times each of our kernels through a CUDA
         graph, as ``<name>@graph``. ``fresh_process``: the loop in a new process (one of
         several independent repetitions); ``compile_trials``: fresh compilations per
-        torch.compile mode; ``peers`` False times our kernels alone. Stand-ins time nothing."""
+        torch.compile mode; ``peers`` False times our kernels alone; ``compile_cache``: the
+        folder this loop's torch.compile programs were compiled into ahead of it
+        (:mod:`evaluators.peer_compile`). Stand-ins time nothing."""
         return {"peers": {}, "errors": {}}
 
     def close(self) -> None:  # noqa: B027 - optional

@@ -278,7 +278,8 @@ class GpuEvaluator(Evaluator):
     def time_peers_full(self, kernel: KernelRef | str, dtype: str, shape_set: str = "search",
                         ours: dict[str, tuple[str, dict[str, int]]] | None = None,
                         repetitions: int = 100, graph_ours: bool = False, fresh_process: bool = False,
-                        compile_trials: int | None = None, peers: bool = True) -> dict[str, Any]:
+                        compile_trials: int | None = None, peers: bool = True,
+                        compile_cache: str | None = None) -> dict[str, Any]:
         """Like :meth:`time_peers`, with spreads, peer errors, the copy bandwidth and ``failed``:
         ``{our kernel: why}`` for each of ours refused at admission, failing a guard in the loop
         (see :mod:`evaluators.peers`) or crashing it; a failed kernel has no times.
@@ -290,7 +291,8 @@ class GpuEvaluator(Evaluator):
         before (a new one if the current one has), so that repetitions of one kernel's loop
         share no CUDA context, allocations or compilations, while the loops of several kernels
         can share a process; ``compile_trials``: fresh compilations per torch.compile mode;
-        ``peers`` False: our kernels alone (no peer is set up or compiled).
+        ``peers`` False: our kernels alone (no peer is set up or compiled); ``compile_cache``:
+        the folder this loop's compilations were made in ahead of it (loaded from there).
         """
         spec = self.spec(kernel)
         key = str(spec.directory)
@@ -316,6 +318,8 @@ class GpuEvaluator(Evaluator):
                "graph_ours": graph_ours, "peers": peers}
         if compile_trials is not None:
             job["compile_trials"] = compile_trials
+        if compile_cache:
+            job["compile_cache"] = compile_cache
         reply, why = self._peers_job({**job, "kernels": dict(kernels)})
         if reply is None:
             # Find the culprits by timing each kernel of ours alone (no peers: cheap), then the rest together.

@@ -69,11 +69,16 @@ def compile_name(mode: str, trial: int) -> str:
     return f"{COMPILED}[{mode}#{trial}]"
 
 
+# Compiled ahead (evaluators.peer_compile): the local caches on, in the loop's own folder.
+_CACHED = {**_FRESH, "fx_graph_cache": True, "autotune_local_cache": True}
+
+
 @contextlib.contextmanager
-def _fresh_inductor() -> Iterator[None]:
+def _fresh_inductor(cached: bool = False) -> Iterator[None]:
     import torch._inductor.config as inductor_config
 
-    with inductor_config.patch({k: v for k, v in _FRESH.items() if hasattr(inductor_config, k)}):
+    settings = _CACHED if cached else _FRESH
+    with inductor_config.patch({k: v for k, v in settings.items() if hasattr(inductor_config, k)}):
         yield
 
 
@@ -98,13 +103,14 @@ _DYNAMO_LIMITS = {"recompile_limit": 64, "accumulated_recompile_limit": 4096, "f
 
 
 @contextlib.contextmanager
-def _compiling() -> Iterator[None]:
+def _compiling(cached: bool = False) -> Iterator[None]:
     """Around every call of a compiled program (each may compile for a new shape): Inductor's
-    caches off and dynamo's limits as :data:`_DYNAMO_LIMITS` (where this torch has them)."""
+    caches off (``cached``: its local caches on, for a compilation made ahead into the loop's
+    own cache folder) and dynamo's limits as :data:`_DYNAMO_LIMITS` (where this torch has them)."""
     import torch._dynamo.config as dynamo_config
 
     limits = {k: v for k, v in _DYNAMO_LIMITS.items() if hasattr(dynamo_config, k)}
-    with dynamo_config.patch(limits), _fresh_inductor():
+    with dynamo_config.patch(limits), _fresh_inductor(cached):
         yield
 
 
@@ -126,22 +132,25 @@ class _FreshCompile:
     static shapes (kernels specialised to the shape, as a serving engine's compiled graph
     would get, never a dynamic-shape kernel)."""
 
-    def __init__(self, spec: KernelSpec, mode: str) -> None:
+    def __init__(self, spec: KernelSpec, mode: str, cached: bool = False) -> None:
         self.fn = torch.compile(_own_code(_program(spec)), dynamic=False,
                                 mode=None if mode == "default" else mode)
+        self.cached = cached
 
     def __call__(self, t: Mapping[str, Any], shape: Mapping[str, int], constants: Any) -> None:
-        with _compiling():
+        with _compiling(self.cached):
             self.fn(t, shape, constants)
 
 
-def peer_fns(spec: KernelSpec, modes: tuple[str, ...] = COMPILE_MODES, trials: int = COMPILE_TRIALS) -> dict[str, Peer]:
-    """Every peer of the spec by name, and one ``torch_compile[<mode>#<trial>]`` per mode and
-    trial (each compiled afresh at its first call)."""
-    fns: dict[str, Peer] = {name: as_peer(p) for name, p in spec.peers.items()}
+def peer_fns(spec: KernelSpec, modes: tuple[str, ...] = COMPILE_MODES, trials: int = COMPILE_TRIALS,
+             cached: bool = False, only_compiled: bool = False) -> dict[str, Peer]:
+    """Every peer of the spec by name (``only_compiled``: none), and one
+    ``torch_compile[<mode>#<trial>]`` per mode and trial (each compiled afresh at its first
+    call; ``cached``: with Inductor's local caches on, to load a compilation made ahead)."""
+    fns: dict[str, Peer] = {} if only_compiled else {name: as_peer(p) for name, p in spec.peers.items()}
     for mode in modes:
         for trial in range(1, trials + 1):
-            fns[compile_name(mode, trial)] = as_peer(_FreshCompile(spec, mode))
+            fns[compile_name(mode, trial)] = as_peer(_FreshCompile(spec, mode, cached))
     return fns
 
 
@@ -266,7 +275,36 @@ def _input_sets(ctx: Context, spec: KernelSpec, shape: Shape, dtype: str) -> lis
                              "random", ctx.device) for k in (0, 1)]
 
 
+def _cache_counts() -> dict[str, int]:
+    """Inductor's FX-graph cache hits and misses in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return {k: int(counters["inductor"].get(f"fxgraph_cache_{k}", 0)) for k in ("hit", "miss", "bypass")}
+
+
 def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) -> dict[str, Any]:
+    """Times peers and our kernels on each shape; returns medians in ms.
+
+    With ``compile_cache`` (a folder that :mod:`evaluators.peer_compile` compiled this
+    kernel's torch.compile programs into, for this loop alone), the compilations are loaded
+    from there (Inductor's local caches on, in that folder) instead of compiled here; the
+    reply's ``compile_cache`` says how many loaded (``hit``) and how many were compiled here
+    after all (``miss``, ``bypass``). See :func:`_run_peers` for the rest.
+    """
+    folder = job.get("compile_cache")
+    if not folder:
+        return _run_peers(ctx, job, beat)
+    from evaluators.peer_compile import cache_folder
+
+    before = _cache_counts()
+    with cache_folder(folder):
+        reply = _run_peers(ctx, job, beat, cached=True)
+    after = _cache_counts()
+    reply["compile_cache"] = {"folder": str(folder), **{k: after[k] - before[k] for k in after}}
+    return reply
+
+
+def _run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None], cached: bool = False) -> dict[str, Any]:
     """Times peers and our kernels on each shape; returns medians in ms.
 
     Job keys: kernel_dir, dtype, shapes, warmup, repetitions; ``kernels`` ({name: {cubin,
@@ -296,7 +334,8 @@ def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
     failed: dict[str, str] = {}
     ours = _load_ours(ctx, spec, job, shapes, failed)
     baseline = ctx.kernel(spec, job["baseline"], shapes) if job.get("kernels") else None
-    peers = peer_fns(spec, trials=int(job.get("compile_trials", COMPILE_TRIALS))) if job.get("peers", True) else {}
+    peers = (peer_fns(spec, trials=int(job.get("compile_trials", COMPILE_TRIALS)), cached=cached)
+             if job.get("peers", True) else {})
     if job.get("only_peers") is not None:  # a diagnosis: some peers alone
         peers = only_peers(peers, job["only_peers"])
     times: dict[str, dict[str, float]] = {}

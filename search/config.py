@@ -98,6 +98,9 @@ class EvaluatorConfig:
             compiled three times and the spread over loops shows how much compilations vary).
         sanitize: run compute-sanitizer (memcheck, racecheck) on each winner before it is
             reported; a winner with findings is replaced by the baseline.
+        compile_ahead: compile each loop's torch.compile programs ahead of it, in processes
+            beside each other (never beside a timed call), each loop from a cache folder of its
+            own (:mod:`evaluators.peer_compile`); off: every loop compiles for itself.
     """
 
     kind: str = "gpu"
@@ -109,6 +112,7 @@ class EvaluatorConfig:
     peer_runs: int = 3
     compile_trials: int = 1
     sanitize: bool = True
+    compile_ahead: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in ("gpu", "standin"):
@@ -119,6 +123,10 @@ class EvaluatorConfig:
         if not self.seeds:
             raise ConfigError("evaluator.seeds must name at least one seed")
         _positive("evaluator", peer_runs=self.peer_runs, compile_trials=self.compile_trials)
+        if self.compile_ahead and self.compile_trials != 1:
+            # A loop's cache folder holds one compilation per mode: a second trial would load the first.
+            raise ConfigError("evaluator.compile_ahead needs evaluator.compile_trials 1 "
+                              f"(one compilation per mode and loop), got {self.compile_trials}")
         if not isinstance(self.retries, int) or self.retries < 0:
             raise ConfigError(f"evaluator.retries must be >= 0, got {self.retries!r}")
         if not isinstance(self.standin_latency_s, (int, float)) or self.standin_latency_s < 0:

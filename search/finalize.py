@@ -24,6 +24,7 @@ that kernel and the others finish.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -409,11 +410,16 @@ class EndOfRun:
         # chosen on the times it is reported with).
         ours = {**_ours(k), "baseline": (k.st.baseline.source, {})}
         names = sorted(ours)
+        # With compile_ahead, loop i loads its torch.compile programs from folders[i] (None: it
+        # compiles them itself, as every loop does without).
+        folders: list[str | None] = []
 
         def submit() -> None:
+            cache = folders[len(runs)] if len(runs) < len(folders) else None
             self.ctl.recorded_call(_call_key("peers", k, len(runs), *([names] if len(names) > 2 else [])), done,
                                    "time_peers", k.st.ref, k.st.dtype, ShapeSet.SEARCH.value, ours, True,
-                                   cfg.compile_trials, what=f"{k.st.name} peers, run {len(runs) + 1} of {cfg.peer_runs}")
+                                   cfg.compile_trials, True, cache,
+                                   what=f"{k.st.name} peers, run {len(runs) + 1} of {cfg.peer_runs}")
 
         def done(reply: dict[str, Any] | None, error: str) -> None:
             assert k.winner is not None and k.dispatch is not None
@@ -437,9 +443,34 @@ class EndOfRun:
             assert result.dispatch is not None
             combine_runs(result, [r if "loop_error" in r else compose_reply(r, result.dispatch) for r in runs])
             result.rejected_why = dict(k.rejected_why)
+            for folder in folders:
+                if folder:
+                    shutil.rmtree(folder, ignore_errors=True)  # where this machine holds it
             self._done(k, result)
 
-        submit()
+        if not cfg.compile_ahead:
+            submit()
+            return
+        made: dict[int, dict[str, Any]] = {}
+
+        def compiled(i: int, reply: dict[str, Any] | None, error: str) -> None:
+            made[i] = reply if reply is not None else {"status": "ERROR", "summary": error}
+            if len(made) < cfg.peer_runs:
+                return
+            folders.extend(made[j].get("folder") if made[j].get("status") == "OK" else None
+                           for j in range(cfg.peer_runs))
+            why = "; ".join(f"loop {j + 1}: {made[j].get('summary', '')}"[:200] for j in range(cfg.peer_runs)
+                            if made[j].get("status") != "OK")
+            print(f"end {k.st.name}: compiled ahead for {sum(1 for f in folders if f)} of {cfg.peer_runs} loops"
+                  + (f" ({why})" if why else ""), file=sys.stderr, flush=True)
+            submit()
+
+        for i in range(cfg.peer_runs):
+            # Separate processes, like sanitizer runs: they overlap each other, never a timed call.
+            self.ctl.recorded_call(_call_key("precompile", k, i), partial(compiled, i), "precompile", k.st.ref,
+                                   k.st.dtype, ShapeSet.SEARCH.value,
+                                   f"{self.ctl.records.run_id}/{k.st.name}-{k.st.ref.digest[:8]}/loop-{i + 1}",
+                                   exclusive=False, what=f"{k.st.name} compile ahead, loop {i + 1}")
 
     def _done(self, k: _Progress, result: KernelResult) -> None:
         k.result = result

@@ -16,12 +16,14 @@ Ray moves the cubin to the evaluator's node and the evaluator compiles nothing a
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -271,20 +273,40 @@ class EvaluatorActor:
 
     def time_peers(self, kernel: KernelRef | str, dtype: str, shape_set: str,
                    ours: dict[str, tuple[str, dict[str, int]]] | None = None, fresh_process: bool = False,
-                   compile_trials: int | None = None, peers: bool = True) -> dict[str, Any]:
+                   compile_trials: int | None = None, peers: bool = True,
+                   compile_cache: str | None = None) -> dict[str, Any]:
         """The peers' loop: ``peers`` (times), ``errors`` (peers not timed), ``failed`` (our
         kernels that failed verification in the loop), what the loop recorded beside them
         (``compiled``, ``notes``, ``l2_persistence``, ``l2_finding``, ``phase_s``, ``prepare_s_by_peer``,
         ``compile_phases_s``) and ``busy_s`` (GPU busy, as for evaluate); ``fresh_process``: in a new sandbox process;
-        ``peers`` False: our kernels alone."""
+        ``peers`` False: our kernels alone; ``compile_cache``: the folder :meth:`precompile`
+        made this loop's compilations in."""
         with self._lock:
             start = time.perf_counter()
             reply = self.evaluator.time_peers_full(kernel, dtype, shape_set, ours, fresh_process=fresh_process,
-                                                   compile_trials=compile_trials, peers=peers)
+                                                   compile_trials=compile_trials, peers=peers,
+                                                   compile_cache=compile_cache)
             kept = {k: reply[k] for k in ("compiled", "notes", "l2_persistence", "l2_finding", "phase_s",
-                                          "prepare_s_by_peer", "compile_phases_s") if k in reply}
+                                          "prepare_s_by_peer", "compile_phases_s", "compile_cache") if k in reply}
             return {"peers": dict(reply["peers"]), "errors": dict(reply.get("errors", {})),
                     "failed": dict(reply.get("failed", {})), **kept, "busy_s": time.perf_counter() - start}
+
+    def precompile(self, kernel: KernelRef | str, dtype: str, shape_set: str, folder: str) -> dict[str, Any]:
+        """Compiles the kernel's torch.compile programs for one end-of-run loop ahead of it, into
+        ``folder`` under this node's temporary directory (:mod:`evaluators.peer_compile`); the
+        report carries the folder's full path as ``folder``. A separate process, like a
+        sanitizer run: it never overlaps a timed call. The stand-in has nothing to compile."""
+        if self.kind != "gpu":
+            return {"status": "SKIPPED", "summary": "stand-in evaluator: no peers to compile"}
+        import tempfile
+
+        from evaluators.peer_compile import compile_ahead
+
+        root = Path(tempfile.gettempdir())
+        where = root / "kernel-search-compiled" / folder
+        # One lock per GPU: the compile-ahead processes of this GPU never benchmark at once.
+        lock = root / f"kernel-search-benchmark-gpu{os.environ.get('CUDA_VISIBLE_DEVICES', '0')}.lock"
+        return dict(compile_ahead(kernel, dtype, shape_set, where, lock), folder=str(where))
 
     def sanitize(self, kernel: KernelRef | str, source: str, dtype: str, params: dict[str, int],
                  shapes: Sequence[Mapping[str, int]] = ()) -> dict[str, Any]:

@@ -81,6 +81,8 @@ def add_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="model name for --agent llm")
     p.add_argument("--evaluator", choices=("gpu", "standin"), help="standin: CPU test double, never for reported numbers")
     p.add_argument("--seed", type=int)
+    p.add_argument("--compile-ahead", action="store_true", default=None,
+                   help="compile the end-of-run loops' torch.compile programs ahead of them, in parallel")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,7 +111,7 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
         "dtype": args.dtype, "out": args.out, "seed": args.seed, "address": args.address,
         "search.population": args.population, "search.rounds": args.rounds, "search.variants": args.variants,
         "search.trials": args.trials, "search.dispatch": args.dispatch, "agent.kind": args.agent, "agent.model": args.model,
-        "evaluator.kind": args.evaluator, "evaluator.gpus": args.gpus,
+        "evaluator.kind": args.evaluator, "evaluator.gpus": args.gpus, "evaluator.compile_ahead": args.compile_ahead,
     })
 
 

@@ -122,7 +122,7 @@ def _new_sweep(args: argparse.Namespace) -> tuple[RunConfig, Path, dict[str, Any
         "kernels": tuple(refs), "kernel_dir": "", "dtype": dtype, "seed": args.seed, "address": args.address,
         "search.rounds": args.budget_rounds, "search.population": args.population, "search.variants": args.variants,
         "search.trials": args.trials, "agent.kind": args.agent, "agent.model": args.model,
-        "evaluator.kind": args.evaluator, "evaluator.gpus": args.gpus,
+        "evaluator.kind": args.evaluator, "evaluator.gpus": args.gpus, "evaluator.compile_ahead": args.compile_ahead,
     })
     config.kernel_dir = None
     sweep_id = "sweep-" + time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)

@@ -149,6 +149,24 @@ def test_the_peers_loop_times_our_kernels_doing_their_work(evaluator):
         assert all(0.0 < ph.get("_compile.compile_inner", 0.0) <= by_peer[n] + 1e-6 for n, ph in phases.items()), phases
 
 
+def test_a_loop_loads_the_compilations_made_ahead_of_it(evaluator, tmp_path):
+    """evaluators.peer_compile: each mode compiled for each shape in a process of its own, into
+    the loop's folder; the loop then loads every compilation from there (FX-graph cache hits,
+    none compiled again) and times torch.compile on every shape."""
+    from evaluators.peer_compile import compile_ahead
+
+    spec = load_kernel("silu_and_mul")
+    folder = tmp_path / "loop-1"
+    report = compile_ahead("silu_and_mul", "float16", "search", folder, tmp_path / "gpu.lock")
+    assert report["status"] == "OK", report
+    assert all(v == "ok" for per_shape in report["modes"].values() for v in per_shape.values()), report
+    reply = evaluator.time_peers_full("silu_and_mul", "float16", "search", {"baseline": (spec.baseline_source(), {})},
+                                      repetitions=20, fresh_process=True, compile_trials=1, compile_cache=str(folder))
+    cache = reply["compile_cache"]
+    assert cache["miss"] == 0 and cache["bypass"] == 0 and cache["hit"] >= 2 * len(spec.search_shapes), cache
+    assert set(reply["peers"]["torch_compile"]) == {shape_label(s) for s in spec.search_shapes}, reply["errors"]
+
+
 def test_our_kernels_can_be_timed_through_graphs_like_the_peers(evaluator):
     # The same binary timed both ways in one loop: the graph replay must time the kernel
     # doing its work (not an empty graph: the capture has to see our launch on its stream).

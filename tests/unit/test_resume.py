@@ -125,3 +125,19 @@ def test_a_resumed_run_replays_the_answers_of_its_end(local_ray, tmp_path):
     assert list(read_jsonl(path)) == marked  # nothing asked again, nothing recorded twice
     best = json.loads(next((prep.run_dir / "best").glob("*.json")).read_text())
     assert best["sanitizer"]["summary"] == "as recorded"
+
+
+def test_compile_ahead_asks_one_compilation_per_loop_before_the_loops_and_records_them(local_ray, tmp_path, capsys):
+    """--compile-ahead: the end of the run asks the evaluator to compile each loop's programs
+    (non-exclusive calls, like the sanitizer's) before that kernel's loops; a stand-in has
+    nothing to compile and says so, and the loops then compile for themselves."""
+    prep = _prepare(tmp_path / "run", "--compile-ahead")
+    assert prep.config.evaluator.compile_ahead
+    run_search(prep, "test")
+    answers = list(read_jsonl(prep.run_dir / "answers.jsonl"))
+    loops = prep.config.evaluator.peer_runs
+    pre = [a for a in answers if a["method"] == "precompile"]
+    assert len(pre) == loops and all(a["value"]["status"] == "SKIPPED" for a in pre)
+    first_loop = next(i for i, a in enumerate(answers) if a["method"] == "time_peers")
+    assert all(answers.index(a) < first_loop for a in pre)
+    assert f"compiled ahead for 0 of {loops} loops" in capsys.readouterr().err

@@ -88,6 +88,7 @@ def test_config_from_yaml_with_overrides(tmp_path):
         ({"agent": {"kind": "magic"}}, "agent.kind"),
         ({"evaluator": {"kind": "tpu"}}, "evaluator.kind"),
         ({"search": {"roundz": 3}}, "roundz"),
+        ({"evaluator": {"compile_ahead": True, "compile_trials": 2}}, "evaluator.compile_ahead"),
     ],
 )
 def test_bad_config_values_are_refused(data, words):

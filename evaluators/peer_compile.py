@@ -1,0 +1,183 @@
+"""torch.compile's programs for the end-of-run loops, compiled ahead of them (GPU machine).
+
+A peers' loop spends most of its time setting up, not timing: on the library at 13ad156 a
+loop took 32-51 s, of which 1.6-3.1 s were the timed repetitions; the rest is mostly
+torch.compile compiling and autotuning each mode for each shape, afresh in every loop.
+Compiled ahead, each loop's compilations are made in a process of their own, into a cache
+folder of their own (Inductor's FX-graph and autotuning caches on and pointed there), so they
+are as independent of the other loops' as when each loop compiled for itself; the loop then
+loads them from that folder (:func:`evaluators.peers.run_peers`, job key ``compile_cache``)
+instead of compiling them. What the folder lacks the loop compiles itself, as before.
+
+The processes run beside each other and beside sanitizer runs, never beside a timed call
+(:mod:`search.pool`: they are non-exclusive calls); their autotuning benchmarks take one file
+lock, so no two of them time candidate kernels at the same moment.
+
+    python -m evaluators.peer_compile --cache-dir DIR --lock FILE --dtype float16 KERNEL
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from kernels.folders import KernelRef
+
+REPORT = "compiled.json"  # what a compile-ahead process did, in its cache folder
+
+
+@contextlib.contextmanager
+def cache_folder(path: str | Path) -> Iterator[None]:
+    """Inductor's (and with it Triton's) on-disk caches in ``path`` while inside, its in-memory
+    caches cleared on the way in and out, so nothing compiled elsewhere is picked up."""
+    try:
+        from torch._inductor.utils import clear_caches
+    except ImportError:  # a torch without it: nothing in memory to clear then
+
+        def clear_caches() -> None:
+            pass
+
+    keys = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+    before = {k: os.environ.get(k) for k in keys}
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(path).resolve())
+    os.environ.pop("TRITON_CACHE_DIR", None)  # Inductor then keeps Triton's binaries in the folder too
+    clear_caches()
+    try:
+        yield
+    finally:
+        clear_caches()
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class _BenchmarkLock:
+    """Inductor's GPU benchmarks taken under an exclusive file lock (re-entrant in a process)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._depth = 0
+        self._guard = threading.RLock()
+        self._fd: int | None = None
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        with self._guard:
+            if self._depth == 0:
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+                if self._depth == 0 and self._fd is not None:
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+                    os.close(self._fd)
+                    self._fd = None
+
+    def install(self) -> bool:
+        """Wraps the benchmarker's ``benchmark_gpu``; False where this torch has none."""
+        try:
+            from torch._inductor.runtime import benchmarking
+        except ImportError:
+            return False
+        cls = type(getattr(benchmarking, "benchmarker", None))
+        original = getattr(cls, "benchmark_gpu", None)
+        if original is None:
+            return False
+        lock = self
+
+        def benchmark_gpu(self: Any, *args: Any, **kwargs: Any) -> Any:
+            with lock.held():
+                return original(self, *args, **kwargs)
+
+        setattr(cls, "benchmark_gpu", benchmark_gpu)  # noqa: B010 - a method replaced on its class
+        return True
+
+
+def compile_kernel(kernel: str, dtype: str, shape_set: str, cache_dir: str | Path,
+                   modes: Sequence[str] | None = None, device: str = "cuda") -> dict[str, Any]:
+    """Compiles the kernel's torch.compile program in each mode for each shape into
+    ``cache_dir`` (one call per shape on the loop's inputs); returns and writes
+    :data:`REPORT`: per mode, per shape label, "ok" or why not, and the seconds taken."""
+    import torch
+
+    from evaluators.peers import COMPILE_MODES, compile_name, peer_fns
+    from kernels.peer import call_once
+    from kernels.spec import load_kernel, shape_label
+
+    spec = load_kernel(kernel)
+    start = time.perf_counter()
+    done: dict[str, dict[str, str]] = {}
+    with cache_folder(cache_dir):
+        fns = peer_fns(spec, modes=tuple(modes or COMPILE_MODES), trials=1, cached=True, only_compiled=True)
+        for shape in spec.shapes(shape_set):
+            gen = torch.Generator(device=device).manual_seed(7)
+            inputs = spec.make_inputs(shape, getattr(torch, dtype), gen, "random", torch.device(device))
+            for mode in modes or COMPILE_MODES:
+                name = compile_name(mode, 1)
+                try:
+                    call_once(fns[name], {k: v.clone() for k, v in inputs.items()}, shape, spec.constants)
+                    done.setdefault(mode, {})[shape_label(shape)] = "ok"
+                except Exception as exc:  # the loop meets the same failure and reports it
+                    done.setdefault(mode, {})[shape_label(shape)] = f"{type(exc).__name__}: {exc}"[:300]
+            if device == "cuda":
+                torch.cuda.synchronize()
+    report = {"kernel": spec.name, "dtype": dtype, "modes": done, "seconds": time.perf_counter() - start}
+    (Path(cache_dir) / REPORT).write_text(json.dumps(report))
+    return report
+
+
+def compile_ahead(kernel: KernelRef | str, dtype: str, shape_set: str, cache_dir: str | Path, lock: str | Path,
+                  timeout_s: float = 900.0, modes: Sequence[str] | None = None, device: str = "cuda") -> dict[str, Any]:
+    """Runs :func:`compile_kernel` in a process of its own (fresh torch, no compilation of this
+    process's in it); returns its report, or ``{"status": "ERROR", "summary": why}``."""
+    folder = str(kernel.resolve()) if isinstance(kernel, KernelRef) else str(kernel)
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "evaluators.peer_compile", folder, "--cache-dir", str(cache_dir), "--lock", str(lock),
+           "--dtype", dtype, "--shapes", shape_set, "--device", device, *(["--modes", *modes] if modes else [])]
+    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}  # as in the sandbox worker
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env,
+                              cwd=Path(__file__).resolve().parent.parent)
+    except subprocess.TimeoutExpired:
+        return {"status": "ERROR", "summary": f"compile-ahead of {folder} passed {timeout_s:.0f} s"}
+    if proc.returncode != 0:
+        return {"status": "ERROR", "summary": f"rc {proc.returncode}: {proc.stderr.strip()[-500:]}"}
+    try:
+        return {"status": "OK", **json.loads(proc.stdout.strip().splitlines()[-1])}
+    except (ValueError, IndexError):
+        return {"status": "ERROR", "summary": f"no report: {proc.stdout.strip()[-300:]}"}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Compile a kernel's torch.compile program ahead of a peers' loop.")
+    p.add_argument("kernel", help="library kernel name or kernel folder")
+    p.add_argument("--cache-dir", required=True)
+    p.add_argument("--lock", required=True, help="file lock shared by every compile-ahead process of a GPU")
+    p.add_argument("--dtype", default="float16")
+    p.add_argument("--shapes", default="search", choices=("search", "heldout"))
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--modes", nargs="+", help="torch.compile modes (default: evaluators.peers.COMPILE_MODES)")
+    args = p.parse_args(argv)
+    _BenchmarkLock(args.lock).install()
+    report = compile_kernel(args.kernel, args.dtype, args.shapes, args.cache_dir, args.modes, device=args.device)
+    print(json.dumps(report), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""evaluators/peer_compile.py on the CPU (Inductor's C++ backend stands in for Triton): a
+compilation made ahead in a process of its own is loaded from its cache folder by another
+process instead of being compiled again, a folder of another loop is not, and the benchmark
+lock excludes other processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from evaluators.peer_compile import REPORT, _BenchmarkLock, cache_folder, compile_ahead
+from evaluators.peers import _cache_counts, compile_name, peer_fns
+from kernels.peer import call_once
+from kernels.spec import load_kernel
+from tests.unit.test_codegen import _kernel_here
+from tests.unit.test_codegen_reviewer_kernels import FOLDERS as REVIEWER
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("k")
+    _kernel_here(root, "clip_deadzone", *REVIEWER["clip_deadzone"])
+    return root / "clip_deadzone"
+
+
+def _load(kernel: Path, folder: Path) -> dict[str, int]:
+    """The loop's side: the program called under the folder, as run_peers does; FX-graph cache counts."""
+    spec = load_kernel(kernel)
+    fn = peer_fns(spec, modes=("default",), trials=1, cached=True, only_compiled=True)[compile_name("default", 1)]
+    shape = dict(spec.search_shapes[0])
+    inputs = spec.make_inputs(shape, torch.float32, torch.Generator().manual_seed(7), "random", torch.device("cpu"))
+    before = _cache_counts()
+    with cache_folder(folder):
+        call_once(fn, inputs, shape, spec.constants)
+    after = _cache_counts()
+    return {k: after[k] - before[k] for k in after}
+
+
+def test_a_compilation_made_ahead_is_loaded_by_the_loop_and_another_loops_folder_is_not(kernel: Path, tmp_path: Path):
+    ahead = tmp_path / "loop-1"
+    report = compile_ahead(kernel, "float32", "search", ahead, tmp_path / "gpu.lock", timeout_s=600,
+                           modes=["default"], device="cpu")
+    assert report["status"] == "OK", report
+    assert set(report["modes"]["default"].values()) == {"ok"}
+    assert json.loads((ahead / REPORT).read_text())["kernel"] == "clip_deadzone"
+    assert _load(kernel, ahead) == {"hit": 1, "miss": 0, "bypass": 0}
+    # An empty folder (another loop's, compiled by nobody yet): compiled here, as without one.
+    assert _load(kernel, tmp_path / "loop-2")["miss"] == 1
+    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") != str(ahead.resolve())  # the folder is left on the way out
+
+
+def test_a_failed_compile_ahead_says_why(tmp_path: Path):
+    report = compile_ahead(tmp_path / "no-such-kernel", "float32", "search", tmp_path / "c", tmp_path / "l",
+                           timeout_s=120, device="cpu")
+    assert report["status"] == "ERROR" and "rc" in report["summary"]
+
+
+def test_the_benchmark_lock_excludes_other_processes_and_nests_in_one(tmp_path: Path):
+    lock = _BenchmarkLock(tmp_path / "gpu.lock")
+    probe = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR)\n"
+             "try:\n    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); print('free')\n"
+             "except BlockingIOError:\n    print('held')\n")
+    with lock.held():
+        with lock.held():  # re-entrant: a benchmark inside a benchmark does not deadlock
+            pass
+        out = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "gpu.lock")], capture_output=True, text=True)
+        assert out.stdout.strip() == "held"
+    out = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "gpu.lock")], capture_output=True, text=True)
+    assert out.stdout.strip() == "free"
