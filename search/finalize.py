@@ -521,7 +521,11 @@ def finalize(ctl: Controller, warmup: PeerWarmup | None = None) -> tuple[list[Ke
     end.heldout()
     if warmup is not None:
         stop_warmup(warmup)
-    ctl.pool.renew(size=max(1, min(len(ctl.pool.actors), len(ctl.states))), max_concurrency=len(ctl.states))
+    # Non-exclusive calls overlap on an actor: a sanitizer run per kernel, or with compile_ahead
+    # one compilation per kernel and loop.
+    cfg = ctl.config.evaluator
+    sharing = len(ctl.states) * (cfg.peer_runs if cfg.compile_ahead and cfg.peers else 1)
+    ctl.pool.renew(size=max(1, min(len(ctl.pool.actors), len(ctl.states))), max_concurrency=sharing)
     device = ctl.pool.device_name()
     results = end.finish()
     ctl.pool.close()
