@@ -24,6 +24,7 @@ that kernel and the others finish.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import time
@@ -521,10 +522,13 @@ def finalize(ctl: Controller, warmup: PeerWarmup | None = None) -> tuple[list[Ke
     end.heldout()
     if warmup is not None:
         stop_warmup(warmup)
-    # Non-exclusive calls overlap on an actor: a sanitizer run per kernel, or with compile_ahead
-    # one compilation per kernel and loop.
+    # Non-exclusive calls overlap on an actor: a sanitizer run per kernel, and with compile_ahead
+    # compilations, one per kernel and loop up to one per two CPU cores (each is a process with
+    # torch and a CUDA context of its own).
     cfg = ctl.config.evaluator
-    sharing = len(ctl.states) * (cfg.peer_runs if cfg.compile_ahead and cfg.peers else 1)
+    sharing = len(ctl.states)
+    if cfg.compile_ahead and cfg.peers:
+        sharing = max(sharing, min(sharing * cfg.peer_runs, (os.cpu_count() or 2) // 2))
     ctl.pool.renew(size=max(1, min(len(ctl.pool.actors), len(ctl.states))), max_concurrency=sharing)
     device = ctl.pool.device_name()
     results = end.finish()
