@@ -10,8 +10,9 @@ loads them from that folder (:func:`evaluators.peers.run_peers`, job key ``compi
 instead of compiling them. What the folder lacks the loop compiles itself, as before.
 
 The processes run beside each other and beside sanitizer runs, never beside a timed call
-(:mod:`search.pool`: they are non-exclusive calls); their autotuning benchmarks take one file
-lock, so no two of them time candidate kernels at the same moment.
+(:mod:`search.pool`: they are non-exclusive calls); their autotuning benchmarks take a file
+lock of the GPU exclusively, and sanitizer runs take it shared, so no benchmark times candidate
+kernels while another benchmark or a sanitizer run loads the GPU.
 
     python -m evaluators.peer_compile --cache-dir DIR --lock FILE --dtype float16 KERNEL
 """
@@ -25,6 +26,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -61,6 +63,25 @@ def cache_folder(path: str | Path) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def lock_path(gpu: str) -> Path:
+    """The benchmark lock of one GPU (``gpu``: its CUDA_VISIBLE_DEVICES entry) on this node."""
+    return Path(tempfile.gettempdir()) / f"kernel-search-benchmark-gpu{gpu}.lock"
+
+
+@contextlib.contextmanager
+def sharing_the_gpu(path: str | Path) -> Iterator[None]:
+    """Held by a process that loads the GPU without timing anything (a sanitizer run): shared
+    with others like it, exclusive of the compile-ahead processes' autotuning benchmarks, which
+    wait for it to end (and it for them)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 class _BenchmarkLock:

@@ -300,12 +300,11 @@ class EvaluatorActor:
             return {"status": "SKIPPED", "summary": "stand-in evaluator: no peers to compile"}
         import tempfile
 
-        from evaluators.peer_compile import compile_ahead
+        from evaluators.peer_compile import compile_ahead, lock_path
 
-        root = Path(tempfile.gettempdir())
-        where = root / "kernel-search-compiled" / folder
+        where = Path(tempfile.gettempdir()) / "kernel-search-compiled" / folder
         # One lock per GPU: the compile-ahead processes of this GPU never benchmark at once.
-        lock = root / f"kernel-search-benchmark-gpu{os.environ.get('CUDA_VISIBLE_DEVICES', '0')}.lock"
+        lock = lock_path(os.environ.get("CUDA_VISIBLE_DEVICES", "0"))
         return dict(compile_ahead(kernel, dtype, shape_set, where, lock), folder=str(where))
 
     def sanitize(self, kernel: KernelRef | str, source: str, dtype: str, params: dict[str, int],
@@ -314,9 +313,12 @@ class EvaluatorActor:
         has no GPU to check on and says so."""
         if self.kind != "gpu":
             return {"status": "SKIPPED", "summary": "stand-in evaluator: no GPU to sanitize on"}
+        from evaluators.peer_compile import lock_path, sharing_the_gpu
         from evaluators.sanitize import sanitize
 
-        report = sanitize(kernel, source, dtype, params=params, shapes=[dict(s) for s in shapes])
+        # No compile-ahead process benchmarks while an instrumented kernel loads the GPU.
+        with sharing_the_gpu(lock_path(os.environ.get("CUDA_VISIBLE_DEVICES", "0"))):
+            report = sanitize(kernel, source, dtype, params=params, shapes=[dict(s) for s in shapes])
         return dict(report.to_dict(), summary=report.summary())
 
     def device_name(self) -> str:

@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from evaluators.peer_compile import REPORT, _BenchmarkLock, cache_folder, compile_ahead
+from evaluators.peer_compile import (
+    REPORT,
+    _BenchmarkLock,
+    cache_folder,
+    compile_ahead,
+    sharing_the_gpu,
+)
 from evaluators.peers import _cache_counts, compile_name, peer_fns
 from kernels.peer import call_once
 from kernels.spec import load_kernel
@@ -73,3 +79,20 @@ def test_the_benchmark_lock_excludes_other_processes_and_nests_in_one(tmp_path: 
         assert out.stdout.strip() == "held"
     out = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "gpu.lock")], capture_output=True, text=True)
     assert out.stdout.strip() == "free"
+
+
+def test_a_sanitizer_run_shares_the_lock_with_others_and_keeps_benchmarks_out(tmp_path: Path):
+    path = tmp_path / "gpu.lock"
+    probe = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR)\n"
+             "mode = fcntl.LOCK_SH if sys.argv[2] == 'shared' else fcntl.LOCK_EX\n"
+             "try:\n    fcntl.flock(fd, mode | fcntl.LOCK_NB); print('free')\n"
+             "except BlockingIOError:\n    print('held')\n")
+
+    def other(mode: str) -> str:
+        return subprocess.run([sys.executable, "-c", probe, str(path), mode], capture_output=True,
+                              text=True).stdout.strip()
+
+    with sharing_the_gpu(path):
+        assert other("shared") == "free"  # another sanitizer run
+        assert other("exclusive") == "held"  # a benchmark waits
+    assert other("exclusive") == "free"
