@@ -40,8 +40,8 @@ REPORT = "compiled.json"  # what a compile-ahead process did, in its cache folde
 
 @contextlib.contextmanager
 def cache_folder(path: str | Path) -> Iterator[None]:
-    """Inductor's (and with it Triton's) on-disk caches in ``path`` while inside, its in-memory
-    caches cleared on the way in and out, so nothing compiled elsewhere is picked up."""
+    """Inductor's on-disk caches (FX graphs, autotuning choices) in ``path`` while inside, its
+    in-memory caches cleared on the way in and out, so nothing compiled elsewhere is picked up."""
     try:
         from torch._inductor.utils import clear_caches
     except ImportError:  # a torch without it: nothing in memory to clear then
@@ -49,20 +49,19 @@ def cache_folder(path: str | Path) -> Iterator[None]:
         def clear_caches() -> None:
             pass
 
-    keys = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
-    before = {k: os.environ.get(k) for k in keys}
+    # Triton's binary cache stays where it is: a binary is found by its source's hash, so
+    # sharing it hands no compilation another's choices (as in evaluators.peers._FRESH).
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(path).resolve())
-    os.environ.pop("TRITON_CACHE_DIR", None)  # Inductor then keeps Triton's binaries in the folder too
     clear_caches()
     try:
         yield
     finally:
         clear_caches()
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        if before is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
 
 
 def lock_path(gpu: str) -> Path:
