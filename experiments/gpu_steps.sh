@@ -18,6 +18,7 @@
 #           parts, reported as one by experiments.sweep_results <part dirs...>
 #   NAME=k1,k2,...  (NAME starting with "lib") the same over the kernels listed, under runs/NAME:
 #           several parts in one call or over several calls, e.g. "lib2a=rotary_embedding_neox,topk_softmax"
+#           (SWEEP_ARGS, e.g. "--compile-ahead", are added to every new sweep)
 #   search  search.run, population 8, 5 rounds, one GPU (resumed when cut)
 #   diag    experiments.timing_truth --per-peer (the baseline beside each peer alone) into
 #           runs/diag/timing-truth.json
@@ -64,7 +65,9 @@ sweep() {
   local name=$1; shift
   local dir; dir=$(ls -d runs/"$name"/sweep-* 2>/dev/null | head -n 1)
   if [ -z "$dir" ]; then
-    run "$name" "$PY" -m search.sweep "$@" --population 8 --budget-rounds 5 --out runs/"$name"
+    # SWEEP_ARGS (e.g. "--compile-ahead") go to every new sweep; a resumed one keeps its config.
+    # shellcheck disable=SC2086
+    run "$name" "$PY" -m search.sweep "$@" --population 8 --budget-rounds 5 ${SWEEP_ARGS:-} --out runs/"$name"
   else
     run "$name" "$PY" -m search.sweep --resume "$dir"
   fi

@@ -87,11 +87,11 @@ def test_an_unknown_step_stops_the_call(work: Path):
 
 def test_named_library_parts_sweep_their_own_kernels_into_their_own_folders(work: Path):
     steps = "lib2a=rotary_embedding_neox,topk_softmax lib2b=layernorm"
-    first = _call(work, work / "o1", steps, limit=5, SLEEP="60")
+    first = _call(work, work / "o1", steps, limit=5, SLEEP="60", SWEEP_ARGS="--compile-ahead")
     assert "lib2a: cut by the limit" in first.stdout
     calls = (work / "calls.txt").read_text().splitlines()
     assert calls == ["-m search.sweep --kernel rotary_embedding_neox --kernel topk_softmax --population 8 "
-                     "--budget-rounds 5 --out runs/lib2a"]
+                     "--budget-rounds 5 --compile-ahead --out runs/lib2a"]
     _hand_back(work, work / "o1")
     second = _call(work, work / "o2", steps, limit=60)
     assert second.returncode == 0, second.stderr
