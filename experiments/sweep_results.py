@@ -140,8 +140,21 @@ def kernel_entry(k: dict[str, Any]) -> dict[str, Any]:
         "spreads": dict(k.get("spreads") or {}), "peer_runs": k.get("peer_runs", 0),
         "peer_notes": dict(k.get("peer_notes") or {}),
         "compiled_won": _compiled_won(k), "l2_findings": list(k.get("l2_findings") or []),
+        "loop_phase_s": list(k.get("loop_phase_s") or []), "compile_cache": list(k.get("compile_cache") or []),
         "bench": bench,
     }
+
+
+def _loop_cost(e: dict[str, Any]) -> str:
+    """Where the end-of-run loops' time went: set-up (peers, torch.compile) against timing."""
+    phases = e["loop_phase_s"]
+    text = ("End-of-run loops: set-up " + ", ".join(f"{p.get('prepare', 0.0):.0f}" for p in phases)
+            + " s, timed " + ", ".join(f"{p.get('loop', 0.0):.1f}" for p in phases) + " s")
+    if e.get("compile_cache"):
+        hits = sum(c.get("hit", 0) for c in e["compile_cache"])
+        made = sum(c.get("miss", 0) + c.get("bypass", 0) for c in e["compile_cache"])
+        text += f"; torch.compile compiled ahead: {hits} compilations loaded, {made} made in the loops"
+    return text + "."
 
 
 def _compiled_won(k: dict[str, Any]) -> dict[str, int]:
@@ -336,6 +349,8 @@ def to_markdown(summary: dict[str, Any], meta: dict[str, Any], entries: list[dic
                       + ", ".join(f"{m} {n}" for m, n in sorted(e["compiled_won"].items()))]
         if e.get("peer_notes"):
             lines += ["", "Timed: " + "; ".join(f"{p}: {n}" for p, n in sorted(e["peer_notes"].items()))]
+        if e.get("loop_phase_s"):
+            lines += ["", _loop_cost(e)]
         for finding in e.get("l2_findings", []):
             lines += ["", f"**{finding}**"]
         if e["peer_errors"]:

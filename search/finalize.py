@@ -103,7 +103,8 @@ def combine_runs(result: KernelResult, runs: list[dict[str, Any]]) -> None:
     ``peer_runs`` keeps each loop's times; ``peers`` their per-shape medians (for the
     tables); a kernel of ours that failed verification in any loop gets no ratios at all.
     ``peer_extra`` keeps, per loop, which torch.compile compilation won each shape, what each
-    peer's time covers, and the L2 persistence state the loop ran under; with dispatch
+    peer's time covers, the L2 persistence state the loop ran under, its set-up and timed
+    seconds (``phase_s``) and, compiled ahead, what it loaded (``compile_cache``); with dispatch
     members (replies made by :func:`compose_reply`), each member's own times per loop and
     the members that failed verification (they were dropped, their shapes given to the
     winner, which the same loops timed: the ratios stand).
@@ -127,6 +128,9 @@ def combine_runs(result: KernelResult, runs: list[dict[str, Any]]) -> None:
         extra["compiled"].append(dict(reply.get("compiled", {})))
         extra["notes"].update(reply.get("notes", {}))
         extra["l2_persistence"].append(reply.get("l2_persistence", {}))
+        extra.setdefault("phase_s", []).append(dict(reply.get("phase_s", {})))
+        if "compile_cache" in reply:
+            extra.setdefault("compile_cache", []).append(dict(reply["compile_cache"]))
         if reply.get("l2_finding"):
             extra["l2_findings"].append(f"run {i}: {reply['l2_finding']}")
     if member_failures:

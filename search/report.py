@@ -127,6 +127,10 @@ def kernel_summary(result: Any, records: list[EvalRecord]) -> dict[str, Any]:
         "peer_notes": dict(extra.get("notes", {})),
         "l2_persistence": list(extra.get("l2_persistence", [])),
         "l2_findings": list(extra.get("l2_findings", [])),
+        # per loop: seconds setting up (peers, compilations) and timing; compiled ahead, the
+        # compilations it loaded (hit) and made itself (miss, bypass)
+        "loop_phase_s": list(extra.get("phase_s", [])),
+        "compile_cache": list(extra.get("compile_cache", [])),
         "peer_errors": dict(result.peer_errors),
         "peer_failures": failures,
         "copy_bw_fraction": geomean(fractions) if fractions else None,

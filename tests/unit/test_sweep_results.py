@@ -222,3 +222,14 @@ def test_a_peer_timed_on_some_shapes_only_says_over_how_many():
                         "gpu_busy_fraction": 0.5}, {}, [e], check_targets([e]))
     assert f"flashinfer 1.100x [1.050-1.150] faster over 2 of {len(labels)} shapes" in text
     assert "over" not in text.split("| merge_attn_states_lse |")[1].split("|")[2]  # torch.compile: every shape
+
+
+def test_where_the_loops_time_went_is_said_per_kernel():
+    k = _kernel("silu_and_mul", 2.0, 1.2, ranges={"torch_compile": (1.2, 1.1, 1.3)})
+    k["loop_phase_s"] = [{"prepare": 31.2, "loop": 1.8}, {"prepare": 4.0, "loop": 1.7}]
+    k["compile_cache"] = [{"hit": 12, "miss": 0, "bypass": 0}, {"hit": 11, "miss": 1, "bypass": 0}]
+    e = kernel_entry(k)
+    text = to_markdown({"gpu": "G", "command": "c", "evaluator": "gpu", "n_gpus": 1, "wall_s": 1.0,
+                        "gpu_busy_fraction": 0.5}, {}, [e], check_targets([e]))
+    assert ("End-of-run loops: set-up 31, 4 s, timed 1.8, 1.7 s; torch.compile compiled ahead: "
+            "23 compilations loaded, 1 made in the loops.") in text
