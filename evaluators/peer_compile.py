@@ -1,8 +1,8 @@
 """torch.compile's programs for the end-of-run loops, compiled ahead of them (GPU machine).
 
 A peers' loop spends most of its time setting up, not timing: on the library at 13ad156 a
-loop took 32-51 s, of which 1.6-3.1 s were the timed repetitions; the rest is mostly
-torch.compile compiling and autotuning each mode for each shape, afresh in every loop.
+loop took 22-51 s, of which 1.6-3.1 s were the timed repetitions; the rest is setting up the
+peers, torch.compile compiling and autotuning each mode for each shape afresh among them.
 Compiled ahead, each loop's compilations are made in a process of their own, into a cache
 folder of their own (Inductor's FX-graph and autotuning caches on and pointed there), so they
 are as independent of the other loops' as when each loop compiled for itself; the loop then
