@@ -111,7 +111,9 @@ class _Child:
 
     def __init__(self, memory_bytes: int) -> None:
         self.memory_bytes = memory_bytes
-        self.workdir = tempfile.mkdtemp(prefix=_WORKDIR_PREFIX)
+        _remove_orphans()
+        # The parent's pid in the name: a directory whose parent is gone can be told apart.
+        self.workdir = tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-")
         self.stderr: IO[bytes] = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "evaluators.compile_sandbox", "--memory-bytes", str(memory_bytes)],
@@ -265,6 +267,21 @@ def _compile_in_child(request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
     return {"ok": out.ok, "log": out.log, "limit": out.limit}, out.cubin
 
 
+def _remove_orphans() -> None:
+    """Removes the working directories of children whose parent process is gone (both killed
+    at once, as a process group is, leave theirs behind: neither can remove it)."""
+    for path in Path(tempfile.gettempdir()).glob(f"{_WORKDIR_PREFIX}*-*"):
+        pid = path.name[len(_WORKDIR_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:  # alive, another user's
+            continue
+
+
 def _remove_own_directory() -> None:
     """The child's working directory, removed by the child when its parent goes: a parent that
     ends without closing its sandbox (a killed Ray worker, ``os._exit``) would otherwise leave
@@ -284,20 +301,25 @@ def _serve(memory_bytes: int) -> None:
     def write(payload: bytes) -> None:
         stdout.write(_LEN.pack(len(payload)) + payload)
 
-    write(json.dumps({"ready": True}).encode())
-    stdout.flush()
-    while True:
-        head = stdin.read(_LEN.size)
-        if len(head) < _LEN.size:  # the parent closed the pipe or died
-            _remove_own_directory()
-            return
-        request = json.loads(stdin.read(_LEN.unpack(head)[0]))
-        reply, cubin = _compile_in_child(request)
-        reply["cubin_bytes"] = len(cubin)
-        write(json.dumps(reply).encode())
-        if cubin:
-            write(cubin)
+    # However the child ends but by SIGKILL (the parent's pipe closed, a write into a pipe whose
+    # reader died, SIGTERM), it removes its working directory on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        write(json.dumps({"ready": True}).encode())
         stdout.flush()
+        while True:
+            head = stdin.read(_LEN.size)
+            if len(head) < _LEN.size:  # the parent closed the pipe or died
+                return
+            request = json.loads(stdin.read(_LEN.unpack(head)[0]))
+            reply, cubin = _compile_in_child(request)
+            reply["cubin_bytes"] = len(cubin)
+            write(json.dumps(reply).encode())
+            if cubin:
+                write(cubin)
+            stdout.flush()
+    finally:
+        _remove_own_directory()
 
 
 if __name__ == "__main__":

@@ -154,6 +154,45 @@ def test_a_child_whose_parent_goes_removes_its_own_directory() -> None:
     sandbox.close()
 
 
+def test_a_child_whose_parent_stops_reading_mid_compile_removes_its_own_directory() -> None:
+    """The parent dies while the child compiles: the child's answer meets a closed pipe, and it
+    still removes its working directory on the way out."""
+    sandbox = CompileSandbox()
+    assert sandbox.compile('extern "C" __global__ void k(float* o) { o[0] = 1.0f; }', ["-default-device"],
+                           CompileLimits()).ok
+    child = sandbox._child
+    assert child is not None and child.proc.stdout is not None and child.proc.stdin is not None
+    child.send(json.dumps({"source": 'extern "C" __global__ void k(float* o) { o[0] = 2.0f; }',
+                          "options": ["-default-device"], "max_cubin_bytes": 1 << 20, "cpu_s": 60}).encode())
+    child.proc.stdout.close()  # the parent's reading end goes before the answer is written
+    child.proc.stdin.close()
+    child.proc.wait(timeout=60)
+    assert not os.path.exists(child.workdir)
+    sandbox.close()
+
+
+def test_directories_of_children_whose_parent_is_gone_are_removed_by_the_next_sandbox(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import tempfile
+
+    from evaluators.compile_sandbox import _WORKDIR_PREFIX
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)
+    orphan = Path(tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{dead_pid}-"))
+    alive = Path(tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-"))
+    try:
+        sandbox = CompileSandbox()
+        assert sandbox.compile('extern "C" __global__ void k(float* o) { o[0] = 1.0f; }', ["-default-device"],
+                               CompileLimits()).ok
+        assert not orphan.exists() and alive.exists()
+        assert sandbox._child is not None and f"{_WORKDIR_PREFIX}{os.getpid()}-" in sandbox._child.workdir
+        sandbox.close()
+    finally:
+        alive.rmdir()
+
+
 def test_check_compile_only_prints_one_json_verdict(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                     compile_cache: Path) -> None:
     path = tmp_path / "v.cu"
