@@ -22,6 +22,21 @@ import struct
 # Headers a variant may include; anything else could read files of the harness at compile time.
 # Only headers NVRTC itself can find: it ships no C library headers (stdint.h, float.h, ...).
 ALLOWED_INCLUDES = frozenset({"cuda_fp16.h", "cuda_bf16.h", "cuda_fp8.h", "math_constants.h"})
+# The C library's floating-point and integer limits that nvcc's kernels get through the host
+# <math.h>, <float.h> and <limits.h> (which NVRTC has not): kernels.nvrtc's prelude defines
+# each where the kernel has not, so a kernel written for nvcc that uses INFINITY or FLT_MAX
+# compiles here unchanged, and a refused include of those headers names them.
+C_LIMITS = {
+    "INFINITY": "__int_as_float(0x7f800000)",
+    "NAN": "__int_as_float(0x7fffffff)",
+    "HUGE_VALF": "__int_as_float(0x7f800000)",
+    "FLT_MAX": "3.40282347e+38F",
+    "FLT_MIN": "1.17549435e-38F",
+    "FLT_EPSILON": "1.19209290e-07F",
+    "DBL_MAX": "1.7976931348623157e+308",
+    "INT_MAX": "2147483647",
+    "INT_MIN": "(-2147483647 - 1)",
+}
 # Directives a kernel needs; any other (#include_next, #import, #embed, #line, #ident, GCC's
 # '# 1 "file"' line markers, ...) is refused.
 ALLOWED_DIRECTIVES = frozenset({
@@ -110,7 +125,7 @@ def _refuse_directive(name: str, rest: str) -> None:
             raise CompileRefused(
                 f"{shown} is not allowed; only #include of {', '.join(sorted(ALLOWED_INCLUDES))} "
                 "written as a literal name (device code only, no other files); the C limits "
-                "INFINITY, NAN, HUGE_VALF, FLT_MAX, FLT_MIN, FLT_EPSILON, DBL_MAX, INT_MAX and INT_MIN are predefined"
+                f"{', '.join(list(C_LIMITS)[:-1])} and {list(C_LIMITS)[-1]} are predefined"
             )
     elif name == "pragma":
         first = _IDENT_RE.match(rest.strip())

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from kernels.compile_checks import CompileRefused
+from kernels.compile_checks import C_LIMITS, CompileRefused
 
 DEFAULT_ARCH = "sm_90"  # the H200
 # Compiler flags a variant may ask for with '// flags: ...'.
@@ -26,22 +26,8 @@ ALLOWED_FLAGS = re.compile(
     r"-prec-div=(true|false)|-prec-sqrt=(true|false)|-fmad=(true|false)|-maxrregcount=\d{1,3})$"
 )
 SCALAR_TYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float"}
-# The C library's floating-point and integer limits that nvcc's kernels get through the host
-# <math.h>, <float.h> and <limits.h> (which NVRTC has not): a kernel written for nvcc that uses
-# INFINITY or FLT_MAX compiles here unchanged. Each only where the kernel has not defined it.
-_C_LIMITS = {
-    "INFINITY": "__int_as_float(0x7f800000)",
-    "NAN": "__int_as_float(0x7fffffff)",
-    "HUGE_VALF": "__int_as_float(0x7f800000)",
-    "FLT_MAX": "3.40282347e+38F",
-    "FLT_MIN": "1.17549435e-38F",
-    "FLT_EPSILON": "1.19209290e-07F",
-    "DBL_MAX": "1.7976931348623157e+308",
-    "INT_MAX": "2147483647",
-    "INT_MIN": "(-2147483647 - 1)",
-}
 _PRELUDE = "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n#include <cuda_fp8.h>\n" + "".join(
-    f"#ifndef {name}\n#define {name} {value}\n#endif\n" for name, value in _C_LIMITS.items()
+    f"#ifndef {name}\n#define {name} {value}\n#endif\n" for name, value in C_LIMITS.items()
 )
 _FLAGS_RE = re.compile(r"^\s*//\s*flags\s*:(.*)$", re.MULTILINE)
 
@@ -134,8 +120,8 @@ def build_options(
 
 def full_source(source: str) -> str:
     """The translation unit NVRTC sees: the prelude, which gives every variant the
-    half/bf16/fp8 types and the C limits of ``_C_LIMITS``, then the variant under a #line
-    that keeps log lines true."""
+    half/bf16/fp8 types and the C limits (:data:`kernels.compile_checks.C_LIMITS`), then the
+    variant under a #line that keeps log lines true."""
     return _PRELUDE + '#line 1 "variant.cu"\n' + source
 
 
