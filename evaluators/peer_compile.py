@@ -38,49 +38,40 @@ from kernels.folders import KernelRef
 REPORT = "compiled.json"  # what a compile-ahead process did, in its cache folder
 
 
-@contextlib.contextmanager
-def cache_folder(path: str | Path) -> Iterator[None]:
+def cache_folder(path: str | Path) -> contextlib.AbstractContextManager[None]:
     """Inductor's on-disk caches (FX graphs, autotuning choices) in ``path`` while inside, its
-    in-memory caches cleared on the way in and out, so nothing compiled elsewhere is picked up."""
-    try:
-        from torch._inductor.utils import clear_caches
-    except ImportError:  # a torch without it: nothing in memory to clear then
+    in-memory caches cleared on the way in and out, so nothing compiled elsewhere is picked up
+    (torch's own ``temporary_cache_dir``). Triton's binary cache stays where it is: a binary is
+    found by its source's hash, so sharing it hands no compilation another's choices (as in
+    :data:`evaluators.peers._FRESH`)."""
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
-        def clear_caches() -> None:
-            pass
-
-    # Triton's binary cache stays where it is: a binary is found by its source's hash, so
-    # sharing it hands no compilation another's choices (as in evaluators.peers._FRESH).
-    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(path).resolve())
-    clear_caches()
-    try:
-        yield
-    finally:
-        clear_caches()
-        if before is None:
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
+    return temporary_cache_dir(str(Path(path).resolve()))
 
 
-def lock_path(gpu: str) -> Path:
-    """The benchmark lock of one GPU (``gpu``: its CUDA_VISIBLE_DEVICES entry) on this node."""
+def lock_path(gpu: str | None = None) -> Path:
+    """The benchmark lock of one GPU on this node (``gpu``: its CUDA_VISIBLE_DEVICES entry;
+    by default this process's)."""
+    gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "0") if gpu is None else gpu
     return Path(tempfile.gettempdir()) / f"kernel-search-benchmark-gpu{gpu}.lock"
 
 
 @contextlib.contextmanager
-def sharing_the_gpu(path: str | Path) -> Iterator[None]:
-    """Held by a process that loads the GPU without timing anything (a sanitizer run): shared
-    with others like it, exclusive of the compile-ahead processes' autotuning benchmarks, which
-    wait for it to end (and it for them)."""
+def _flocked(path: str | Path, mode: int) -> Iterator[None]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
+        fcntl.flock(fd, mode)
         yield
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+def sharing_the_gpu(path: str | Path) -> contextlib.AbstractContextManager[None]:
+    """Held by a process that loads the GPU without timing anything (a sanitizer run): shared
+    with others like it, exclusive of the compile-ahead processes' autotuning benchmarks, which
+    wait for it to end (and it for them)."""
+    return _flocked(path, fcntl.LOCK_SH)
 
 
 class _BenchmarkLock:
@@ -90,23 +81,17 @@ class _BenchmarkLock:
         self.path = Path(path)
         self._depth = 0
         self._guard = threading.RLock()
-        self._fd: int | None = None
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
-        with self._guard:
+        with self._guard, contextlib.ExitStack() as outermost:
             if self._depth == 0:
-                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-                fcntl.flock(self._fd, fcntl.LOCK_EX)
+                outermost.enter_context(_flocked(self.path, fcntl.LOCK_EX))
             self._depth += 1
             try:
                 yield
             finally:
                 self._depth -= 1
-                if self._depth == 0 and self._fd is not None:
-                    fcntl.flock(self._fd, fcntl.LOCK_UN)
-                    os.close(self._fd)
-                    self._fd = None
 
     def install(self) -> bool:
         """Wraps the benchmarker's ``benchmark_gpu``; False where this torch has none."""

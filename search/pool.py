@@ -16,7 +16,6 @@ Ray moves the cubin to the evaluator's node and the evaluator compiles nothing a
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
@@ -304,8 +303,7 @@ class EvaluatorActor:
 
         where = Path(tempfile.gettempdir()) / "kernel-search-compiled" / folder
         # One lock per GPU: the compile-ahead processes of this GPU never benchmark at once.
-        lock = lock_path(os.environ.get("CUDA_VISIBLE_DEVICES", "0"))
-        return dict(compile_ahead(kernel, dtype, shape_set, where, lock), folder=str(where))
+        return dict(compile_ahead(kernel, dtype, shape_set, where, lock_path()), folder=str(where))
 
     def sanitize(self, kernel: KernelRef | str, source: str, dtype: str, params: dict[str, int],
                  shapes: Sequence[Mapping[str, int]] = ()) -> dict[str, Any]:
@@ -317,7 +315,7 @@ class EvaluatorActor:
         from evaluators.sanitize import sanitize
 
         # No compile-ahead process benchmarks while an instrumented kernel loads the GPU.
-        with sharing_the_gpu(lock_path(os.environ.get("CUDA_VISIBLE_DEVICES", "0"))):
+        with sharing_the_gpu(lock_path()):
             report = sanitize(kernel, source, dtype, params=params, shapes=[dict(s) for s in shapes])
         return dict(report.to_dict(), summary=report.summary())
 
