@@ -170,8 +170,7 @@ def _compiled_won(k: dict[str, Any]) -> dict[str, int]:
 def _ratio(e: dict[str, Any], peer: str, median: float | None) -> str:
     """A ratio with its spread over the loops (``1.12x [1.05-1.18] faster``), else the single
     figure; ``over 2 of 7 shapes`` where the peer was timed on some shapes only."""
-    timed, shapes = e.get("shapes_timed", {}).get(peer), e.get("shapes")
-    part = f" over {timed} of {shapes} shapes" if timed is not None and shapes and timed < shapes else ""
+    part = spread.over_shapes(e.get("shapes_timed", {}).get(peer), e.get("shapes"))
     ranged = e.get("spreads", {}).get(peer)
     if ranged:
         return spread.text(ranged) + part

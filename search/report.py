@@ -195,8 +195,7 @@ def print_summary(summary: dict[str, Any], out: TextIO | None = None) -> None:
             if peer == "baseline":
                 continue  # printed above
             ranged = k.get("spreads", {}).get(peer)
-            timed = sum(1 for s in k["shapes"] if peer in s.get("loop_ms", {}))
-            part = f" over {timed} of {len(k['shapes'])} shapes" if 0 < timed < len(k["shapes"]) else ""
+            part = spread.over_shapes(sum(1 for s in k["shapes"] if peer in s.get("loop_ms", {})), len(k["shapes"]))
             w(f"   vs {peer}: {spread.text(ranged) if ranged else f'{value:.3f}x (one run, no spread)'}{part}\n")
         for finding in k.get("l2_findings", []):
             w(f"   !! {finding}\n")

@@ -164,3 +164,9 @@ def text(d: Mapping[str, Any] | None) -> str:
     """A written spread as :meth:`Spread.text`, or ``-``."""
     s = from_dict(d)
     return "-" if s is None else s.text()
+
+
+def over_shapes(timed: int | None, shapes: int | None) -> str:
+    """`` over 2 of 7 shapes`` after a ratio taken over some of a kernel's shapes only (a peer
+    that could not run the others), else nothing."""
+    return f" over {timed} of {shapes} shapes" if timed and shapes and timed < shapes else ""
