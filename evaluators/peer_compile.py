@@ -7,7 +7,9 @@ Compiled ahead, each loop's compilations are made in a process of their own, int
 folder of their own (Inductor's FX-graph and autotuning caches on and pointed there), so they
 are as independent of the other loops' as when each loop compiled for itself; the loop then
 loads them from that folder (:func:`evaluators.peers.run_peers`, job key ``compile_cache``)
-instead of compiling them. What the folder lacks the loop compiles itself, as before.
+instead of compiling them. What the folder lacks the loop compiles itself, as before. The
+same process first calls the kernel's other peers once per shape, so that a library building
+its kernels on first use (FlashInfer's JIT) builds them here and not inside the loop.
 
 The processes run beside each other and beside sanitizer runs, never beside a timed call
 (:mod:`search.pool`: they are non-exclusive calls); their autotuning benchmarks take a file
@@ -114,10 +116,12 @@ class _BenchmarkLock:
 
 
 def compile_kernel(kernel: str, dtype: str, shape_set: str, cache_dir: str | Path,
-                   modes: Sequence[str] | None = None, device: str = "cuda") -> dict[str, Any]:
+                   modes: Sequence[str] | None = None, device: str = "cuda",
+                   lock: str | Path | None = None) -> dict[str, Any]:
     """Compiles the kernel's torch.compile program in each mode for each shape into
-    ``cache_dir`` (one call per shape on the loop's inputs); returns and writes
-    :data:`REPORT`: per mode, per shape label, "ok" or why not, and the seconds taken."""
+    ``cache_dir`` (one call per shape on the loop's inputs), after calling each of its other
+    peers once per shape (see :func:`_first_calls`); returns and writes :data:`REPORT`: per
+    mode, per shape label, "ok" or why not, ``first_calls`` and the seconds taken."""
     import torch
 
     from evaluators.peers import COMPILE_MODES, compile_name, peer_fns
@@ -126,6 +130,7 @@ def compile_kernel(kernel: str, dtype: str, shape_set: str, cache_dir: str | Pat
 
     spec = load_kernel(kernel)
     start = time.perf_counter()
+    first = _first_calls(spec, dtype, shape_set, device, lock)
     done: dict[str, dict[str, str]] = {}
     with cache_folder(cache_dir):
         fns = peer_fns(spec, modes=tuple(modes or COMPILE_MODES), trials=1, cached=True, only_compiled=True)
@@ -141,9 +146,39 @@ def compile_kernel(kernel: str, dtype: str, shape_set: str, cache_dir: str | Pat
                     done.setdefault(mode, {})[shape_label(shape)] = f"{type(exc).__name__}: {exc}"[:300]
             if device == "cuda":
                 torch.cuda.synchronize()
-    report = {"kernel": spec.name, "dtype": dtype, "modes": done, "seconds": time.perf_counter() - start}
+    report = {"kernel": spec.name, "dtype": dtype, "modes": done, "first_calls": first,
+              "seconds": time.perf_counter() - start}
     (Path(cache_dir) / REPORT).write_text(json.dumps(report))
     return report
+
+
+def _first_calls(spec: Any, dtype: str, shape_set: str, device: str, lock: str | Path | None) -> dict[str, str]:
+    """Calls each peer that is not a torch.compile program once per shape: a library that
+    builds its kernels on first use (FlashInfer JIT-compiles each op, 20-40 s, into an on-disk
+    folder) builds them here, beside the other loops' compilations, instead of inside the
+    loop's exclusive hold of the GPU. Each call holds the GPU's lock shared, like a sanitizer
+    run: no autotuning benchmark of another process runs beside its launches. Returns, per
+    peer, "ok" or the first failure (the loop meets it again and reports it)."""
+    import torch
+
+    from kernels.peer import as_peer, call_once
+
+    outcome: dict[str, str] = {}
+    for shape in spec.shapes(shape_set):
+        gen = torch.Generator(device=device).manual_seed(7)
+        inputs = spec.make_inputs(shape, getattr(torch, dtype), gen, "random", torch.device(device))
+        for name, fn in spec.peers.items():
+            if outcome.get(name, "ok") != "ok":
+                continue
+            try:
+                with sharing_the_gpu(lock) if lock else contextlib.nullcontext():
+                    call_once(as_peer(fn), {k: v.clone() for k, v in inputs.items()}, shape, spec.constants)
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                outcome[name] = "ok"
+            except Exception as exc:
+                outcome[name] = f"{type(exc).__name__}: {exc}"[:300]
+    return outcome
 
 
 def compile_ahead(kernel: KernelRef | str, dtype: str, shape_set: str, cache_dir: str | Path, lock: str | Path,
@@ -179,7 +214,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--modes", nargs="+", help="torch.compile modes (default: evaluators.peers.COMPILE_MODES)")
     args = p.parse_args(argv)
     _BenchmarkLock(args.lock).install()
-    report = compile_kernel(args.kernel, args.dtype, args.shapes, args.cache_dir, args.modes, device=args.device)
+    report = compile_kernel(args.kernel, args.dtype, args.shapes, args.cache_dir, args.modes, device=args.device,
+                            lock=args.lock)
     print(json.dumps(report), flush=True)
     return 0
 

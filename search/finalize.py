@@ -419,9 +419,12 @@ class EndOfRun:
         # compiles them itself, as every loop does without).
         folders: list[str | None] = []
 
+        def loop_key(i: int) -> str:
+            return _call_key("peers", k, i, *([names] if len(names) > 2 else []))
+
         def submit() -> None:
             cache = folders[len(runs)] if len(runs) < len(folders) else None
-            self.ctl.recorded_call(_call_key("peers", k, len(runs), *([names] if len(names) > 2 else [])), done,
+            self.ctl.recorded_call(loop_key(len(runs)), done,
                                    "time_peers", k.st.ref, k.st.dtype, ShapeSet.SEARCH.value, ours, True,
                                    cfg.compile_trials, True, cache,
                                    what=f"{k.st.name} peers, run {len(runs) + 1} of {cfg.peer_runs}")
@@ -471,11 +474,15 @@ class EndOfRun:
             submit()
 
         for i in range(cfg.peer_runs):
+            if loop_key(i) in self.ctl.answers:  # a resumed run's loop done before: it is replayed
+                compiled(i, {"status": "SKIPPED", "summary": "loop done before"}, "")
+                continue
             # Separate processes, like sanitizer runs: they overlap each other, never a timed call.
-            self.ctl.recorded_call(_call_key("precompile", k, i), partial(compiled, i), "precompile", k.st.ref,
-                                   k.st.dtype, ShapeSet.SEARCH.value,
-                                   f"{self.ctl.records.run_id}/{k.st.name}-{k.st.ref.digest[:8]}/loop-{i + 1}",
-                                   exclusive=False, what=f"{k.st.name} compile ahead, loop {i + 1}")
+            # Not recorded: what they make lies on this machine only, and a run resumed on another
+            # (or after this one's temporary files went) must make it again.
+            self.ctl.pool.call(partial(compiled, i), "precompile", k.st.ref, k.st.dtype, ShapeSet.SEARCH.value,
+                               f"{self.ctl.records.run_id}/{k.st.name}-{k.st.ref.digest[:8]}/loop-{i + 1}",
+                               exclusive=False, what=f"{k.st.name} compile ahead, loop {i + 1}")
 
     def _done(self, k: _Progress, result: KernelResult) -> None:
         k.result = result

@@ -5,6 +5,7 @@ lock excludes other processes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -17,6 +18,7 @@ import torch
 from evaluators.peer_compile import (
     REPORT,
     _BenchmarkLock,
+    _first_calls,
     cache_folder,
     compile_ahead,
     sharing_the_gpu,
@@ -59,6 +61,35 @@ def test_a_compilation_made_ahead_is_loaded_by_the_loop_and_another_loops_folder
     # An empty folder (another loop's, compiled by nobody yet): compiled here, as without one.
     assert _load(kernel, tmp_path / "loop-2")["miss"] == 1
     assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") != str(ahead.resolve())  # the folder is left on the way out
+
+
+def test_the_other_peers_are_called_once_per_shape_ahead_holding_the_gpu_shared(tmp_path: Path):
+    """A library that builds its kernels on first use (FlashInfer) builds them in the
+    compile-ahead process: each peer that is not a torch.compile program is called once per
+    shape there, under the GPU's lock held shared (no benchmark of another process beside
+    it); a peer that fails is not called again and its failure is reported."""
+    path = tmp_path / "gpu.lock"
+    probe = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+             "try:\n    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); print('free')\n"
+             "except BlockingIOError:\n    print('held')\n")
+    seen: list[tuple[int, str]] = []
+
+    def watching(t, shape, constants):
+        seen.append((shape["d"], subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True,
+                                                text=True).stdout.strip()))
+        t["out"].copy_(torch.nn.functional.silu(t["x"][:, :shape["d"]]) * t["x"][:, shape["d"]:])
+
+    def failing(t, shape, constants):
+        seen.append((-1, "failing"))
+        raise RuntimeError("no kernel for this GPU")
+
+    spec = dataclasses.replace(load_kernel("silu_and_mul"), peers={"watching": watching, "failing": failing},
+                               search_shapes=({"num_tokens": 3, "d": 8}, {"num_tokens": 2, "d": 16}))
+    outcome = _first_calls(spec, "float32", "search", "cpu", path)
+    assert outcome == {"watching": "ok", "failing": "RuntimeError: no kernel for this GPU"}
+    assert [d for d, _ in seen if d >= 0] == [s["d"] for s in spec.search_shapes]
+    assert {state for d, state in seen if d >= 0} == {"held"}
+    assert sum(d < 0 for d, _ in seen) == 1
 
 
 def test_a_failed_compile_ahead_says_why(tmp_path: Path):

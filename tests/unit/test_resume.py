@@ -127,17 +127,29 @@ def test_a_resumed_run_replays_the_answers_of_its_end(local_ray, tmp_path):
     assert best["sanitizer"]["summary"] == "as recorded"
 
 
-def test_compile_ahead_asks_one_compilation_per_loop_before_the_loops_and_records_them(local_ray, tmp_path, capsys):
+def test_compile_ahead_asks_one_compilation_per_loop_before_the_loops_and_again_on_resume(local_ray, tmp_path, capsys):
     """--compile-ahead: the end of the run asks the evaluator to compile each loop's programs
     (non-exclusive calls, like the sanitizer's) before that kernel's loops; a stand-in has
-    nothing to compile and says so, and the loops then compile for themselves."""
+    nothing to compile and says so, and the loops then compile for themselves. What is compiled
+    lies on one machine's disk, so it is not recorded: a resumed run compiles again for the
+    loops it has not done, and for none of those it has."""
     prep = _prepare(tmp_path / "run", "--compile-ahead")
     assert prep.config.evaluator.compile_ahead
     run_search(prep, "test")
-    answers = list(read_jsonl(prep.run_dir / "answers.jsonl"))
+    path = prep.run_dir / "answers.jsonl"
+    answers = list(read_jsonl(path))
     loops = prep.config.evaluator.peer_runs
-    pre = [a for a in answers if a["method"] == "precompile"]
-    assert len(pre) == loops and all(a["value"]["status"] == "SKIPPED" for a in pre)
-    first_loop = next(i for i, a in enumerate(answers) if a["method"] == "time_peers")
-    assert all(answers.index(a) < first_loop for a in pre)
-    assert f"compiled ahead for 0 of {loops} loops" in capsys.readouterr().err
+    assert [a["method"] for a in answers if a["method"] != "sanitize"] == ["time_peers"] * loops
+    err = capsys.readouterr().err
+    assert f"compiled ahead for 0 of {loops} loops (loop 1: stand-in evaluator: no peers to compile" in err
+    # Cut after the first loop: the resumed run compiles ahead for the two loops left only.
+    first = next(i for i, a in enumerate(answers) if a["method"] == "time_peers")
+    path.write_text("".join(json.dumps(a) + "\n" for a in answers[:first + 1]))
+    for name in ("summary.json", "evaluations.parquet", "best.parquet"):
+        (prep.run_dir / name).unlink()
+    shutil.rmtree(prep.run_dir / "best")
+    run_search(Prepared(prep.config, prep.kernels, prep.run_dir, resume=True), "test --resume")
+    err = capsys.readouterr().err
+    assert ("loop 1: loop done before; loop 2: stand-in evaluator: no peers to compile; "
+            "loop 3: stand-in evaluator: no peers to compile") in err
+    assert [a["method"] for a in read_jsonl(path) if a["method"] != "sanitize"] == ["time_peers"] * loops
