@@ -31,6 +31,7 @@ from kernels.verdict import geomean
 from search import spread
 from search.dispatch import describe
 from search.progress import busy_label
+from search.sweep import attempts_text
 
 TC_MEDIAN_TARGET = 1.1
 TC_GEOMEAN_TARGET = 1.15  # over the best torch.compile mode, with every kernel's whole range at or above 1.0
@@ -271,11 +272,11 @@ def external_library(meta: dict[str, Any]) -> bool:
 
 def to_markdown(summary: dict[str, Any], meta: dict[str, Any], entries: list[dict[str, Any]],
                 targets: dict[str, Any]) -> str:
-    commands = "; ".join(f"`{a['command']}`" for a in meta.get("attempts", [])) or f"`{summary.get('command')}`"
+    commands = attempts_text(meta.get("attempts", [])) or f"`{summary.get('command')}`"
     loops = _loops(entries)
     verdict = spread.verdict_text
     lines = [f"# Library sweep on {summary['gpu']}", "",
-             f"- command: {commands}", f"- git commit: {summary.get('git_commit')}", f"- date: {summary.get('date')}",
+             f"- command: {commands}", f"- git commit at the end of the run: {summary.get('git_commit')}", f"- date: {summary.get('date')}",
              *([f"- parts: {len(meta['parts'])} sweeps of this commit, one after the other, the library split by "
                 "`--kernel`: " + "; ".join(f"{p['sweep_id']} ({p['date']}, {float(p['wall_s']):.0f} s: "
                                            f"{', '.join(p['kernels'])})" for p in meta["parts"])]

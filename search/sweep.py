@@ -39,7 +39,7 @@ from search import spread
 from search.config import ConfigError, RunConfig, dump_config, load_config, override
 from search.progress import Progress, busy_fraction
 from search.proposal_records import read_calls
-from search.report import STANDIN_WARNING
+from search.report import STANDIN_WARNING, git_commit
 from search.run import (
     OneLineErrorParser,
     Prepared,
@@ -269,11 +269,20 @@ def _f(x: float | None, spec: str = ".3f", suffix: str = "x") -> str:
     return "-" if x is None else f"{x:{spec}}{suffix}"
 
 
+def attempts_text(attempts: Sequence[dict[str, Any]]) -> str:
+    """A sweep's attempts for a report: each command with its date and commit (attempts made
+    before commits were recorded say so)."""
+    return "; ".join(f"`{a['command']}`" + (f" ({a['date']}, at {a['git_commit'][:7] or 'an unknown commit'})"
+                                             if "git_commit" in a else
+                                             f" ({a['date']}, commit not recorded)" if "date" in a else "")
+                     for a in attempts)
+
+
 def to_markdown(table: pl.DataFrame, summary: dict[str, Any], meta: dict[str, Any]) -> str:
     """The sweep table as markdown: the header facts, one line per kernel, then per-shape times."""
-    commands = "; ".join(f"`{a['command']}`" for a in meta["attempts"])
+    commands = attempts_text(meta["attempts"])
     lines = [f"# Sweep {meta['sweep_id']} on {summary.get('gpu', '?')}", "", f"- commands: {commands}",
-             f"- git commit: {summary.get('git_commit', '')}", f"- date: {summary.get('date', '')}",
+             f"- git commit at the end of the run: {summary.get('git_commit', '')}", f"- date: {summary.get('date', '')}",
              f"- evaluator: {summary.get('evaluator')}, GPUs: {summary.get('n_gpus')}, dtype: {meta['dtype']}",
              "- times: kernel times (CUDA events around one launch; peers by CUDA-graph replay; L2 flushed "
              "before every repetition); 'vs' ratios: geometric mean over the search shapes within one end-of-run "
@@ -332,8 +341,10 @@ def run_sweep(prep: Prepared, meta: dict[str, Any], command: str) -> pl.DataFram
 
     sweep_dir = prep.run_dir.parent
     if not (prep.resume and finished(prep)):
+        # Each attempt's commit: a sweep resumed at a later commit says which part ran where.
         attempt = {"start": time.time(), "end": None, "command": command,
-                   "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+                   "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                   "git_commit": git_commit(Path(__file__).resolve().parent.parent)}
         meta["attempts"].append(attempt)
         _save_meta(sweep_dir, meta)
         print(f"sweep {meta['sweep_id']}: {len(prep.kernels)} kernel(s), {prep.config.search.rounds} round(s) each"

@@ -21,8 +21,16 @@ import pytest
 from kernels.records import read_jsonl
 from kernels.spec import LIBRARY_DIR
 from search.config import ConfigError
+from search.report import git_commit
 from search.run import REPO_ROOT, UsageError
-from search.sweep import SWEEP_FILE, TABLE_SCHEMA, choose_kernels, kernel_wall_s, main
+from search.sweep import (
+    SWEEP_FILE,
+    TABLE_SCHEMA,
+    attempts_text,
+    choose_kernels,
+    kernel_wall_s,
+    main,
+)
 
 TOY = "tests.unit.search_toy_agent:ToyAgent"
 CLI = [sys.executable, "-m", "search.sweep"]
@@ -95,6 +103,9 @@ def test_sweep_end_to_end_then_resume_of_the_finished_sweep(local_ray, library, 
     assert skipped["note"].startswith("skipped") and skipped["winner"] is None
     md = (sweep / "sweep.md").read_text()
     assert "STAND-IN" in md and all(k in md for k in ("gelu_and_mul", "rmsnorm", "silu_and_mul"))
+    (attempt,) = json.loads((sweep / SWEEP_FILE).read_text())["attempts"]
+    assert attempt["git_commit"] == git_commit(REPO_ROOT)
+    assert f"({attempt['date']}, at {attempt['git_commit'][:7]})" in md
 
     before = _keys(sweep)
     assert len(set(before)) == len(before)
@@ -102,6 +113,15 @@ def test_sweep_end_to_end_then_resume_of_the_finished_sweep(local_ray, library, 
     assert _keys(sweep) == before  # a finished sweep runs nothing again
     assert pl.read_parquet(sweep / "sweep.parquet").equals(table)
     assert len(json.loads((sweep / SWEEP_FILE).read_text())["attempts"]) == 1
+
+
+def test_the_report_says_each_attempts_commit_or_that_it_was_not_recorded():
+    attempts = [{"command": "python -m search.sweep --out runs", "date": "2026-12-02T17:20:27+00:00"},
+                {"command": "python -m search.sweep --resume runs/s", "date": "2026-12-03T09:00:00+00:00",
+                 "git_commit": "93caf7b0123"}]
+    assert attempts_text(attempts) == ("`python -m search.sweep --out runs` (2026-12-02T17:20:27+00:00, commit not "
+                                       "recorded); `python -m search.sweep --resume runs/s` "
+                                       "(2026-12-03T09:00:00+00:00, at 93caf7b)")
 
 
 def test_killed_sweep_resumes_without_loss_or_duplicates(local_ray, tmp_path):
