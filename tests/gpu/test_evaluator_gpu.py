@@ -151,8 +151,9 @@ def test_the_peers_loop_times_our_kernels_doing_their_work(evaluator):
 
 def test_a_loop_loads_the_compilations_made_ahead_of_it(evaluator, tmp_path):
     """evaluators.peer_compile: each mode compiled for each shape in a process of its own, into
-    the loop's folder; the loop then loads every compilation from there (FX-graph cache hits,
-    none compiled again) and times torch.compile on every shape."""
+    the loop's folder, after a first call of every other peer; the loop then loads every
+    compilation from there (FX-graph cache hits, none compiled again) and times torch.compile
+    on every shape."""
     from evaluators.peer_compile import compile_ahead
 
     spec = load_kernel("silu_and_mul")
@@ -160,6 +161,8 @@ def test_a_loop_loads_the_compilations_made_ahead_of_it(evaluator, tmp_path):
     report = compile_ahead("silu_and_mul", "float16", "search", folder, tmp_path / "gpu.lock")
     assert report["status"] == "OK", report
     assert all(v == "ok" for per_shape in report["modes"].values() for v in per_shape.values()), report
+    # The other peers were called there too (FlashInfer built its op ahead of the loop).
+    assert report["first_calls"] == {name: "ok" for name in spec.peers}, report
     reply = evaluator.time_peers_full("silu_and_mul", "float16", "search", {"baseline": (spec.baseline_source(), {})},
                                       repetitions=20, fresh_process=True, compile_trials=1, compile_cache=str(folder))
     cache = reply["compile_cache"]
