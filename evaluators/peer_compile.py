@@ -8,7 +8,7 @@ folder of their own (Inductor's FX-graph and autotuning caches on and pointed th
 are as independent of the other loops' as when each loop compiled for itself; the loop then
 loads them from that folder (:func:`evaluators.peers.run_peers`, job key ``compile_cache``)
 instead of compiling them. What the folder lacks the loop compiles itself, as before. The
-same process first calls the kernel's other peers once per shape, so that a library building
+same process then calls the kernel's other peers once per shape, so that a library building
 its kernels on first use (FlashInfer's JIT) builds them here and not inside the loop.
 
 The processes run beside each other and beside sanitizer runs, never beside a timed call
@@ -119,7 +119,7 @@ def compile_kernel(kernel: str, dtype: str, shape_set: str, cache_dir: str | Pat
                    modes: Sequence[str] | None = None, device: str = "cuda",
                    lock: str | Path | None = None) -> dict[str, Any]:
     """Compiles the kernel's torch.compile program in each mode for each shape into
-    ``cache_dir`` (one call per shape on the loop's inputs), after calling each of its other
+    ``cache_dir`` (one call per shape on the loop's inputs), then calls each of its other
     peers once per shape (see :func:`_first_calls`); returns and writes :data:`REPORT`: per
     mode, per shape label, "ok" or why not, ``first_calls`` and the seconds taken."""
     import torch
@@ -130,7 +130,6 @@ def compile_kernel(kernel: str, dtype: str, shape_set: str, cache_dir: str | Pat
 
     spec = load_kernel(kernel)
     start = time.perf_counter()
-    first = _first_calls(spec, dtype, shape_set, device, lock)
     done: dict[str, dict[str, str]] = {}
     with cache_folder(cache_dir):
         fns = peer_fns(spec, modes=tuple(modes or COMPILE_MODES), trials=1, cached=True, only_compiled=True)
@@ -146,6 +145,9 @@ def compile_kernel(kernel: str, dtype: str, shape_set: str, cache_dir: str | Pat
                     done.setdefault(mode, {})[shape_label(shape)] = f"{type(exc).__name__}: {exc}"[:300]
             if device == "cuda":
                 torch.cuda.synchronize()
+    # After the compilations: a peer that breaks this process's CUDA context then costs its own
+    # first calls only, not the loop's compilations.
+    first = _first_calls(spec, dtype, shape_set, device, lock)
     report = {"kernel": spec.name, "dtype": dtype, "modes": done, "first_calls": first,
               "seconds": time.perf_counter() - start}
     (Path(cache_dir) / REPORT).write_text(json.dumps(report))

@@ -151,7 +151,7 @@ def test_the_peers_loop_times_our_kernels_doing_their_work(evaluator):
 
 def test_a_loop_loads_the_compilations_made_ahead_of_it(evaluator, tmp_path):
     """evaluators.peer_compile: each mode compiled for each shape in a process of its own, into
-    the loop's folder, after a first call of every other peer; the loop then loads every
+    the loop's folder, then a first call of every other peer; the loop then loads every
     compilation from there (FX-graph cache hits, none compiled again) and times torch.compile
     on every shape."""
     from evaluators.peer_compile import compile_ahead
