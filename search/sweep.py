@@ -272,10 +272,14 @@ def _f(x: float | None, spec: str = ".3f", suffix: str = "x") -> str:
 def attempts_text(attempts: Sequence[dict[str, Any]]) -> str:
     """A sweep's attempts for a report: each command with its date and commit (attempts made
     before commits were recorded say so)."""
-    return "; ".join(f"`{a['command']}`" + (f" ({a['date']}, at {a['git_commit'][:7] or 'an unknown commit'})"
-                                             if "git_commit" in a else
-                                             f" ({a['date']}, commit not recorded)" if "date" in a else "")
-                     for a in attempts)
+
+    def one(a: dict[str, Any]) -> str:
+        if "date" not in a:
+            return f"`{a['command']}`"
+        commit = f"at {a['git_commit'][:7] or 'an unknown commit'}" if "git_commit" in a else "commit not recorded"
+        return f"`{a['command']}` ({a['date']}, {commit})"
+
+    return "; ".join(one(a) for a in attempts)
 
 
 def to_markdown(table: pl.DataFrame, summary: dict[str, Any], meta: dict[str, Any]) -> str:
