@@ -64,7 +64,24 @@ __device__ __forceinline__ void merge_vectors(scalar_t* __restrict__ v_out, floa
     const int c = static_cast<int>(i - th * per_pair);
     const long long stride = pairs;  // between states, in (token, head) pairs
     P* dst = reinterpret_cast<P*>(v_out + th * head_dim) + c;
-    const float m = max_lse(lse, th, stride, states);
+    // The first UNROLL states' vectors are loaded with their lse, before the max is known: the
+    // max needs every lse, and loading the vectors only after it made two trips to memory one
+    // after the other where one does (nvdisasm, sm_90) when states <= UNROLL.
+    float l0[UNROLL];
+    P x0[UNROLL];
+#pragma unroll
+    for (int k = 0; k < UNROLL; ++k) {
+        l0[k] = neg_inf();
+        if (k < states) {
+            const long long row = k * stride + th;
+            l0[k] = lse[row];
+            x0[k] = reinterpret_cast<const P*>(v + row * head_dim)[c];
+        }
+    }
+    float m = neg_inf();
+#pragma unroll
+    for (int k = 0; k < UNROLL; ++k) m = fmaxf(m, l0[k]);
+    if (states > UNROLL) m = fmaxf(m, max_lse(lse + UNROLL * stride, th, stride, states - UNROLL));
     if (m == neg_inf()) {
         P z;
 #pragma unroll
@@ -75,7 +92,16 @@ __device__ __forceinline__ void merge_vectors(scalar_t* __restrict__ v_out, floa
     }
     float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     float s = 0.0f;
-    for (int p0 = 0; p0 < states; p0 += UNROLL) {
+#pragma unroll
+    for (int k = 0; k < UNROLL; ++k) {
+        if (k < states) {
+            const float w = exp2f(l0[k] - m);  // exactly 0 for an empty state
+            s += w;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc[j] += w * static_cast<float>(x0[k].v[j]);
+        }
+    }
+    for (int p0 = UNROLL; p0 < states; p0 += UNROLL) {
         float l[UNROLL];
         P x[UNROLL];
 #pragma unroll
@@ -89,7 +115,7 @@ __device__ __forceinline__ void merge_vectors(scalar_t* __restrict__ v_out, floa
 #pragma unroll
         for (int k = 0; k < UNROLL; ++k) {
             if (p0 + k < states) {
-                const float w = exp2f(l[k] - m);  // exactly 0 for an empty state
+                const float w = exp2f(l[k] - m);
                 s += w;
 #pragma unroll
                 for (int j = 0; j < 8; ++j) acc[j] += w * static_cast<float>(x[k].v[j]);
@@ -103,9 +129,11 @@ __device__ __forceinline__ void merge_vectors(scalar_t* __restrict__ v_out, floa
     if (c == 0) lse_out[th] = log2f(s) + m;
 }
 
-__device__ __forceinline__ void merge_scalar(scalar_t* __restrict__ v_out, float* __restrict__ lse_out,
-                                             const scalar_t* __restrict__ v, const float* __restrict__ lse,
-                                             int states, long long pairs, int head_dim) {
+// The scalar path (rare) out of line: inline, the compiler laid it before the vector path,
+// so every launch jumped over its code (nvdisasm, sm_90).
+__device__ __noinline__ void merge_scalar(scalar_t* __restrict__ v_out, float* __restrict__ lse_out,
+                                          const scalar_t* __restrict__ v, const float* __restrict__ lse,
+                                          int states, long long pairs, int head_dim) {
     const long long total = pairs * head_dim;
     for (long long e = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x; e < total;
          e += static_cast<long long>(gridDim.x) * BLOCK) {
@@ -118,6 +146,7 @@ __device__ __forceinline__ void merge_scalar(scalar_t* __restrict__ v_out, float
             continue;
         }
         float acc = 0.0f, s = 0.0f;
+        #pragma unroll 4
         for (int p = 0; p < states; ++p) {
             const long long row = p * pairs + th;
             const float w = exp2f(lse[row] - m);

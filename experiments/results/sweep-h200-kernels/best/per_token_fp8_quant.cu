@@ -92,6 +92,7 @@ __device__ __forceinline__ void quant_row(__nv_fp8_e4m3* __restrict__ q, float* 
     for (int k = 0; k < CACHE; ++k) {
         if (tx + k * nx < n) amax = fmaxf(amax, vec_amax(x[k]));
     }
+    #pragma unroll 4
     for (int i = tx + CACHE * nx; i < n; i += nx) amax = fmaxf(amax, vec_amax(s[i]));
     amax = row_max(amax);
     // The same division as the specification (x / scale), so that ties round the same way.
@@ -102,7 +103,15 @@ __device__ __forceinline__ void quant_row(__nv_fp8_e4m3* __restrict__ q, float* 
         const int i = tx + k * nx;
         if (i < n) store_quant<V>(q + static_cast<long long>(i) * V, x[k], scale);
     }
+    #pragma unroll 4
     for (int i = tx + CACHE * nx; i < n; i += nx) store_quant<V>(q + static_cast<long long>(i) * V, s[i], scale);
+}
+
+// The scalar path (rare) out of line: inline, the compiler laid it before the vector path,
+// so every launch jumped over its code (nvdisasm, sm_90).
+__device__ __noinline__ void quant_row_scalar(__nv_fp8_e4m3* __restrict__ q, float* __restrict__ scales, long long row,
+                                         const scalar_t* __restrict__ src, int hidden) {
+    quant_row<1>(q, scales, row, src, hidden);
 }
 
 __device__ __forceinline__ void row_quant(__nv_fp8_e4m3* q, float* scales, const scalar_t* src, int rows, int hidden) {
@@ -115,7 +124,7 @@ __device__ __forceinline__ void row_quant(__nv_fp8_e4m3* q, float* scales, const
     if (hidden % VEC == 0 && aligned) {
         quant_row<VEC>(q + off, scales, row, src + off, hidden);
     } else {
-        quant_row<1>(q + off, scales, row, src + off, hidden);
+        quant_row_scalar(q + off, scales, row, src + off, hidden);
     }
 }
 

@@ -1,247 +1,219 @@
-// rmsnorm: out = x * rsqrt(mean(x^2) + eps) * w per row, fp32 math.
-// Recipe row_norm/prefetch: one block per row, sized to the row (short rows: several per block); warp shuffles and one barrier reduce.
-// Small rows are bound by memory latency, not bandwidth, so every load of the cached part of
-// the row and of the weight is issued before the first use of any: one round trip to memory
-// per pass instead of one per vector. Each thread caches CACHE 16-byte vectors of the row in
-// registers between the passes. Longer rows go on in chunks of CHUNK vectors per thread,
-// loads again first; the second pass of such a tail re-reads only what this thread wrote.
-// A scalar path covers rows that are not a multiple of the vector width or unaligned pointers.
-// launch: grid=(cdiv(num_tokens, max(1, 128 // min(min(512, 4096 // CACHE), max(32, 32 * cdiv(hidden, 256 * CACHE))))),) block=(min(min(512, 4096 // CACHE), max(32, 32 * cdiv(hidden, 256 * CACHE))), max(1, 128 // min(min(512, 4096 // CACHE), max(32, 32 * cdiv(hidden, 256 * CACHE))))) smem=0
-// tune: CACHE=2,1,4
-#ifndef CACHE
-#define CACHE 2
+// rmsnorm: generated from the traced reference (rows/block: one row per block of threads sized to the row, short rows several to a block; ITEMS vectors per thread kept in registers between passes, fp32 accumulation).
+// launch: grid=(cdiv(num_tokens, max(1, min(256 // min(512, 32 * cdiv(hidden, 256 * ITEMS) - 16 * min(1, max(0, 128 * ITEMS + 1 - hidden)) - 8 * min(1, max(0, 64 * ITEMS + 1 - hidden)) - 4 * min(1, max(0, 32 * ITEMS + 1 - hidden))), cdiv(num_tokens, 264)))),) block=(min(512, 32 * cdiv(hidden, 256 * ITEMS) - 16 * min(1, max(0, 128 * ITEMS + 1 - hidden)) - 8 * min(1, max(0, 64 * ITEMS + 1 - hidden)) - 4 * min(1, max(0, 32 * ITEMS + 1 - hidden))), max(1, min(256 // min(512, 32 * cdiv(hidden, 256 * ITEMS) - 16 * min(1, max(0, 128 * ITEMS + 1 - hidden)) - 8 * min(1, max(0, 64 * ITEMS + 1 - hidden)) - 4 * min(1, max(0, 32 * ITEMS + 1 - hidden))), cdiv(num_tokens, 264)))) smem=0
+// tune: ITEMS=4,2,8,1
+// tune: RU=1,2,4
+#ifndef ITEMS
+#define ITEMS 4
 #endif
-
-#define FUSED 0
-#define GEMMA 0
-#define WARP_ROW 0
-#if WARP_ROW
-#define MAX_THREADS (32 * ROWS)
-#else
-// At most 512 threads, so that 128 registers per thread hold the cache and the tail chunk.
-#define MAX_THREADS (CACHE > 4 ? 4096 / CACHE : 512)
+#ifndef RU
+#define RU 1
 #endif
 constexpr int VEC = 16 / sizeof(scalar_t);
 
-template <int V>
-struct alignas(sizeof(scalar_t) * V) Pack {
-    scalar_t v[V];
+// The type of element indices and sizes. A schedule that proves at launch that every index
+// fits 32 bits runs a copy of its code with int instead (a template parameter of that name
+// hides this one): 64-bit index arithmetic took ~10% of a short elementwise thread.
+typedef long long cg_idx;
+
+// V elements of T, aligned for one (or, past 16 bytes, several) wide loads.
+template <typename T, int V>
+struct alignas(sizeof(T) * V >= 16 ? 16 : sizeof(T) * V) Pack {
+    T v[V];
 };
 
-__device__ __forceinline__ float warp_sum(float s) {
+// Stores a pack with one vector store. Assigned as a struct, a pack of 2-byte elements came out
+// of the compiler as 2- and 4-byte stores (read in the PTX of the elementwise and transpose
+// schedules), even 16-byte aligned; the __stwb intrinsics are single vector stores with the
+// default (write-back) cache policy, fed with 32-bit words built from the elements' bits.
+template <typename T, int V>
+__device__ __forceinline__ void cg_store(T* p, const Pack<T, V>& x) {
+    constexpr int S = static_cast<int>(sizeof(T)), B = S * V;
+    if constexpr (S <= 4 && 4 % S == 0 && B % 4 == 0 && (B <= 8 || B % 16 == 0)) {
+        constexpr int PER = 4 / S;  // elements per word
+        unsigned int w[B / 4];
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    return s;
-}
-
-__device__ __forceinline__ float warp_max(float s) {
+        for (int k = 0; k < B / 4; ++k) {
+            w[k] = 0u;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, o));
-    return s;
-}
-
-// Vectors per thread in flight at once in the tail of rows longer than the cache.
-constexpr int CHUNK = WARP_ROW ? 4 : 2;
-
-// Sum over the threads of one row; every thread gets it.
-__device__ __forceinline__ float row_total(float s) {
-    s = warp_sum(s);
-#if !WARP_ROW
-    // blockDim.x threads per row (a multiple of 32), blockDim.y rows per block: one barrier,
-    // then every warp reduces its row's partials itself.
-    __shared__ float partial[32];
-    const int lane = threadIdx.x & 31;
-    const int warps = static_cast<int>(blockDim.x >> 5);
-    if (lane == 0) partial[threadIdx.y * warps + (threadIdx.x >> 5)] = s;
-    __syncthreads();
-    s = warp_sum(lane < warps ? partial[threadIdx.y * warps + lane] : 0.0f);
-#endif
-    return s;
-}
-
-__device__ __forceinline__ float scale_of(float w) {
-#if GEMMA
-    return 1.0f + w;
-#else
-    return w;
-#endif
-}
-
-// Two floats to two scalar_t with one paired conversion (fewer registers and instructions
-// than two scalar ones, which matters for bf16).
-__device__ __forceinline__ void store2(__half* p, float a, float b) {
-    *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
-}
-__device__ __forceinline__ void store2(__nv_bfloat16* p, float a, float b) {
-    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
-}
-
-template <int V>
-__device__ __forceinline__ void round_into(Pack<V>& o, const float (&f)[V]) {
-    if constexpr (V % 2 == 0) {
+            for (int j = 0; j < PER; ++j) {
+                unsigned int bits = 0u;
+                memcpy(&bits, &x.v[k * PER + j], S);
+                w[k] |= bits << (8 * S * j);
+            }
+        }
+        if constexpr (B % 16 == 0) {
 #pragma unroll
-        for (int j = 0; j < V; j += 2) store2(&o.v[j], f[j], f[j + 1]);
+            for (int k = 0; k < B / 16; ++k) {
+                __stwb(reinterpret_cast<uint4*>(p) + k, make_uint4(w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3]));
+            }
+        } else if constexpr (B == 8) {
+            __stwb(reinterpret_cast<uint2*>(p), make_uint2(w[0], w[1]));
+        } else {
+            __stwb(reinterpret_cast<unsigned int*>(p), w[0]);
+        }
     } else {
-#pragma unroll
-        for (int j = 0; j < V; ++j) o.v[j] = static_cast<scalar_t>(f[j]);
+        *reinterpret_cast<Pack<T, V>*>(p) = x;
     }
 }
 
-// x = a (+ b) in fp32; adds the unrounded x^2 to ss and returns x rounded to scalar_t
-// (for the fused kernel that is the new residual; otherwise it is a itself, exactly).
-template <int V>
-__device__ __forceinline__ Pack<V> combine(const Pack<V>& a, const Pack<V>& b, float& ss) {
-    float f[V];
+// Maximum and minimum that keep NaN, as torch does (fmaxf would drop it).
+__device__ __forceinline__ float cg_max(float a, float b) { return (a != a || b != b) ? a + b : fmaxf(a, b); }
+__device__ __forceinline__ float cg_min(float a, float b) { return (a != a || b != b) ? a + b : fminf(a, b); }
+__device__ __forceinline__ float cg_relu(float a) { return a != a ? a : fmaxf(a, 0.0f); }
+
+__device__ __forceinline__ bool cg_aligned(const void* p, unsigned bytes) {
+    return (reinterpret_cast<unsigned long long>(p) & (bytes - 1)) == 0;
+}
+
+template <int OP>
+__device__ __forceinline__ float cg_combine(float a, float b) {
+    return OP == 0 ? a + b : (OP == 1 ? cg_max(a, b) : cg_min(a, b));
+}
+
+template <int OP>
+__device__ __forceinline__ float cg_warp_reduce(float v) {
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-        f[j] = static_cast<float>(a.v[j]);
-#if FUSED
-        f[j] += static_cast<float>(b.v[j]);
-#endif
-        ss += f[j] * f[j];
+    for (int o = 16; o > 0; o >>= 1) v = cg_combine<OP>(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// As cg_warp_reduce over the blockDim.x lanes of one row: a row narrower than a warp (4, 8 or 16
+// threads) shares the warp with the next rows, and the butterfly stays inside its lanes.
+template <int OP>
+__device__ __forceinline__ float cg_row_warp_reduce(float v) {
+    if (blockDim.x >= 32) return cg_warp_reduce<OP>(v);
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) {
+        if (o < static_cast<int>(blockDim.x)) v = cg_combine<OP>(v, __shfl_xor_sync(0xffffffffu, v, o));
     }
-    Pack<V> x;
-    round_into(x, f);
-    return x;
+    return v;
+}
+
+// Reduces over the blockDim.x threads of one row (threadIdx.y): every thread gets the result.
+// Called by every thread of the block (rows past the end too), so the barriers are uniform.
+template <int OP>
+__device__ __forceinline__ float cg_group_reduce(float v, float identity) {
+    __shared__ float part[32][33];
+    v = cg_row_warp_reduce<OP>(v);
+    if (blockDim.x > 32) {
+        const int lane = threadIdx.x & 31;
+        __syncthreads();  // the previous reduction's reads of part are done
+        if (lane == 0) part[threadIdx.y][threadIdx.x >> 5] = v;
+        __syncthreads();
+        v = lane < static_cast<int>(blockDim.x >> 5) ? part[threadIdx.y][lane] : identity;
+        v = cg_warp_reduce<OP>(v);
+    }
+    return v;
 }
 
 template <int V>
-__device__ __forceinline__ Pack<V> scaled(const Pack<V>& x, const Pack<V>& w, float r) {
-    float f[V];
-#pragma unroll
-    for (int j = 0; j < V; ++j) f[j] = static_cast<float>(x.v[j]) * r * scale_of(static_cast<float>(w.v[j]));
-    Pack<V> o;
-    round_into(o, f);
-    return o;
-}
-
-// First pass over the part of the row past the register cache; returns its sum of squares.
-template <int V>
-__device__ __forceinline__ float tail_sum(const Pack<V>* s, Pack<V>* r, int n, int first, int nx) {
-    float ss = 0.0f;
-    for (int base = first; base < n; base += CHUNK * nx) {
-        Pack<V> a[CHUNK], b[CHUNK];
-#pragma unroll
-        for (int c = 0; c < CHUNK; ++c) {
-            const int i = base + c * nx;
-            if (i < n) {
-                a[c] = s[i];
-                b[c] = FUSED ? r[i] : a[c];
+__device__ __forceinline__ void cg_run(scalar_t* __restrict__ out, const scalar_t* __restrict__ input, const scalar_t* __restrict__ weight, int num_tokens, int hidden, float eps) {
+    const long long cg_cols = (static_cast<cg_idx>(hidden));
+    const long long cg_r = static_cast<long long>(blockIdx.x) * blockDim.y + threadIdx.y;
+    // Threads of rows past the end still take part in the block's barriers.
+    const bool cg_active = cg_r < (static_cast<cg_idx>(num_tokens));
+    const int cg_lane = threadIdx.x;
+    const int cg_g = blockDim.x;
+    const long long cg_row = cg_active ? cg_r : 0;
+    const long long cg_obase = cg_row * cg_cols;
+    const long long cg_nvec = cg_cols / V;
+    const cg_idx cg_base0 = cg_row * (static_cast<cg_idx>(hidden)) + (static_cast<cg_idx>(0));
+    Pack<scalar_t, V> cg_cache0[ITEMS];
+    float cg_acc0 = 0.0f;
+    #pragma unroll
+    for (int cg_j = 0; cg_j < ITEMS; ++cg_j) {
+        const cg_idx cg_c = (cg_lane + static_cast<long long>(cg_j) * cg_g) * V;
+        if (cg_active && cg_lane + static_cast<long long>(cg_j) * cg_g < cg_nvec) {
+            cg_cache0[cg_j] = *reinterpret_cast<const Pack<scalar_t, V>*>(input + cg_base0 + cg_c);
+        }
+    }
+    #pragma unroll
+    for (int cg_j = 0; cg_j < ITEMS; ++cg_j) {
+        const cg_idx cg_c = (cg_lane + static_cast<long long>(cg_j) * cg_g) * V;
+        if (cg_active && cg_lane + static_cast<long long>(cg_j) * cg_g < cg_nvec) {
+            #pragma unroll
+            for (int e = 0; e < V; ++e) {
+                const float cg_t1 = (static_cast<float>(cg_cache0[cg_j].v[e]) * static_cast<float>(cg_cache0[cg_j].v[e]));
+                cg_acc0 = cg_combine<0>(cg_acc0, static_cast<float>(cg_t1));
             }
         }
-#pragma unroll
-        for (int c = 0; c < CHUNK; ++c) {
-            const int i = base + c * nx;
-            if (i < n) {
-                const Pack<V> x = combine(a[c], b[c], ss);
-                if (FUSED) r[i] = x;
+    }
+    for (long long cg_i0 = cg_lane + static_cast<long long>(ITEMS) * cg_g; cg_active && cg_i0 < cg_nvec; cg_i0 += RU * cg_g) {
+        Pack<scalar_t, V> cg_sp0[RU];
+        #pragma unroll
+        for (int cg_u = 0; cg_u < RU; ++cg_u) {
+            const cg_idx cg_c = (cg_i0 + static_cast<long long>(cg_u) * cg_g) * V;
+            if (cg_i0 + static_cast<long long>(cg_u) * cg_g < cg_nvec) {
+                cg_sp0[cg_u] = *reinterpret_cast<const Pack<scalar_t, V>*>(input + cg_base0 + cg_c);
+            }
+        }
+        #pragma unroll
+        for (int cg_u = 0; cg_u < RU; ++cg_u) {
+            const cg_idx cg_c = (cg_i0 + static_cast<long long>(cg_u) * cg_g) * V;
+            if (cg_i0 + static_cast<long long>(cg_u) * cg_g < cg_nvec) {
+                #pragma unroll
+                for (int e = 0; e < V; ++e) {
+                    const float cg_t2 = (static_cast<float>(cg_sp0[cg_u].v[e]) * static_cast<float>(cg_sp0[cg_u].v[e]));
+                    cg_acc0 = cg_combine<0>(cg_acc0, static_cast<float>(cg_t2));
+                }
             }
         }
     }
-    return ss;
-}
-
-// Second pass over that part: x is the rounded residual this thread stored (fused) or the input.
-template <int V>
-__device__ __forceinline__ void tail_store(Pack<V>* d, const Pack<V>* x_src, const Pack<V>* __restrict__ w,
-                                           int n, int first, int nx, float rr) {
-    for (int base = first; base < n; base += CHUNK * nx) {
-        Pack<V> a[CHUNK], b[CHUNK];
-#pragma unroll
-        for (int c = 0; c < CHUNK; ++c) {
-            const int i = base + c * nx;
-            if (i < n) {
-                a[c] = x_src[i];
-                b[c] = w[i];
+    const float cg_red0 = cg_group_reduce<0>(cg_acc0, 0.0f);
+    const float cg_t3 = static_cast<float>(static_cast<float>((static_cast<cg_idx>(hidden))));
+    const float cg_t4 = (static_cast<float>(cg_red0) / static_cast<float>(cg_t3));
+    const float cg_t5 = (static_cast<float>(cg_t4) + static_cast<float>(eps));
+    const float cg_t6 = rsqrtf(cg_t5);
+    #pragma unroll
+    for (int cg_j = 0; cg_j < ITEMS; ++cg_j) {
+        const cg_idx cg_c = (cg_lane + static_cast<long long>(cg_j) * cg_g) * V;
+        if (cg_active && cg_lane + static_cast<long long>(cg_j) * cg_g < cg_nvec) {
+            const Pack<scalar_t, V> cg_c0 = *reinterpret_cast<const Pack<scalar_t, V>*>(weight + cg_c);
+            Pack<scalar_t, V> cg_o_out;
+            #pragma unroll
+            for (int e = 0; e < V; ++e) {
+                const float cg_t7 = (static_cast<float>(static_cast<float>(cg_cache0[cg_j].v[e])) * static_cast<float>(cg_t6));
+                const float cg_t8 = (static_cast<float>(cg_t7) * static_cast<float>(static_cast<float>(cg_c0.v[e])));
+                cg_o_out.v[e] = static_cast<scalar_t>(static_cast<float>(cg_t8));
+            }
+            cg_store<scalar_t, V>(out + cg_obase + cg_c, cg_o_out);
+        }
+    }
+    for (long long cg_i0 = cg_lane + static_cast<long long>(ITEMS) * cg_g; cg_active && cg_i0 < cg_nvec; cg_i0 += RU * cg_g) {
+        Pack<scalar_t, V> cg_sc0[RU];
+        Pack<scalar_t, V> cg_sp0[RU];
+        #pragma unroll
+        for (int cg_u = 0; cg_u < RU; ++cg_u) {
+            const cg_idx cg_c = (cg_i0 + static_cast<long long>(cg_u) * cg_g) * V;
+            if (cg_i0 + static_cast<long long>(cg_u) * cg_g < cg_nvec) {
+                cg_sc0[cg_u] = *reinterpret_cast<const Pack<scalar_t, V>*>(weight + cg_c);
+                cg_sp0[cg_u] = *reinterpret_cast<const Pack<scalar_t, V>*>(input + cg_base0 + cg_c);
             }
         }
-#pragma unroll
-        for (int c = 0; c < CHUNK; ++c) {
-            const int i = base + c * nx;
-            if (i < n) d[i] = scaled(a[c], b[c], rr);
+        #pragma unroll
+        for (int cg_u = 0; cg_u < RU; ++cg_u) {
+            const cg_idx cg_c = (cg_i0 + static_cast<long long>(cg_u) * cg_g) * V;
+            if (cg_i0 + static_cast<long long>(cg_u) * cg_g < cg_nvec) {
+                Pack<scalar_t, V> cg_o_out;
+                #pragma unroll
+                for (int e = 0; e < V; ++e) {
+                    const float cg_t9 = (static_cast<float>(static_cast<float>(cg_sp0[cg_u].v[e])) * static_cast<float>(cg_t6));
+                    const float cg_t10 = (static_cast<float>(cg_t9) * static_cast<float>(static_cast<float>(cg_sc0[cg_u].v[e])));
+                    cg_o_out.v[e] = static_cast<scalar_t>(static_cast<float>(cg_t10));
+                }
+                cg_store<scalar_t, V>(out + cg_obase + cg_c, cg_o_out);
+            }
         }
     }
 }
-
-// dst and src are the same row for the fused kernel (in place): not __restrict__. Every read
-// of an element comes before its write, in program order, so the aliasing is harmless.
-template <int V>
-__device__ __forceinline__ void norm_row(scalar_t* dst, scalar_t* res, const scalar_t* src,
-                                         const scalar_t* __restrict__ weight, int hidden, float eps) {
-    using P = Pack<V>;
-    const int n = hidden / V;
-    const int tx = threadIdx.x;
-    const int nx = blockDim.x;
-    const P* s = reinterpret_cast<const P*>(src);
-    P* r = reinterpret_cast<P*>(res);
-    P* d = reinterpret_cast<P*>(dst);
-    const P* w = reinterpret_cast<const P*>(weight);
-    P x[CACHE], y[CACHE], wv[CACHE];
-    // The weight does not depend on the row: its loads go out with the row's, so a short row
-    // costs one round trip to memory before the reduction, not two.
-#pragma unroll
-    for (int k = 0; k < CACHE; ++k) {
-        const int i = tx + k * nx;
-        if (i < n) {
-            x[k] = s[i];
-            y[k] = FUSED ? r[i] : x[k];
-            wv[k] = w[i];
-        }
-    }
-    float ss = 0.0f;
-#pragma unroll
-    for (int k = 0; k < CACHE; ++k) {
-        const int i = tx + k * nx;
-        if (i < n) {
-            x[k] = combine(x[k], y[k], ss);
-            if (FUSED) r[i] = x[k];
-        }
-    }
-    ss += tail_sum<V>(s, r, n, tx + CACHE * nx, nx);
-    const float rr = rsqrtf(row_total(ss) / static_cast<float>(hidden) + eps);
-#pragma unroll
-    for (int k = 0; k < CACHE; ++k) {
-        const int i = tx + k * nx;
-        if (i < n) d[i] = scaled(x[k], wv[k], rr);
-    }
-    tail_store<V>(d, FUSED ? r : s, w, n, tx + CACHE * nx, nx, rr);
+__device__ __noinline__ void cg_run_scalar(scalar_t* __restrict__ out, const scalar_t* __restrict__ input, const scalar_t* __restrict__ weight, int num_tokens, int hidden, float eps) {
+    cg_run<1>(out, input, weight, num_tokens, hidden, eps);
 }
 
-__device__ __forceinline__ void row_norm(scalar_t* dst, scalar_t* res, const scalar_t* src, const scalar_t* weight,
-                                         int rows, int hidden, float eps) {
-    const int row = blockIdx.x * blockDim.y + threadIdx.y;
-#if WARP_ROW
-    if (row >= rows) return;  // a whole warp: no barrier follows
-#else
-    // Short rows share a block (blockDim.y rows); the threads of a row past the end only
-    // take part in the reduction's one barrier.
-    const bool active = row < rows;
-#endif
-    const long long off = static_cast<long long>(row) * hidden;
-    const unsigned long long addr = reinterpret_cast<unsigned long long>(dst) | reinterpret_cast<unsigned long long>(src) |
-                                    reinterpret_cast<unsigned long long>(res) | reinterpret_cast<unsigned long long>(weight);
-    scalar_t* res_row = FUSED ? res + off : nullptr;
-#if !WARP_ROW
-    if (!active) {
-        row_total(0.0f);
-        return;
-    }
-#endif
-    // Uniform over the row's threads, so the barrier in row_total is reached by all of them.
-    if (hidden % VEC == 0 && (addr & 15) == 0) {
-        norm_row<VEC>(dst + off, res_row, src + off, weight, hidden, eps);
+extern "C" __global__ void __launch_bounds__(512) rmsnorm(scalar_t* __restrict__ out, const scalar_t* __restrict__ input, const scalar_t* __restrict__ weight, int num_tokens, int hidden, float eps) {
+    if ((static_cast<cg_idx>(hidden)) % VEC == 0 && cg_aligned(input, sizeof(scalar_t) * VEC >= 16 ? 16 : sizeof(scalar_t) * VEC) && cg_aligned(out, sizeof(scalar_t) * VEC >= 16 ? 16 : sizeof(scalar_t) * VEC) && cg_aligned(weight, sizeof(scalar_t) * VEC >= 16 ? 16 : sizeof(scalar_t) * VEC)) {
+        cg_run<VEC>(out, input, weight, num_tokens, hidden, eps);
     } else {
-        norm_row<1>(dst + off, res_row, src + off, weight, hidden, eps);
+        cg_run_scalar(out, input, weight, num_tokens, hidden, eps);
     }
 }
-
-extern "C" __global__ void __launch_bounds__(MAX_THREADS, 1) rmsnorm(
-    scalar_t* __restrict__ out,
-    const scalar_t* __restrict__ input,
-    const scalar_t* __restrict__ weight,
-    int num_tokens,
-    int hidden,
-    float eps) {
-    row_norm(out, nullptr, input, weight, num_tokens, hidden, eps);
-}
-

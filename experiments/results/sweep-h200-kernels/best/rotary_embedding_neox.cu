@@ -78,6 +78,32 @@ __device__ __forceinline__ scalar_t* head_base(scalar_t* query, scalar_t* key, l
                         : key + (token * kv_heads + (head - heads)) * head_size;
 }
 
+// The scalar path (rare) out of line: inline, the compiler laid it before the vector path,
+// so every launch jumped over its code (nvdisasm, sm_90).
+__device__ __noinline__ void rotary_scalar(const long long* positions, scalar_t* query, scalar_t* key,
+                                           const float* cos_sin_cache, int tokens, int heads, int kv_heads,
+                                           int head_size, int rot_dim) {
+    const int half = rot_dim / 2;
+    const int all_heads = heads + kv_heads;
+    const long long total = static_cast<long long>(tokens) * all_heads * half;
+    #pragma unroll 4
+    for (long long p = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x; p < total;
+         p += static_cast<long long>(gridDim.x) * BLOCK) {
+        const long long token = p / (static_cast<long long>(all_heads) * half);
+        const int rem = static_cast<int>(p - token * all_heads * half);
+        const int head = rem / half;
+        const int j = rem - head * half;
+        scalar_t* base = head_base(query, key, token, head, heads, kv_heads, head_size);
+        const float* row = cos_sin_cache + positions[token] * rot_dim;
+        const int ia = NEOX ? j : 2 * j;
+        const int ib = NEOX ? j + half : 2 * j + 1;
+        const float c = row[j], s = row[half + j];
+        const float a = static_cast<float>(base[ia]), b = static_cast<float>(base[ib]);
+        base[ia] = static_cast<scalar_t>(a * c - b * s);
+        base[ib] = static_cast<scalar_t>(b * c + a * s);
+    }
+}
+
 __device__ __forceinline__ void rotary(const long long* positions, scalar_t* query, scalar_t* key,
                                        const float* cos_sin_cache, int tokens, int heads, int kv_heads,
                                        int head_size, int rot_dim) {
@@ -98,22 +124,7 @@ __device__ __forceinline__ void rotary(const long long* positions, scalar_t* que
                       cos_sin_cache + positions[token] * rot_dim, u, half);
         return;
     }
-    const long long total = static_cast<long long>(tokens) * all_heads * half;
-    for (long long p = static_cast<long long>(blockIdx.x) * BLOCK + threadIdx.x; p < total;
-         p += static_cast<long long>(gridDim.x) * BLOCK) {
-        const long long token = p / (static_cast<long long>(all_heads) * half);
-        const int rem = static_cast<int>(p - token * all_heads * half);
-        const int head = rem / half;
-        const int j = rem - head * half;
-        scalar_t* base = head_base(query, key, token, head, heads, kv_heads, head_size);
-        const float* row = cos_sin_cache + positions[token] * rot_dim;
-        const int ia = NEOX ? j : 2 * j;
-        const int ib = NEOX ? j + half : 2 * j + 1;
-        const float c = row[j], s = row[half + j];
-        const float a = static_cast<float>(base[ia]), b = static_cast<float>(base[ib]);
-        base[ia] = static_cast<scalar_t>(a * c - b * s);
-        base[ib] = static_cast<scalar_t>(b * c + a * s);
-    }
+    rotary_scalar(positions, query, key, cos_sin_cache, tokens, heads, kv_heads, head_size, rot_dim);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK, 1) rotary_embedding_neox(

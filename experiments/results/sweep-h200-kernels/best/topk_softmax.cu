@@ -6,7 +6,6 @@
 // experts that come after round r-1's pick in that order, so nothing is marked or excluded.
 // Longer rows are streamed from memory in every pass.
 // launch: grid=(cdiv(num_tokens, WARPS),) block=(32, WARPS) smem=0
-// flags: --use_fast_math
 // tune: WARPS=4,2,8,1
 #ifndef WARPS
 #define WARPS 4
@@ -110,7 +109,7 @@ __device__ __forceinline__ void route_regs(float* __restrict__ w, int* __restric
     float s = 0.0f;
 #pragma unroll
     for (int j = 0; j < PL; ++j) {
-        p[j] = base + j < experts ? expf(p[j] - m) : 0.0f;
+        p[j] = base + j < experts ? __expf(p[j] - m) : 0.0f;
         s += p[j];
     }
     s = warp_sum(s);
@@ -138,14 +137,14 @@ __device__ __forceinline__ void route_stream(float* __restrict__ w, int* __restr
     m = warp_max(m);
     float s = 0.0f;
     #pragma unroll 4
-    for (int i = lane; i < experts; i += 32) s += expf(static_cast<float>(g[i]) - m);
+    for (int i = lane; i < experts; i += 32) s += __expf(static_cast<float>(g[i]) - m);
     s = warp_sum(s);
     Picks picks;
     for (int r = 0; r < topk; ++r) {
         float bp = -2.0f;
         int bi = 0x7fffffff;
         #pragma unroll 4
-        for (int i = lane; i < experts; i += 32) picks.consider(expf(static_cast<float>(g[i]) - m) / s, i, bp, bi);
+        for (int i = lane; i < experts; i += 32) picks.consider(__expf(static_cast<float>(g[i]) - m) / s, i, bp, bi);
         picks.take(bp, bi, r, w, ids, lane);
     }
     if (renormalize) renormalise(w, topk, picks.total, lane);
