@@ -22,6 +22,11 @@
 #   search  search.run, population 8, 5 rounds, one GPU (resumed when cut)
 #   diag    experiments.timing_truth --per-peer (the baseline beside each peer alone) into
 #           runs/diag/timing-truth.json
+#   neighbours  experiments.timing_neighbours (what a neighbour in the loop does to the baseline's
+#           time: event window, kernel duration, gap) into runs/diag/neighbours.json
+#   h2h     experiments.head_to_head --old $H2H_OLD --new $H2H_NEW (default: the committed sweep's
+#           best kernels) into runs/h2h/head-to-head.{json,md}; H2H_KERNELS (space-separated)
+#           limits it to those kernels
 #   fill    experiments.codegen_probe --compare-fill --loops 3 --no-peers, one kernel folder at
 #           a time (FILL: space-separated folders; each tried once, its probe.json kept)
 set -uo pipefail
@@ -100,6 +105,14 @@ step() {
     diag)
       mkdir -p runs/diag
       run diag "$PY" -m experiments.timing_truth --per-peer --out runs/diag/timing-truth.json ;;
+    neighbours)
+      mkdir -p runs/diag
+      run neighbours "$PY" -m experiments.timing_neighbours --out runs/diag/neighbours.json ;;
+    h2h)
+      local ks=() k
+      for k in ${H2H_KERNELS:-}; do ks+=(--kernel "$k"); done
+      run h2h "$PY" -m experiments.head_to_head --old "${H2H_OLD:?H2H_OLD: the folder of the old best kernels}" \
+        --new "${H2H_NEW:-experiments/results/sweep-h200-kernels/best}" "${ks[@]}" --out runs/h2h/head-to-head --resume ;;
     fill)
       local k rc
       for k in ${FILL:-}; do
