@@ -213,11 +213,13 @@ def _compile_seconds() -> dict[str, float]:
 def peer_impls(ctx: Context, spec: KernelSpec, shape: Shape, dtype: str, inputs: RepInputs,
                 work: Buffers, peers: Mapping[str, Peer], errors: dict[str, str],
                 seconds: dict[str, float] | None = None,
-                phases: dict[str, dict[str, float]] | None = None) -> list[Timed]:
+                phases: dict[str, dict[str, float]] | None = None,
+                staged: list[torch.Tensor] | None = None) -> list[Timed]:
     """The peers that agree with the reference on this shape, each captured in a graph that
     holds its call alone (staging runs before the flush, outside the window). ``seconds``
     gathers each peer's set-up time (its compilation included), ``phases`` the torch.compile
-    phases inside it (see :func:`_compile_seconds`; 10 ms or more)."""
+    phases inside it (see :func:`_compile_seconds`; 10 ms or more), ``staged`` the tensors
+    the peers' staging made (which their timed calls read)."""
     impls = []
     label = shape_label(shape)
     for name, peer in peers.items():
@@ -235,6 +237,8 @@ def peer_impls(ctx: Context, spec: KernelSpec, shape: Shape, dtype: str, inputs:
                 inputs.restore(work, 0)
                 peer.stage(work, shape, spec.constants, scratch)
             graph = capture_graph(functools.partial(peer.run, work, shape, spec.constants, scratch))
+            if staged is not None:
+                staged.extend(t for t in scratch.values() if isinstance(t, torch.Tensor) and t.is_cuda)
             impls.append(Timed(name, functools.partial(_prepare_peer, inputs, work, peer, shape, spec.constants,
                                                        scratch), graph.replay))
         except ImportError as exc:  # the library is not installed: no shape can time it
@@ -360,8 +364,13 @@ def _run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None], c
         if job.get("graph_ours"):
             impls += [mine.timed(n, k, graph=True) for n, k in live.items()]
         start = time.perf_counter()
-        impls += peer_impls(ctx, spec, shape, dtype, inputs, work, peers, errors, prepare_by_peer, phases_by_peer)
+        staged: list[torch.Tensor] = []
+        impls += peer_impls(ctx, spec, shape, dtype, inputs, work, peers, errors, prepare_by_peer, phases_by_peer,
+                            staged)
         phase_s["prepare"] += time.perf_counter() - start
+        # Every flush takes what the timed implementations read out of the L2, whatever
+        # eviction priority an earlier one left on it (see evaluators.timing.Flusher).
+        ctx.flush.cover([*work.values(), *staged])
         # Our kernels launch on the stream they were loaded on and the events go to the current
         # one: if they differ, the events would time nothing (see timing.capture_graph).
         current = torch.cuda.current_stream().cuda_stream

@@ -16,6 +16,11 @@ shapes; the report gives the median over the loops with the min-max and a verdic
 faster only when the whole range is above 1.0, slower only when it is below, a tie otherwise
 (:mod:`search.spread`). Two results found by two searches and compared this way answer
 "is the new library worse than the old" without the protocol of either search in the way.
+
+``--peers`` puts the kernel's peers (FlashInfer, Liger, torch eager, torch.compile: the best of
+``--compile-trials`` compilations per mode, compiled in the loop's own process) in the same
+loop, and the report adds the new side's ratio over each: the end-of-run loop of a sweep, run
+again for kernels it already found (say, after a change to the timing protocol).
 """
 
 from __future__ import annotations
@@ -72,9 +77,10 @@ def loop_kernels(sides: Mapping[str, Mapping[str, Any]], baseline_source: str) -
 
 def compose(times: Mapping[str, Mapping[str, float]], sides: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, float]]:
     """One loop's times per side as shipped: each shape label's time from the member the side's
-    table names for it (the primary where it names none); the baseline as timed. A shape whose
-    member has no time there is left out of that side."""
-    out: dict[str, dict[str, float]] = {"baseline": dict(times.get("baseline", {}))}
+    table names for it (the primary where it names none); the baseline and the peers as timed.
+    A shape whose member has no time there is left out of that side."""
+    mine = {member_name(side, i) for side, result in sides.items() for i in range(len(result["members"]))}
+    out: dict[str, dict[str, float]] = {impl: dict(t) for impl, t in times.items() if impl not in mine}
     for side, result in sides.items():
         primary = times.get(member_name(side, 0), {})
         side_times: dict[str, float] = {}
@@ -96,6 +102,8 @@ def ratios(runs: Sequence[Mapping[str, Mapping[str, float]]]) -> dict[str, dict[
         s = spread.of(values)
         if s is not None:
             out[key] = s.to_dict()
+    for peer, s in spread.spreads(runs, ours="new", exclude=("old", "baseline")).items():
+        out[f"new_vs_{peer}"] = s.to_dict()
     return out
 
 
@@ -143,17 +151,21 @@ def to_markdown(meta: Mapping[str, Any], results: Sequence[Mapping[str, Any]]) -
              f"- GPU: {meta['gpu']}", f"- date: {meta['date']}",
              f"- old: {meta['old']}", f"- new: {meta['new']}",
              f"- timing: {meta['timing']}", "",
+             ("No old side: the new side's kernels with the baseline" + (" and the peers" if "with the peers" in meta["timing"] else "")
+              + ", ratios of the new side below.") if meta["old"] == "None" else
              f"Kernels compared: {s['compared']} of {s['kernels']}; verdicts of new vs old: "
              + ", ".join(f"{k} {v}" for k, v in sorted(s["verdicts"].items()))
              + (f"; geomean new vs old {spread.text(s['geomean_new_vs_old'])}" if s["geomean_new_vs_old"] else "")
              + (f"; new slower on: {', '.join(s['new_slower'])}" if s["new_slower"] else "; new slower on none"),
              "",
-             "| kernel | new vs old (old us / new us) | new vs baseline | old vs baseline | loops | members old / new |",
-             "|---|---|---|---|---|---|"]
+             "| kernel | new vs old (old us / new us) | new vs baseline | old vs baseline | new vs peers | loops | members old / new |",
+             "|---|---|---|---|---|---|---|"]
     for r in results:
         sp = r["spreads"]
+        peers = ", ".join(f"{k.removeprefix('new_vs_')} {spread.text(v)}" for k, v in sp.items()
+                          if k not in ("new_vs_old", "new_vs_baseline", "old_vs_baseline")) or "-"
         lines.append(f"| {r['kernel']} | {spread.text(sp.get('new_vs_old'))} | {spread.text(sp.get('new_vs_baseline'))} "
-                     f"| {spread.text(sp.get('old_vs_baseline'))} | {r['loops']} "
+                     f"| {spread.text(sp.get('old_vs_baseline'))} | {peers} | {r['loops']} "
                      f"| {len(r['members'].get('old', []))} / {len(r['members'].get('new', []))} |")
     lines += ["", "Ratios: geometric mean over the search shapes of one loop, median over the loops "
               "[min-max]; faster only when the whole range is above 1.0x, slower only when it is "
@@ -161,9 +173,11 @@ def to_markdown(meta: Mapping[str, Any], results: Sequence[Mapping[str, Any]]) -
     for r in results:
         t = r["median_times_ms"]
         labels = list(t.get("baseline", {}))
-        lines += [f"## {r['kernel']} ({r['dtype']})", "", "| shape | baseline us | old us | new us |", "|---|---|---|---|"]
+        columns = ["baseline", "old", "new", *sorted(k for k in t if k not in ("baseline", "old", "new"))]
+        lines += [f"## {r['kernel']} ({r['dtype']})", "", "| shape | " + " | ".join(f"{c} us" for c in columns) + " |",
+                  "|---" * (len(columns) + 1) + "|"]
         for label in labels:
-            cells = [f"{t[k][label] * 1e3:.2f}" if label in t.get(k, {}) else "-" for k in ("baseline", "old", "new")]
+            cells = [f"{t[k][label] * 1e3:.2f}" if label in t.get(k, {}) else "-" for k in columns]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         for what in ("errors", "failed"):
             if r[what]:
@@ -174,25 +188,30 @@ def to_markdown(meta: Mapping[str, Any], results: Sequence[Mapping[str, Any]]) -
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--old", type=Path, required=True, help="folder of the old side's <kernel>.json files")
+    p.add_argument("--old", type=Path, help="folder of the old side's <kernel>.json files (none: the new side alone, "
+                   "with --peers the end-of-run loop run again)")
     p.add_argument("--new", type=Path, required=True, help="folder of the new side's <kernel>.json files")
     p.add_argument("--kernel", action="append", help="kernel (repeatable; default: every kernel both sides have)")
     p.add_argument("--repeats", type=int, default=3, help="loops per kernel, each in a fresh process")
     p.add_argument("--repetitions", type=int, default=100)
+    p.add_argument("--peers", action="store_true", help="the kernel's peers in the same loop")
+    p.add_argument("--compile-trials", type=int, default=None,
+                   help="with --peers: torch.compile compilations per mode (default: the evaluator's)")
     p.add_argument("--out", type=Path, required=True, help="OUT.json and OUT.md are written")
     p.add_argument("--resume", action="store_true",
                    help="keep the kernels OUT.json already holds and time only the others (a run cut short)")
     args = p.parse_args(argv)
-    for side in SIDES:
+    sides_given = [side for side in SIDES if getattr(args, side) is not None]
+    for side in sides_given:
         if not getattr(args, side).is_dir():
             p.error(f"--{side} {getattr(args, side)} is not a directory")
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
-    both = sorted({f.stem for f in args.old.glob("*.json")} & {f.stem for f in args.new.glob("*.json")})
+    both = sorted(set.intersection(*({f.stem for f in getattr(args, side).glob("*.json")} for side in sides_given)))
     kernels = args.kernel or both
     missing = [k for k in kernels if k not in both]
     if missing:
-        p.error(f"not on both sides: {', '.join(missing)}")
+        p.error(f"no result in every folder given: {', '.join(missing)}")
     if (code := exit_without_gpu("experiments.head_to_head")) is not None:
         return code
     from evaluators.gpu import EvaluatorError, GpuEvaluator
@@ -202,8 +221,10 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m experiments.head_to_head " + " ".join(argv if argv is not None else sys.argv[1:]),
         "git_commit": git_commit(REPO_ROOT), "gpu": "", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "old": str(args.old), "new": str(args.new),
-        "timing": (f"kernel times by CUDA events around one launch, L2 flushed before each; both sides' kernels "
-                   f"and the baseline interleaved in one loop on one working set, no peers ({args.repetitions} "
+        "timing": ("kernel times by CUDA events around one launch, L2 flushed before each; both sides' kernels "
+                   "and the baseline interleaved in one loop on one working set, "
+                   + ("with the peers (each by one CUDA-graph replay; torch.compile the fastest of its compilations per shape) "
+                      if args.peers else "no peers ") + f"({args.repetitions} "
                    f"repetitions after 20 warm-ups), {args.repeats} loops per kernel, each in a fresh sandbox process")}
     out_json = args.out.with_suffix(".json")
     results: list[dict[str, Any]] = (json.loads(out_json.read_text())["results"]
@@ -213,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         meta["gpu"] = evaluator.info()["gpu"]
         for kernel in (k for k in kernels if k not in done):
-            sides = {side: load_side(getattr(args, side), kernel) for side in SIDES}
+            sides = {side: load_side(getattr(args, side), kernel) for side in sides_given}
             assert all(sides.values())
             dtype = sides["new"]["dtype"]  # type: ignore[index]
             ours = loop_kernels(sides, load_kernel(kernel).baseline_source())  # type: ignore[arg-type]
@@ -223,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     replies.append(evaluator.time_peers_full(kernel_ref(kernel), dtype, "search", ours,
                                                              repetitions=args.repetitions, fresh_process=True,
-                                                             peers=False))
+                                                             peers=args.peers, compile_trials=args.compile_trials))
                 except EvaluatorError as exc:
                     replies.append({"loop_error": " ".join(str(exc).split())[:500]})
             results.append(kernel_result(kernel, dtype, replies, sides))  # type: ignore[arg-type]

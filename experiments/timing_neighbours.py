@@ -13,12 +13,15 @@ This probe splits the effect twice:
    the duration stays is launch latency; a duration that shrinks is the kernel itself.
 2. **Which neighbour does it?** The baseline alone in the loop (``loop``) and beside
    torch.compile's programs of the kernel (``loop+compiled``, one compilation per mode), as the
-   end-of-run loop runs them; then in a loop of this probe's own (the baseline restored,
-   flushed and launched as there) beside: nothing (``none``); a Triton kernel launched directly
-   (``triton``); an Inductor program replayed from a CUDA graph (``inductor@graph``); a CUDA
-   kernel that fills 200 KiB of dynamic shared memory (``smem``, which leaves the SM in its
-   largest shared-memory configuration); and alone with the baseline's preferred shared-memory
-   carve-out set to 0% and 100% (``carveout0``, ``carveout100``).
+   end-of-run loop runs them, with the evaluator's flush and with the former one (``former
+   flush``: the buffer write alone, no reset of eviction priorities); then in a loop of this
+   probe's own (the baseline restored, flushed and launched as there, the former flush) beside:
+   nothing (``none``); a Triton kernel launched directly (``triton``); an Inductor program
+   replayed from a CUDA graph (``inductor@graph``); a CUDA kernel that fills 200 KiB of dynamic
+   shared memory (``smem``, which leaves the SM in its largest shared-memory configuration); a
+   Triton kernel that reads the working set with the ``evict_normal`` and ``evict_last`` L2
+   hints (``evict_last,covered``: with the evaluator's flush); and alone with the baseline's
+   preferred shared-memory carve-out set to 0% and 100% (``carveout0``, ``carveout100``).
 
 Prints a table per kernel (event window, kernel duration and gap, medians in us) and keeps
 everything in ``--out``.
@@ -82,8 +85,13 @@ def _profiled(fn: Callable[[], dict[str, float]], name: str) -> dict[str, Any]:
     return {"window_us": {k: v * 1e3 for k, v in windows.items()}, "kernel": kernel_stats(acts, name, list(windows))}
 
 
-def _neighbours(ctx: Any) -> dict[str, Callable[[], None]]:
-    """Launchers of the neighbours of the probe's own loop (each on torch's current stream)."""
+Neighbour = Callable[[dict[str, Any]], Callable[[], None]]  # working set -> a launcher
+
+
+def _neighbours(ctx: Any) -> dict[str, Neighbour]:
+    """The neighbours of the probe's own loop, each made for a working set and launched on
+    torch's current stream: ``evict_last`` / ``evict_normal`` read every working-set tensor with
+    that L2 eviction hint (Triton's ``eviction_policy``)."""
     import cupy
     import torch
     import triton
@@ -91,14 +99,35 @@ def _neighbours(ctx: Any) -> dict[str, Callable[[], None]]:
 
     src = torch.randn(1 << 20, device=ctx.device)
     dst = torch.empty_like(src)
+    sums = torch.empty(1 << 16, dtype=torch.int32, device=ctx.device)
 
     @triton.jit
-    def copy(s: Any, d: Any, n: Any, BLOCK: tl.constexpr) -> None:  # noqa: N803 (Triton's spelling)
+    def copy(s, d, n, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]  # noqa: N803 (Triton's spelling)
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         tl.store(d + i, tl.load(s + i, mask=i < n), mask=i < n)
 
-    def triton_copy() -> None:
-        copy[(triton.cdiv(src.numel(), 1024),)](src, dst, src.numel(), BLOCK=1024)
+    @triton.jit
+    def read(p, out, n, BLOCK: tl.constexpr, LAST: tl.constexpr):  # type: ignore[no-untyped-def]  # noqa: N803
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        if LAST:
+            x = tl.load(p + i, mask=i < n, other=0, eviction_policy="evict_last")
+        else:
+            x = tl.load(p + i, mask=i < n, other=0)
+        tl.store(out + tl.program_id(0) % 65536, tl.sum(x.to(tl.int32), axis=0))
+
+    def triton_copy(_: dict[str, Any]) -> Callable[[], None]:
+        return lambda: copy[(triton.cdiv(src.numel(), 1024),)](src, dst, src.numel(), BLOCK=1024)
+
+    def reader(last: bool) -> Neighbour:
+        def make(buf: dict[str, Any]) -> Callable[[], None]:
+            flat = [t.reshape(-1).view(torch.uint8) for t in buf.values()
+                    if isinstance(t, torch.Tensor) and t.is_cuda and t.is_contiguous() and t.numel()]
+
+            def launch() -> None:
+                for t in flat:
+                    read[(triton.cdiv(t.numel(), 4096),)](t, sums, t.numel(), BLOCK=4096, LAST=last)
+            return launch
+        return make
 
     compiled = torch.compile(lambda x, y: y.copy_(x * 2.0 + 1.0))
     for _ in range(3):
@@ -117,17 +146,22 @@ def _neighbours(ctx: Any) -> dict[str, Callable[[], None]]:
     }""", "smem_fill")
     kernel.max_dynamic_shared_size_bytes = SMEM_BYTES
     out = cupy.empty(1024, dtype=cupy.float32)
+    sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
 
     def smem() -> None:
         with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
-            kernel((torch.cuda.get_device_properties(ctx.device).multi_processor_count,), (256,), (out, cupy.int32(SMEM_BYTES // 4)), shared_mem=SMEM_BYTES)
+            kernel((sms,), (256,), (out, cupy.int32(SMEM_BYTES // 4)), shared_mem=SMEM_BYTES)
 
-    return {"triton": triton_copy, "inductor@graph": graph.replay, "smem": smem}
+    return {"triton": triton_copy, "inductor@graph": lambda _: graph.replay, "smem": lambda _: smem,
+            "evict_normal": reader(False), "evict_last": reader(True)}
 
 
-def _own_loop(ctx: Any, spec: Any, base: Any, job: dict[str, Any], neighbour: Callable[[], None] | None) -> dict[str, float]:
+def _own_loop(ctx: Any, spec: Any, base: Any, job: dict[str, Any], neighbour: Neighbour | None,
+              cover: bool = False) -> dict[str, float]:
     """The baseline restored, flushed and timed as in the end-of-run loop, interleaved with
-    ``neighbour`` (its own flush and window, not reported); the baseline's median per shape (ms)."""
+    ``neighbour`` (its own flush and window, not reported); ``cover``: the flush takes the
+    working set out of the L2 whatever its priority (as the evaluator's does), else the
+    former flush; the baseline's median per shape (ms)."""
     import torch
 
     from evaluators.timing import Timed, time_interleaved
@@ -142,10 +176,11 @@ def _own_loop(ctx: Any, spec: Any, base: Any, job: dict[str, Any], neighbour: Ca
                                  "random", ctx.device) for k in (10_000, 10_001)]
         inputs = RepInputs(spec, sets, warmup + reps, torch.Generator(device=ctx.device).manual_seed(1))
         buf = inputs.buffer()
+        ctx.flush.cover(buf.values() if cover else [])
         impls = [Timed("baseline", functools.partial(inputs.restore, buf),
                        functools.partial(base.launch, label, base.args(buf, shape)))]
         if neighbour is not None:
-            impls.append(Timed("neighbour", lambda i: None, neighbour))
+            impls.append(Timed("neighbour", lambda i: None, neighbour(buf)))
         out[label] = time_interleaved(impls, ctx.flush, warmup, reps)["baseline"].median_ms
     return out
 
@@ -182,16 +217,27 @@ def probe_kernel(kernel: str, dtype: str, repetitions: int) -> dict[str, Any]:
     def loop(extra: dict[str, Any]) -> dict[str, float]:
         return dict(run_peers(ctx, {**job, **extra}, lambda _: None)["peers"].get("baseline", {}))
 
+    def former(fn: Callable[[], dict[str, float]]) -> dict[str, float]:
+        ctx.flush.demote = False
+        try:
+            return fn()
+        finally:
+            ctx.flush.demote = True
+
+    compiled = {"peers": True, "only_peers": [COMPILED], "compile_trials": 1}
     attempt("loop", lambda: loop({}))
-    attempt("loop+compiled", lambda: loop({"peers": True, "only_peers": [COMPILED], "compile_trials": 1}))
+    attempt("loop+compiled", lambda: loop(compiled))
+    attempt("loop+compiled,former flush", lambda: former(lambda: loop(compiled)))
     base = ctx.kernel(spec, part, job["shapes"])
     try:
         neighbours = _neighbours(ctx)
     except Exception as exc:  # noqa: BLE001
         neighbours, errors["neighbours"] = {}, f"{type(exc).__name__}: {exc}"
     attempt("none", lambda: _own_loop(ctx, spec, base, job, None))
-    for name, launch in neighbours.items():
-        attempt(name, functools.partial(_own_loop, ctx, spec, base, job, launch))
+    for name, make in neighbours.items():
+        attempt(name, functools.partial(_own_loop, ctx, spec, base, job, make))
+    if "evict_last" in neighbours:
+        attempt("evict_last,covered", functools.partial(_own_loop, ctx, spec, base, job, neighbours["evict_last"], True))
     for percent in (0, 100):
         def carved(percent: int = percent) -> dict[str, float]:
             cupy.cuda.driver.funcSetAttribute(base.function.ptr, CARVEOUT_ATTR, percent)

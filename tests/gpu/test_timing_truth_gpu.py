@@ -107,3 +107,22 @@ def _even_evaluation(spec: Any, speedup: float) -> Any:
 
     return Evaluation(Status.OK, shapes=tuple(ShapeResult(dict(s), candidate_ms=1.0 / speedup, baseline_ms=1.0)
                                              for s in spec.search_shapes))
+
+
+def test_the_flush_resets_eviction_priorities_of_the_working_set_and_keeps_its_data() -> None:
+    """The flush's priority reset (applypriority over every line of the covered tensors) runs
+    on the current stream, leaves every byte as it was, and covers views that start off a line."""
+    from evaluators.timing import Flusher
+
+    flush = Flusher(torch.device("cuda"), nbytes=1 << 20)
+    a = torch.randn(3, 1000, device="cuda", dtype=torch.float16)
+    b = torch.arange(1 << 20, device="cuda", dtype=torch.int32)[7:]  # starts 28 bytes into a line
+    before = (a.clone(), b.clone())
+    flush.cover([a, b])
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        flush()
+        b.add_(1)  # queued after the flush on the same stream
+    stream.synchronize()
+    assert torch.equal(a, before[0]) and torch.equal(b, before[1] + 1)
+    assert len(flush._streams) == 1

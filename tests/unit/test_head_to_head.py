@@ -45,10 +45,13 @@ def _sides() -> dict[str, dict]:
 
 def test_each_side_is_timed_as_shipped_by_its_dispatch_table() -> None:
     times = {"baseline": {"[1]": 9.0, "[2]": 9.0}, "old": {"[1]": 2.0, "[2]": 4.0},
-             "new": {"[1]": 3.0, "[2]": 2.0}, "new#1": {"[1]": 1.0, "[2]": 8.0}}
+             "new": {"[1]": 3.0, "[2]": 2.0}, "new#1": {"[1]": 1.0, "[2]": 8.0}, "torch_compile": {"[1]": 2.0, "[2]": 2.0}}
     run = h.compose(times, _sides())
     assert run == {"baseline": {"[1]": 9.0, "[2]": 9.0}, "old": {"[1]": 2.0, "[2]": 4.0},
-                   "new": {"[1]": 1.0, "[2]": 2.0}}
+                   "new": {"[1]": 1.0, "[2]": 2.0}, "torch_compile": {"[1]": 2.0, "[2]": 2.0}}
+    spreads = h.ratios([run])
+    assert spreads["new_vs_torch_compile"]["median"] == pytest.approx(2.0 ** 0.5)
+    assert set(spreads) == {"new_vs_old", "new_vs_baseline", "old_vs_baseline", "new_vs_torch_compile"}
 
 
 def test_verdicts_need_the_whole_range_and_failures_remove_a_side() -> None:

@@ -97,7 +97,8 @@ def test_other_recipes_compute_the_reference_on_the_cpu(kernel, families, whole,
     assert recipes
     for recipe in recipes:
         source = recipe.build(spec)
-        assert "__noinline__ void" in source
+        # Each recipe's scalar path out of line, except rotary's (slower so on the H200).
+        assert ("__noinline__ void" in source) != (recipe.family == "rotary")
         for dtype in [d for d in ("float16", "float32", "bfloat16") if d in spec.dtypes][:2]:
             workdir = tmp_path / f"{recipe.name.split('/')[-1]}-{dtype}"
             _check(spec, source, dtype, {}, workdir / "whole", whole)

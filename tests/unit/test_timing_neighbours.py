@@ -23,3 +23,19 @@ def test_only_launches_right_after_a_flush_count_and_split_by_shape() -> None:
     assert stats["duration_us"] == pytest.approx(8.0)
     assert kernel_stats(acts, "base", ["[1]", "[2]", "[3]"]).get("duration_by_shape_us") is None
     assert kernel_stats(acts, "absent", []) == {"launches": 0}
+
+
+def test_line_ranges_cover_each_tensors_storage_span() -> None:
+    import torch
+
+    from evaluators.timing import LINE_BYTES, line_ranges
+
+    base = torch.zeros(4096, dtype=torch.uint8)
+    (first, lines), = line_ranges([base[5:300]])
+    start = base.data_ptr() + 5
+    assert first == start - start % LINE_BYTES and first + lines * LINE_BYTES >= start + 295
+    assert first + (lines - 1) * LINE_BYTES < start + 295
+    strided = torch.zeros(64, 64, dtype=torch.float32)[:, :2]  # 64 rows of 8 bytes, 256 bytes apart
+    (first, lines), = line_ranges([strided])
+    assert first + lines * LINE_BYTES >= strided.data_ptr() + 63 * 256 + 8
+    assert line_ranges([torch.zeros(0)]) == []

@@ -56,9 +56,11 @@ __device__ __forceinline__ scalar_t* head_base(scalar_t* query, scalar_t* key, l
                         : key + (token * kv_heads + (head - heads)) * head_size;
 }
 
-// The scalar path (rare) out of line: inline, the compiler laid it before the vector path,
-// so every launch jumped over its code (nvdisasm, sm_90).
-__device__ __noinline__ void rotary_scalar(const long long* positions, scalar_t* query, scalar_t* key,
+// The scalar path (rare) stays inline here, unlike the other recipes': out of line
+// (__noinline__) the GPT-J kernel ran 6.5% slower on the H200, the same vector path in one loop
+// (0.935x [0.933-0.940] over its search shapes, 3 loops; fast math changed nothing there:
+// experiments/results/rotary-inline-h200.md).
+__device__ __forceinline__ void rotary_scalar(const long long* positions, scalar_t* query, scalar_t* key,
                                            const float* cos_sin_cache, int tokens, int heads, int kv_heads,
                                            int head_size, int rot_dim) {
     const int half = rot_dim / 2;
