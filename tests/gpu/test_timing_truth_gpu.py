@@ -126,3 +126,20 @@ def test_the_flush_resets_eviction_priorities_of_the_working_set_and_keeps_its_d
     stream.synchronize()
     assert torch.equal(a, before[0]) and torch.equal(b, before[1] + 1)
     assert len(flush._streams) == 1
+
+
+def test_loads_that_ask_the_l2_to_keep_their_lines_buy_no_time(evaluator: Any) -> None:
+    """A fused_add_rmsnorm whose loads carry an evict_last policy, beside the same code without
+    it in one loop: before the flush reset eviction priorities its lines outlived the flush and
+    its one-row launches ran ~1.3-1.5x faster (experiments/results/timing-neighbours-h200.md);
+    now it is no faster than its twin on the latency-bound shapes, where the effect was."""
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "adversarial"
+    ours = {"kept": ((folder / "evict_last_inputs.cu").read_text(), {}),
+            "plain": ((folder / "honest_rmsnorm_warp_shuffle.cu").read_text(), {})}
+    reply = evaluator.time_peers_full("fused_add_rmsnorm", "float16", "search", ours, repetitions=50, peers=False)
+    assert not reply["failed"], reply["failed"]
+    for shape in load_kernel("fused_add_rmsnorm").search_shapes[:3]:
+        label = shape_label(shape)
+        assert reply["peers"]["kept"][label] >= 0.9 * reply["peers"]["plain"][label], (label, reply["peers"])
