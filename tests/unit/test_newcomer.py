@@ -30,7 +30,8 @@ PRODUCT_PACKAGES = ("agents", "evaluators", "kernels", "search", "experiments")
 # Imported only behind a guard or on the GPU machine, and provided by an extra or that
 # machine's image rather than the core dependencies.
 OPTIONAL_IMPORTS = {"cupy": "gpu-cu12/gpu-cu13 extras", "matplotlib": "plots extra",
-                    "flashinfer": "peer, GPU image", "liger_kernel": "peer, GPU image"}
+                    "flashinfer": "peer, GPU image", "liger_kernel": "peer, GPU image",
+                    "triton": "torch's CUDA builds, GPU image (experiments.timing_neighbours)"}
 GPU_SCRIPTS = [
     ["experiments.bench_library", "--kernel", "silu_and_mul"],
     ["experiments.bench_baselines", "--kernel", "silu_and_mul"],
