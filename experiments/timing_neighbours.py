@@ -164,6 +164,7 @@ def _own_loop(ctx: Any, spec: Any, base: Any, job: dict[str, Any], neighbour: Ne
     former flush; the baseline's median per shape (ms)."""
     import torch
 
+    from evaluators.context import torch_dtype
     from evaluators.timing import Timed, time_interleaved
     from evaluators.verify import RepInputs
     from kernels.spec import shape_label
@@ -172,7 +173,7 @@ def _own_loop(ctx: Any, spec: Any, base: Any, job: dict[str, Any], neighbour: Ne
     out = {}
     for shape in job["shapes"]:
         label = shape_label(shape)
-        sets = [spec.make_inputs(shape, getattr(torch, job["dtype"]), torch.Generator(device=ctx.device).manual_seed(k),
+        sets = [spec.make_inputs(shape, torch_dtype(job["dtype"]), torch.Generator(device=ctx.device).manual_seed(k),
                                  "random", ctx.device) for k in (10_000, 10_001)]
         inputs = RepInputs(spec, sets, warmup + reps, torch.Generator(device=ctx.device).manual_seed(1))
         buf = inputs.buffer()
