@@ -48,6 +48,7 @@ _C_TYPES = {
     "uint8": "unsigned char",
     "int8": "signed char",
     "float8_e4m3fn": "__nv_fp8_e4m3",
+    "bool": "bool",  # one byte, 0 or 1, as torch stores it: masks
 }
 
 

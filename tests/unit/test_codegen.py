@@ -604,3 +604,68 @@ def test_short_rows_share_a_block_only_while_the_grid_keeps_fill_blocks():
     assert rb.block[:2] == (16, 1) and rb.grid[0] == 16
     rb = launch_of("l2norm_rows", "codegen:rows/block", {"num_tokens": 4096, "hidden": 128}, {"ITEMS": 1})
     assert rb.grid[0] >= FILL_BLOCKS - 8 and rb.block[:2] == (16, 16)
+
+
+_ROUNDED_SPEC = '''
+from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    n, w = shape["n"], shape["width"]
+    return {"out": torch.empty(n, w, device=device, dtype=dtype),
+            "x": torch.randn(n, w, generator=generator, device=device).to(dtype)}
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    x = inputs["x"]
+    return {"out": ROUNDED + 1.0}
+
+
+SPEC = KernelSpec(
+    name="rounded",
+    description="out = round(x * 3) + 1, the rounding as the reference says",
+    args=(Arg("out", "tensor", role="out"), Arg("x", "tensor"), Arg("n", "int"), Arg("width", "int")),
+    search_shapes=({"n": 64, "width": 1024},),
+    heldout_shapes=({"n": 7, "width": 1000},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: 2 * s["n"] * s["width"] * 2,
+    flops=lambda s: 2 * s["n"] * s["width"],
+    dtypes=("float16", "float32"),
+)
+'''
+_ROUNDED_BASELINE = '''// launch: grid=(n,) block=(128,) smem=0
+extern "C" __global__ void rounded(scalar_t* out, const scalar_t* x, int n, int width) {
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        out[blockIdx.x * width + i] = static_cast<scalar_t>(static_cast<float>(x[blockIdx.x * width + i]) * 3.0f + 1.0f);
+    }
+}
+'''
+
+
+@pytest.mark.parametrize(("rounded", "element"), [
+    ('(x.float() * 3.0).to(x.dtype).float()', "float16"),  # the element type: scalar_t in every dtype
+    ('(x.float() * 3.0).to(torch.float16).float()', None),  # float16 whatever the inputs are
+])
+def test_a_rounding_to_the_element_type_is_told_from_a_fixed_one(tmp_path, rounded, element):
+    """Traced at float16 both read the same; the float32 trace tells them apart, and the
+    generated source rounds to ``scalar_t`` or to ``__half`` accordingly."""
+    from agents.embedded.codegen.trace import trace_reference
+
+    spec = _kernel_here(tmp_path, "rounded", _ROUNDED_SPEC.replace("ROUNDED", rounded), _ROUNDED_BASELINE)
+    assert trace_reference(spec).element_casts == element
+    source = generate(spec)[0].source
+    fixed = "static_cast<float>(static_cast<__half>("
+    assert (fixed in source) == (element is None)
+    assert ("static_cast<float>(static_cast<scalar_t>(" in source) == (element is not None)
+
+
+def test_a_reference_rounding_to_both_is_refused(tmp_path):
+    both = '(x.float() * 3.0).to(x.dtype).float().to(torch.float16).float()'
+    spec = _kernel_here(tmp_path, "rounded", _ROUNDED_SPEC.replace("ROUNDED", both), _ROUNDED_BASELINE)
+    with pytest.raises(Unsupported, match="follow the element type and some do not"):
+        classify(spec)

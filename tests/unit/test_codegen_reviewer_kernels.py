@@ -7,8 +7,15 @@ the default tuning and at the last value of every tune parameter.
 
 The kernels: an elementwise map with a per-column and a per-row operand, a softmax at a
 temperature, a per-row absmax quantisation to int8 values with a per-row fp32 scale, a row
-standardisation without weights, a gather of rows by int64 index times a per-row scale, and a
-clip with a dead zone (clamp and where with scalar constants). Each folder's baseline is also
+standardisation without weights, a gather of rows by int64 index times a per-row scale, a
+clip with a dead zone (clamp and where with scalar constants), a softmax with a bias and a
+bool mask, a clamped SwiGLU whose reference splits its input with ``chunk``, a residual add
+rounded to the element type followed by a plain layer norm (two outputs; its float32 runs
+catch a rounding traced at float16 and emitted as one to ``__half``), an int8
+dequantisation with a per-column zero point and a per-row scale, a mix of the
+activations torch keeps as core ops (elu, leaky_relu, relu6, sign, softshrink) after a
+nan_to_num, on inputs holding NaN and infinities, and a per-head RMS norm (qk-norm) whose
+reference views each row as heads of head_dim and back. Each folder's baseline is also
 run, so that a spec and its baseline agree before the generator is judged against the spec.
 """
 
@@ -409,6 +416,348 @@ extern "C" __global__ void clip_deadzone(scalar_t* out, const scalar_t* x, int n
 }
 '''
 
+
+# out = softmax(x + bias) per row, masked positions -inf: a bool mask, read in every pass of
+# the row (not kept in the float register cache).
+MASKED_SOFTMAX_BIAS = '''
+from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, v = shape["num_tokens"], shape["cols"]
+    x = torch.randn(t, v, generator=generator, device=device) * 3.0
+    mask = torch.rand(t, v, generator=generator, device=device) < (0.9 if case == "mostly_masked" else 0.2)
+    mask[:, 0] = False  # every row keeps a position
+    return {"out": torch.empty(t, v, device=device, dtype=dtype), "x": x.to(dtype),
+            "bias": torch.randn(v, generator=generator, device=device).to(dtype), "mask": mask}
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    y = (inputs["x"].float() + inputs["bias"].float()).masked_fill(inputs["mask"], float("-inf"))
+    return {"out": torch.softmax(y, dim=-1)}
+
+
+SPEC = KernelSpec(
+    name="masked_softmax_bias",
+    description=(
+        "Attention-style probabilities: out[t, :] = softmax(x[t, :] + bias) in fp32 with the "
+        "positions where mask[t, i] is true at -inf, rounded once. x, mask and out are "
+        "[num_tokens, cols]; bias is [cols]; mask is bool."
+    ),
+    args=(Arg("out", "tensor", role="out"), Arg("x", "tensor"), Arg("bias", "tensor"), Arg("mask", "tensor", dtype="bool"),
+          Arg("num_tokens", "int"), Arg("cols", "int")),
+    search_shapes=({"num_tokens": 64, "cols": 4096},),
+    heldout_shapes=({"num_tokens": 7, "cols": 1001},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: s["num_tokens"] * s["cols"] * (1 + 2 * (4 if dt == "float32" else 2)),
+    flops=lambda s: 5 * s["num_tokens"] * s["cols"],
+    dtypes=("float16", "float32"),
+    edge_cases=("mostly_masked",),
+)
+'''
+
+MASKED_SOFTMAX_BIAS_CU = '''// launch: grid=(num_tokens,) block=(1,) smem=0
+extern "C" __global__ void masked_softmax_bias(scalar_t* out, const scalar_t* x, const scalar_t* bias, const bool* mask,
+                                               int num_tokens, int cols) {
+    const long long t = blockIdx.x;
+    float m = -INFINITY, s = 0.0f;
+    for (int i = 0; i < cols; ++i) {
+        if (!mask[t * cols + i]) m = fmaxf(m, static_cast<float>(x[t * cols + i]) + static_cast<float>(bias[i]));
+    }
+    for (int i = 0; i < cols; ++i) {
+        if (!mask[t * cols + i]) s += expf(static_cast<float>(x[t * cols + i]) + static_cast<float>(bias[i]) - m);
+    }
+    for (int i = 0; i < cols; ++i) {
+        const float e = mask[t * cols + i] ? 0.0f : expf(static_cast<float>(x[t * cols + i]) + static_cast<float>(bias[i]) - m);
+        out[t * cols + i] = static_cast<scalar_t>(e / s);
+    }
+}
+'''
+
+# A clamped SwiGLU whose reference splits its [t, 2d] input with chunk (split_with_sizes and
+# getitem in the graph) rather than slicing it.
+SWIGLU_CHUNK_CLAMP = '''
+from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, d = shape["num_tokens"], shape["d"]
+    return {"out": torch.empty(t, d, device=device, dtype=dtype),
+            "x": (torch.randn(t, 2 * d, generator=generator, device=device) * 5.0).to(dtype)}
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    gate, up = inputs["x"].float().chunk(2, dim=-1)
+    gate = gate.clamp(max=constants["limit"])
+    up = up.clamp(-constants["limit"], constants["limit"])
+    return {"out": torch.nn.functional.silu(gate) * (up + 1.0)}
+
+
+SPEC = KernelSpec(
+    name="swiglu_chunk_clamp",
+    description=(
+        "out[t, i] = silu(min(g, limit)) * (clamp(u, -limit, limit) + 1) in fp32, rounded once, "
+        "with g = x[t, i] and u = x[t, d + i]. x is [num_tokens, 2 * d], out [num_tokens, d]."
+    ),
+    args=(Arg("out", "tensor", role="out"), Arg("x", "tensor"), Arg("num_tokens", "int"), Arg("d", "int"),
+          Arg("limit", "float")),
+    search_shapes=({"num_tokens": 64, "d": 4096},),
+    heldout_shapes=({"num_tokens": 7, "d": 1000},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: 3 * s["num_tokens"] * s["d"] * (4 if dt == "float32" else 2),
+    flops=lambda s: 8 * s["num_tokens"] * s["d"],
+    dtypes=("float16", "float32"),
+    constants={"limit": 7.0},
+)
+'''
+
+SWIGLU_CHUNK_CLAMP_CU = '''// launch: grid=(num_tokens,) block=(64,) smem=0
+extern "C" __global__ void swiglu_chunk_clamp(scalar_t* out, const scalar_t* x, int num_tokens, int d, float limit) {
+    const long long t = blockIdx.x;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        const float g = fminf(static_cast<float>(x[t * 2 * d + i]), limit);
+        const float u = fminf(fmaxf(static_cast<float>(x[t * 2 * d + d + i]), -limit), limit);
+        out[t * d + i] = static_cast<scalar_t>(g / (1.0f + expf(-g)) * (u + 1.0f));
+    }
+}
+'''
+
+# res_out = x + res rounded to the inputs' type, out = layer_norm(res_out) without weights: the
+# reference rounds an intermediate to the element type (.to(x.dtype)), which a float16 trace
+# cannot tell from a rounding to float16.
+ADD_LAYERNORM_PLAIN = '''
+from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, h = shape["num_tokens"], shape["hidden"]
+    return {"out": torch.empty(t, h, device=device, dtype=dtype), "res_out": torch.empty(t, h, device=device, dtype=dtype),
+            "x": torch.randn(t, h, generator=generator, device=device).to(dtype),
+            "res": torch.randn(t, h, generator=generator, device=device).to(dtype)}
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    s = (inputs["x"].float() + inputs["res"].float()).to(inputs["x"].dtype).float()
+    return {"res_out": s, "out": torch.nn.functional.layer_norm(s, (s.shape[-1],), eps=constants["eps"])}
+
+
+SPEC = KernelSpec(
+    name="add_layernorm_plain",
+    description=(
+        "res_out = x + res, rounded to the element type; out = layer norm of res_out over each "
+        "row (biased variance, eps), no weight or bias, in fp32, rounded once. All [num_tokens, hidden]."
+    ),
+    args=(Arg("out", "tensor", role="out"), Arg("res_out", "tensor", role="out"), Arg("x", "tensor"),
+          Arg("res", "tensor"), Arg("num_tokens", "int"), Arg("hidden", "int"), Arg("eps", "float")),
+    search_shapes=({"num_tokens": 64, "hidden": 4096},),
+    heldout_shapes=({"num_tokens": 7, "hidden": 1001},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: 4 * s["num_tokens"] * s["hidden"] * (4 if dt == "float32" else 2),
+    flops=lambda s: 8 * s["num_tokens"] * s["hidden"],
+    dtypes=("float16", "float32"),
+    constants={"eps": 1e-5},
+)
+'''
+
+ADD_LAYERNORM_PLAIN_CU = '''// launch: grid=(num_tokens,) block=(1,) smem=0
+extern "C" __global__ void add_layernorm_plain(scalar_t* out, scalar_t* res_out, const scalar_t* x, const scalar_t* res,
+                                               int num_tokens, int hidden, float eps) {
+    const long long t = blockIdx.x;
+    float mean = 0.0f, var = 0.0f;
+    for (int i = 0; i < hidden; ++i) {
+        const scalar_t s = static_cast<scalar_t>(static_cast<float>(x[t * hidden + i]) + static_cast<float>(res[t * hidden + i]));
+        res_out[t * hidden + i] = s;
+        mean += static_cast<float>(s);
+    }
+    mean /= hidden;
+    for (int i = 0; i < hidden; ++i) {
+        const float c = static_cast<float>(res_out[t * hidden + i]) - mean;
+        var += c * c;
+    }
+    const float r = rsqrtf(var / hidden + eps);
+    for (int i = 0; i < hidden; ++i) out[t * hidden + i] = static_cast<scalar_t>((static_cast<float>(res_out[t * hidden + i]) - mean) * r);
+}
+'''
+
+# out = (q - zero[i]) * scale[t]: int8 values, an int8 per-column zero point, an fp32 per-row scale.
+DEQUANT_INT8_ROWS = '''
+from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, h = shape["num_tokens"], shape["hidden"]
+    return {"out": torch.empty(t, h, device=device, dtype=dtype),
+            "q": torch.randint(-128, 128, (t, h), generator=generator, device=device, dtype=torch.int8),
+            "scale": torch.rand(t, generator=generator, device=device) + 0.01,
+            "zero": torch.randint(-4, 4, (h,), generator=generator, device=device, dtype=torch.int8)}
+
+
+def reference(inputs, shape, constants):
+    return {"out": (inputs["q"].float() - inputs["zero"].float()) * inputs["scale"][:, None]}
+
+
+SPEC = KernelSpec(
+    name="dequant_int8_rows",
+    description=(
+        "out[t, i] = (q[t, i] - zero[i]) * scale[t] in fp32, rounded once. q is int8 "
+        "[num_tokens, hidden], zero int8 [hidden], scale fp32 [num_tokens]."
+    ),
+    args=(Arg("out", "tensor", role="out"), Arg("q", "tensor", dtype="int8"), Arg("scale", "tensor", dtype="float32"),
+          Arg("zero", "tensor", dtype="int8"), Arg("num_tokens", "int"), Arg("hidden", "int")),
+    search_shapes=({"num_tokens": 64, "hidden": 4096},),
+    heldout_shapes=({"num_tokens": 7, "hidden": 1001},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: s["num_tokens"] * s["hidden"] * (1 + (4 if dt == "float32" else 2)),
+    flops=lambda s: 2 * s["num_tokens"] * s["hidden"],
+    dtypes=("float16", "float32"),
+)
+'''
+
+DEQUANT_INT8_ROWS_CU = '''// launch: grid=(num_tokens,) block=(64,) smem=0
+extern "C" __global__ void dequant_int8_rows(scalar_t* out, const signed char* q, const float* scale,
+                                             const signed char* zero, int num_tokens, int hidden) {
+    const long long t = blockIdx.x;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+        out[t * hidden + i] = static_cast<scalar_t>((static_cast<float>(q[t * hidden + i]) - static_cast<float>(zero[i])) * scale[t]);
+    }
+}
+'''
+
+
+# Activations torch keeps as core ops (elu, leaky_relu, hardtanh for relu6, sign) and the
+# isnan/isinf tests of nan_to_num, on inputs holding NaN and infinities.
+ACTIVATION_MIX = '''
+from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, h = shape["num_tokens"], shape["hidden"]
+    x = torch.randn(t, h, generator=generator, device=device) * 4.0
+    if case == "non_finite":
+        x.view(-1)[::7] = float("nan")
+        x.view(-1)[3::11] = float("inf")
+        x.view(-1)[5::13] = float("-inf")
+    return {"out": torch.empty(t, h, device=device, dtype=dtype), "x": x.to(dtype)}
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    F = torch.nn.functional
+    x = torch.nan_to_num(inputs["x"].float(), nan=0.0, posinf=100.0, neginf=-100.0)
+    return {"out": F.relu6(x) + F.elu(x, alpha=0.5) + F.leaky_relu(x, 0.1) * torch.sign(x) + F.softshrink(x, 0.5)}
+
+
+SPEC = KernelSpec(
+    name="activation_mix",
+    description=(
+        "x = nan_to_num(x, nan=0, posinf=100, neginf=-100); out = relu6(x) + elu(x, 0.5) + "
+        "leaky_relu(x, 0.1) * sign(x) + softshrink(x, 0.5), in fp32, rounded once. [num_tokens, hidden]."
+    ),
+    args=(Arg("out", "tensor", role="out"), Arg("x", "tensor"), Arg("num_tokens", "int"), Arg("hidden", "int")),
+    search_shapes=({"num_tokens": 64, "hidden": 4096},),
+    heldout_shapes=({"num_tokens": 7, "hidden": 1001},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: 2 * s["num_tokens"] * s["hidden"] * (4 if dt == "float32" else 2),
+    flops=lambda s: 20 * s["num_tokens"] * s["hidden"],
+    dtypes=("float16", "float32"),
+    edge_cases=("non_finite",),
+)
+'''
+
+ACTIVATION_MIX_CU = '''// launch: grid=(num_tokens,) block=(64,) smem=0
+extern "C" __global__ void activation_mix(scalar_t* out, const scalar_t* x, int num_tokens, int hidden) {
+    const long long t = blockIdx.x;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+        float v = static_cast<float>(x[t * hidden + i]);
+        v = v != v ? 0.0f : (fabsf(v) > 3.0e38f ? (v > 0.0f ? 100.0f : -100.0f) : v);
+        const float sign = v > 0.0f ? 1.0f : (v < 0.0f ? -1.0f : 0.0f);
+        const float shrink = v > 0.5f ? v - 0.5f : (v < -0.5f ? v + 0.5f : 0.0f);
+        const float r = fminf(fmaxf(v, 0.0f), 6.0f) + (v > 0.0f ? v : 0.5f * expm1f(v)) + (v > 0.0f ? v : 0.1f * v) * sign + shrink;
+        out[t * hidden + i] = static_cast<scalar_t>(r);
+    }
+}
+'''
+
+
+# Per-head RMS norm of q or k (qk-norm): a [t, heads * d] row viewed as heads rows of d,
+# normalised with a [d] weight, and viewed back.
+HEAD_RMSNORM = '''
+from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, h, d = shape["num_tokens"], shape["heads"], shape["head_dim"]
+    return {"out": torch.empty(t, h * d, device=device, dtype=dtype),
+            "x": torch.randn(t, h * d, generator=generator, device=device).to(dtype),
+            "weight": (torch.rand(d, generator=generator, device=device) + 0.5).to(dtype)}
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    t, h, d = shape["num_tokens"], shape["heads"], shape["head_dim"]
+    x = inputs["x"].float().view(t, h, d)
+    y = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + constants["eps"]) * inputs["weight"].float()
+    return {"out": y.view(t, h * d)}
+
+
+SPEC = KernelSpec(
+    name="head_rmsnorm",
+    description=(
+        "qk-norm: each head's head_dim values of x[t, :] (heads of them per row) RMS-normalised "
+        "(mean of squares plus eps) and times weight, in fp32, rounded once. x and out are "
+        "[num_tokens, heads * head_dim], weight [head_dim]."
+    ),
+    args=(Arg("out", "tensor", role="out"), Arg("x", "tensor"), Arg("weight", "tensor"), Arg("num_tokens", "int"),
+          Arg("heads", "int"), Arg("head_dim", "int", multiple_of=8), Arg("eps", "float")),
+    search_shapes=({"num_tokens": 64, "heads": 32, "head_dim": 128},),
+    heldout_shapes=({"num_tokens": 7, "heads": 5, "head_dim": 64},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: 2 * s["num_tokens"] * s["heads"] * s["head_dim"] * (4 if dt == "float32" else 2),
+    flops=lambda s: 4 * s["num_tokens"] * s["heads"] * s["head_dim"],
+    dtypes=("float16", "float32"),
+    constants={"eps": 1e-6},
+)
+'''
+
+HEAD_RMSNORM_CU = '''// launch: grid=(num_tokens * heads,) block=(1,) smem=0
+extern "C" __global__ void head_rmsnorm(scalar_t* out, const scalar_t* x, const scalar_t* weight, int num_tokens,
+                                        int heads, int head_dim, float eps) {
+    const long long r = blockIdx.x;
+    float s = 0.0f;
+    for (int i = 0; i < head_dim; ++i) s += static_cast<float>(x[r * head_dim + i]) * static_cast<float>(x[r * head_dim + i]);
+    const float k = rsqrtf(s / head_dim + eps);
+    for (int i = 0; i < head_dim; ++i) {
+        out[r * head_dim + i] = static_cast<scalar_t>(static_cast<float>(x[r * head_dim + i]) * k * static_cast<float>(weight[i]));
+    }
+}
+'''
+
 FOLDERS = {
     "silu_scale_shift": (SILU_SCALE_SHIFT, SILU_SCALE_SHIFT_CU),
     "softmax_temperature": (SOFTMAX_TEMPERATURE, SOFTMAX_TEMPERATURE_CU),
@@ -416,6 +765,12 @@ FOLDERS = {
     "standardise_rows": (STANDARDISE_ROWS, STANDARDISE_ROWS_CU),
     "gather_scale_rows": (GATHER_SCALE_ROWS, GATHER_SCALE_ROWS_CU),
     "clip_deadzone": (CLIP_DEADZONE, CLIP_DEADZONE_CU),
+    "masked_softmax_bias": (MASKED_SOFTMAX_BIAS, MASKED_SOFTMAX_BIAS_CU),
+    "swiglu_chunk_clamp": (SWIGLU_CHUNK_CLAMP, SWIGLU_CHUNK_CLAMP_CU),
+    "add_layernorm_plain": (ADD_LAYERNORM_PLAIN, ADD_LAYERNORM_PLAIN_CU),
+    "dequant_int8_rows": (DEQUANT_INT8_ROWS, DEQUANT_INT8_ROWS_CU),
+    "activation_mix": (ACTIVATION_MIX, ACTIVATION_MIX_CU),
+    "head_rmsnorm": (HEAD_RMSNORM, HEAD_RMSNORM_CU),
 }
 
 # Small shapes: one row and up to 40, row lengths on and off 8-element (16-byte) vectors, a
@@ -433,6 +788,15 @@ SHAPES: dict[str, list[dict[str, int]]] = {
                           {"num_tokens": 33, "hidden": 36, "vocab": 40}],
     "clip_deadzone": [{"num_tokens": 3, "hidden": 1000}, {"num_tokens": 1, "hidden": 7},
                       {"num_tokens": 20, "hidden": 101}],
+    "masked_softmax_bias": [{"num_tokens": 3, "cols": 100}, {"num_tokens": 1, "cols": 1003},
+                            {"num_tokens": 2, "cols": 9000}],
+    "swiglu_chunk_clamp": [{"num_tokens": 3, "d": 100}, {"num_tokens": 5, "d": 37}, {"num_tokens": 1, "d": 1000}],
+    "add_layernorm_plain": [{"num_tokens": 3, "hidden": 100}, {"num_tokens": 2, "hidden": 2003},
+                            {"num_tokens": 1, "hidden": 9000}],
+    "dequant_int8_rows": [{"num_tokens": 3, "hidden": 100}, {"num_tokens": 5, "hidden": 37}],
+    "activation_mix": [{"num_tokens": 3, "hidden": 100}, {"num_tokens": 1, "hidden": 37}],
+    "head_rmsnorm": [{"num_tokens": 3, "heads": 4, "head_dim": 64}, {"num_tokens": 1, "heads": 2, "head_dim": 8},
+                     {"num_tokens": 2, "heads": 3, "head_dim": 136}],
 }
 
 # What the generator is expected to make of each kernel: its kind and every schedule's name.
@@ -444,6 +808,13 @@ EXPECTED: dict[str, tuple[str, set[str]]] = {
     "standardise_rows": ("rowwise", {"codegen:rows/block", "codegen:rows/warp", "codegen:rows/cluster"}),
     "gather_scale_rows": ("elementwise", {"codegen:elementwise/rows"}),
     "clip_deadzone": ("elementwise", {"codegen:elementwise/rows", "codegen:elementwise/flat"}),
+    "masked_softmax_bias": ("rowwise", {"codegen:rows/block", "codegen:rows/warp", "codegen:rows/cluster",
+                                        "codegen:rows/block+online", "codegen:rows/cluster+online"}),
+    "swiglu_chunk_clamp": ("elementwise", {"codegen:elementwise/rows"}),
+    "add_layernorm_plain": ("rowwise", {"codegen:rows/block", "codegen:rows/warp", "codegen:rows/cluster"}),
+    "dequant_int8_rows": ("elementwise", {"codegen:elementwise/rows"}),
+    "activation_mix": ("elementwise", {"codegen:elementwise/rows", "codegen:elementwise/flat"}),
+    "head_rmsnorm": ("rowwise", {"codegen:rows/block", "codegen:rows/warp", "codegen:rows/cluster"}),
 }
 
 
@@ -526,3 +897,14 @@ def test_generated_schedule_computes_the_reference_on_the_cpu(name: str, schedul
             workdir = tmp_path / f"run-{dtype}-{len(params)}"
             ran += _check(spec, source, dtype, params, workdir)
     assert ran
+
+
+@pytest.mark.parametrize("name", sorted(FOLDERS))
+def test_generated_schedules_pass_admission_and_compile(name: str, tmp_path: Path) -> None:
+    """Every schedule, cluster ones included, passes admission and compiles with NVRTC (as
+    the evaluator compiles it) in every dtype of the spec, at the last value of every tune
+    parameter, without spilling its register cache."""
+    from tests.unit.test_codegen import _admits_everywhere
+
+    spec = _spec(name, tmp_path)
+    assert set(_admits_everywhere(spec, tmp_path / "cache")) == EXPECTED[name][1]

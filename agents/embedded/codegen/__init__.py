@@ -25,7 +25,7 @@ def classify(spec: KernelSpec) -> Program:
     Raises:
         Unsupported: the graph is outside the supported kinds.
     """
-    return read_program(spec, trace_reference(spec, spec.dtypes[0]))
+    return read_program(spec, trace_reference(spec))
 
 
 def generate(spec: KernelSpec) -> list[Schedule]:

@@ -64,6 +64,10 @@ __device__ __forceinline__ void cg_store(T* p, const Pack<T, V>& x) {
 __device__ __forceinline__ float cg_max(float a, float b) { return (a != a || b != b) ? a + b : fmaxf(a, b); }
 __device__ __forceinline__ float cg_min(float a, float b) { return (a != a || b != b) ? a + b : fminf(a, b); }
 __device__ __forceinline__ float cg_relu(float a) { return a != a ? a : fmaxf(a, 0.0f); }
+// torch.sign: NaN stays NaN, zero stays zero.
+__device__ __forceinline__ float cg_sign(float a) { return a > 0.0f ? 1.0f : (a < 0.0f ? -1.0f : a); }
+__device__ __forceinline__ bool cg_isnan(float a) { return a != a; }
+__device__ __forceinline__ bool cg_isinf(float a) { return fabsf(a) == __int_as_float(0x7f800000); }
 
 __device__ __forceinline__ bool cg_aligned(const void* p, unsigned bytes) {
     return (reinterpret_cast<unsigned long long>(p) & (bytes - 1)) == 0;

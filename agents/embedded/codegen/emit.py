@@ -21,6 +21,7 @@ from agents.embedded.codegen.ir import (
     COMPARE,
     FLOAT,
     INT,
+    TESTS,
     UNARY,
     AtColumn,
     Const,
@@ -272,6 +273,8 @@ class Emitter:
             return f"powf({args[0]}, static_cast<float>({args[1]}))"
         if name in UNARY:
             return UNARY[name].format(*args)
+        if name in TESTS:
+            return f"{TESTS[name]}(static_cast<float>({args[0]}))"
         if name == "gelu":
             return f"(0.5f * {args[0]} * (1.0f + erff({args[0]} * 0.70710678118654752f)))"
         if name == "gelu_tanh":

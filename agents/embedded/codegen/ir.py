@@ -32,13 +32,17 @@ UNARY: dict[str, str] = {
     "erf": "erff({0})", "reciprocal": "(1.0f / {0})", "exp2": "exp2f({0})", "log2": "log2f({0})",
     "expm1": "expm1f({0})", "log1p": "log1pf({0})", "sin": "sinf({0})", "cos": "cosf({0})",
     "floor": "floorf({0})", "ceil": "ceilf({0})", "trunc": "truncf({0})", "round": "rintf({0})",
-    "relu": "cg_relu({0})", "silu": "({0} / (1.0f + expf(-{0})))",
+    "relu": "cg_relu({0})", "silu": "({0} / (1.0f + expf(-{0})))", "sign": "cg_sign({0})",
 }
+# aten ops testing a float into a bool -> C function.
+TESTS: dict[str, str] = {"isnan": "cg_isnan", "isinf": "cg_isinf"}
 # Binary aten ops read into an Op of the same name (the emitter writes each one's C).
 BINARY = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "pow", "atan2"})
 COMPARE: dict[str, str] = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "eq": "==", "ne": "!="}
 # Writes of rows by index (``target[index] = values``).
 _SCATTERS = {"index_put"}
+# Pieces of a tensor along a dimension (``chunk``, ``split``), taken by ``getitem``.
+_SPLITS = {"split_with_sizes", "split"}
 _VIEWS = {"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "expand", "clone", "alias",
           "contiguous", "lift_fresh_copy", "detach", "broadcast_in_dim"}
 # The C type of a torch dtype named in a cast: the spec's argument types. Other integer casts
@@ -210,6 +214,7 @@ class _Reader:
         self.dtypes = {a.name: a.dtype for a in spec.args if a.kind == "tensor"}
         self.full: tuple[int, ...] = ()
         self.full_b: tuple[int, ...] = ()
+        self.splits: dict[Any, tuple[int, list[int], list[int]]] = {}  # split node -> dim, sizes at A and B
 
     # ---- spaces
     def space(self, shape: tuple[int, ...]) -> str:
@@ -321,7 +326,7 @@ class _Reader:
             raise Unsupported("the reference computes nothing")
         # The iteration space: the largest value the graph computes, not an argument merely cast
         # or sliced (a gated activation's input row is twice its output row).
-        lazy = {"_to_copy", "slice", *_VIEWS, *_SCATTERS}
+        lazy = {"_to_copy", "slice", "getitem", *_VIEWS, *_SCATTERS}
         work = [n for n in computed if _opname(n) not in lazy] or computed
         big = max(range(len(nodes_a)), key=lambda i: _numel(nodes_a[i]) if nodes_a[i] in work else -1)
         self.full = tuple(nodes_a[big].meta["val"].shape)
@@ -370,6 +375,8 @@ class _Reader:
 
         name = _opname(na)
         val = na.meta.get("val")
+        if name in _SPLITS:
+            return self.split(env, na, nb)
         if not isinstance(val, torch.Tensor):
             raise Unsupported(f"{name} returns no single tensor")
         shape, shape_b = tuple(val.shape), tuple(nb.meta["val"].shape)
@@ -387,6 +394,11 @@ class _Reader:
             assert first is not None
             if first.expr is None:  # an argument seen through a view: still read lazily
                 return _Val(None, shape, shape_b, arg=first.arg, dtype=first.dtype)
+            if name != "expand" and first.shape == self.full and first.shape_b == self.full_b \
+                    and math.prod(shape) == math.prod(self.full) and math.prod(shape_b) == math.prod(self.full_b):
+                # A reshape of a whole value (heads split out of a row and merged back): every
+                # value is contiguous, so its elements keep their places in the iteration space.
+                return _Val(first.expr, self.full, self.full_b, dtype=val.dtype)
             self.space(shape)
             return out(first.expr)
         if name == "_to_copy":
@@ -395,9 +407,11 @@ class _Reader:
                     and (val.dtype.itemsize >= first.dtype.itemsize or val.dtype == torch.float32):
                 # A cast of an argument: read it lazily still (the cast happens at the load).
                 return _Val(None, shape, shape_b, arg=first.arg, dtype=first.dtype)
-            return out(_cast(self.read(first), val.dtype))
+            return out(_cast(self.read(first), val.dtype, self.trace.element_casts))
         if name == "slice":
             return self.slice(first, na, nb, shape, shape_b)
+        if name == "getitem":
+            return self.piece(env, na, nb, shape, shape_b)
         if name in ("index", "embedding"):
             return self.gather_rows(env, na, name, shape, shape_b)
         if name in _SCATTERS:
@@ -410,6 +424,8 @@ class _Reader:
             return out(_as_kind(constant, kind))
         if name in UNARY:
             return out(Op(name, (self.read(first),), FLOAT))  # type: ignore[arg-type]
+        if name in TESTS:
+            return out(Op(name, (self.read(first),), BOOL))  # type: ignore[arg-type]
         if name == "gelu":
             approx = na.kwargs.get("approximate", "none")
             return out(Op("gelu_tanh" if approx == "tanh" else "gelu", (self.read(first),), FLOAT))  # type: ignore[arg-type]
@@ -456,10 +472,39 @@ class _Reader:
         assert first is not None
         dim = na.args[1] if len(na.args) > 1 else 0
         step = na.args[4] if len(na.args) > 4 else 1
+        start_a, start_b = (n.args[2] if len(n.args) > 2 else 0 for n in (na, nb))
+        return self.row_range(first, dim, step, max(0, start_a), max(0, start_b), shape, shape_b)
+
+    def split(self, env: dict[Any, _Val], na: Any, nb: Any) -> _Val:
+        """``split_with_sizes`` (``chunk``, ``split``): its pieces are read where ``getitem``
+        takes them (:meth:`piece`); the node itself stands for its input."""
+        name = _opname(na)
+        first = env[na.args[0]]
+
+        def sizes(n: Any, total: int) -> list[int]:
+            size = n.args[1]
+            if name == "split":  # one size for every piece but the last
+                size = [min(size, total - i) for i in range(0, total, size)]
+            return list(size)
+
+        dim = na.args[2] if len(na.args) > 2 else 0
+        self.splits[na] = (dim, sizes(na, first.shape[dim]), sizes(nb, first.shape_b[dim]))
+        return first
+
+    def piece(self, env: dict[Any, _Val], na: Any, nb: Any, shape: tuple[int, ...], shape_b: tuple[int, ...]) -> _Val:
+        """``getitem`` of a split's pieces: a contiguous range of the split input's last dimension."""
+        source, i = na.args
+        if source not in self.splits or not isinstance(i, int):
+            raise Unsupported("getitem of something other than a split")
+        dim, sizes_a, sizes_b = self.splits[source]
+        return self.row_range(env[source], dim, 1, sum(sizes_a[:i]), sum(sizes_b[:i]), shape, shape_b)
+
+    def row_range(self, first: _Val, dim: int, step: int, start_a: int, start_b: int, shape: tuple[int, ...],
+                  shape_b: tuple[int, ...]) -> _Val:
+        """The elements ``start`` onwards of an argument's rows (last dimension), in the
+        iteration space's row."""
         if first.expr is not None or step != 1 or dim not in (-1, len(first.shape) - 1):
             raise Unsupported("a slice other than a contiguous range of an argument's last dimension")
-        start_a, start_b = (n.args[2] if len(n.args) > 2 else 0 for n in (na, nb))
-        start_a, start_b = max(0, start_a), max(0, start_b)
         parent = self.size_expr(first.shape[-1], first.shape_b[-1])
         if self.space(shape) != "full" or len(first.shape) != len(shape):
             raise Unsupported("a slice that is not the iteration space's row")
@@ -609,12 +654,15 @@ def _as_kind(c: Any, kind: str) -> Any:
     return c
 
 
-def _cast(src: Any, to: Any) -> Any:
+def _cast(src: Any, to: Any, element: str | None = None) -> Any:
+    """``src`` cast to torch dtype ``to``; a cast to ``element`` (the traced half type, when
+    casts to it follow the element type) is a rounding to ``scalar_t``."""
     import torch
 
     kind = _kind_of_dtype(to)
     if to in (torch.float16, torch.bfloat16):
-        return Op("round_to", (src,), FLOAT, (_TORCH_TO_C[str(to).split(".")[1]],))
+        name = str(to).split(".")[1]
+        return Op("round_to", (src,), FLOAT, ("scalar_t" if name == element else _TORCH_TO_C[name],))
     if kind == FLOAT:
         return Op("tofloat", (src,), FLOAT)
     if kind == BOOL:

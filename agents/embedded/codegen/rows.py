@@ -88,6 +88,10 @@ def _pass(em: Emitter, exprs: list[tuple[str, object]], cached: set[int], fill: 
                            cached=cached, fill=fill)
     vec = "cg_i0 + static_cast<long long>(cg_u) * cg_g"
     rest = em.staged_loops(exprs, unroll, "cg_u", f"({vec}) * V", f"{vec} < cg_nvec")
+    if len(cached) < len(em.full_leaves):
+        # Its own scope: a pass stages the leaves it does not cache (an int8 or bool row) in
+        # arrays of the same names as the next pass's.
+        regs = ["{", *("    " + x for x in regs), "}"]
     return [
         *regs,
         f"for (long long cg_i0 = cg_lane + static_cast<long long>(ITEMS) * cg_g; cg_active && cg_i0 < cg_nvec; cg_i0 += {unroll} * cg_g) {{",

@@ -6,6 +6,13 @@ as an expression over the shape symbols (:func:`fit_size`): a size seen as 40 at
 and 232 at the other, with ``vocab`` 40 and 232, is ``vocab``. The two traces must have the
 same ops in the same order: a reference whose graph depends on the shape's values (Python
 branches on a size) is not one graph, and is refused.
+
+One source serves every dtype of the spec (``scalar_t``), but a trace is taken at one dtype.
+A reference that rounds an intermediate to its inputs' type (``s.to(x.dtype)``, the rounding
+of a residual written back) shows, in a float16 trace, the same cast as one that rounds to
+float16 whatever the inputs are. So a spec with a half type and another dtype is traced a
+third time at the other dtype: casts to the traced half type that disappear there follow the
+element type and are emitted as casts to ``scalar_t``; casts that stay are fixed.
 """
 
 from __future__ import annotations
@@ -34,12 +41,19 @@ class Trace:
         probes: the two shapes.
         inputs: tensor argument names in placeholder order.
         outputs: written argument names in the order the graph returns them.
+        element_casts: the dtype (``"float16"`` or ``"bfloat16"``) the graphs were traced at
+            when their casts to it follow the element type (see the module docstring); None
+            when they are fixed, or there are none.
     """
 
     graphs: tuple[Any, Any]
     probes: tuple[dict[str, int], dict[str, int]]
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+    element_casts: str | None = None
+
+
+HALF_TYPES = ("float16", "bfloat16")
 
 
 def probe_shapes(spec: KernelSpec) -> tuple[dict[str, int], dict[str, int]]:
@@ -60,11 +74,16 @@ def probe_shapes(spec: KernelSpec) -> tuple[dict[str, int], dict[str, int]]:
 
 def _decompositions() -> dict[Any, Any]:
     """Core ATen decompositions, plus layer norm's (a core op) into its mean and variance, so
-    the program reads it as row reductions and maps."""
+    the program reads it as row reductions and maps, and those of the core activations
+    (``elu``, ``leaky_relu``, ``hardtanh`` for relu6, ``sign``...) into the comparisons, selects
+    and maps the program reads."""
     import torch
     from torch._decomp import core_aten_decompositions, get_decompositions
 
-    return {**core_aten_decompositions(), **get_decompositions([torch.ops.aten.native_layer_norm, torch.ops.aten.var_mean])}
+    aten = torch.ops.aten
+    more = [aten.native_layer_norm, aten.var_mean, aten.elu, aten.leaky_relu, aten.hardtanh, aten.sign, aten.sgn,
+            aten.hardshrink, aten.softshrink, aten.glu, aten.logaddexp, aten.heaviside]
+    return {**core_aten_decompositions(), **get_decompositions(more)}
 
 
 def _trace_at(spec: KernelSpec, shape: dict[str, int], dtype: str) -> tuple[Any, tuple[str, ...], tuple[str, ...]]:
@@ -91,12 +110,31 @@ def _trace_at(spec: KernelSpec, shape: dict[str, int], dtype: str) -> tuple[Any,
     return graph.graph, names, outputs
 
 
-def trace_reference(spec: KernelSpec, dtype: str = "float16") -> Trace:
-    """Traces ``spec.reference`` at the two probe shapes.
+def trace_dtype(spec: KernelSpec) -> str:
+    """The dtype a spec is traced at: its first half type, so that the roundings to the
+    element type a reference makes are in the graph (at float32 they are no ops), else its
+    first dtype."""
+    return next((d for d in spec.dtypes if d in HALF_TYPES), spec.dtypes[0])
+
+
+def _casts_to(graph: Any, dtype: str) -> int:
+    """How many value casts (``_to_copy``) in ``graph`` produce ``dtype``."""
+    count = 0
+    for n in graph.nodes:
+        if n.op == "call_function" and str(n.target).split(".")[1:2] == ["_to_copy"]:
+            val = n.meta.get("val")
+            count += val is not None and str(getattr(val, "dtype", "")) == f"torch.{dtype}"
+    return count
+
+
+def trace_reference(spec: KernelSpec, dtype: str | None = None) -> Trace:
+    """Traces ``spec.reference`` at the two probe shapes (at :func:`trace_dtype` by default).
 
     Raises:
-        Unsupported: it does not trace, or the two graphs differ.
+        Unsupported: it does not trace, or the two graphs differ, or some of its casts to the
+            traced half type follow the element type and others do not.
     """
+    dtype = dtype or trace_dtype(spec)
     a, b = probe_shapes(spec)
     ga, names, outputs = _trace_at(spec, a, dtype)
     gb, _, _ = _trace_at(spec, b, dtype)
@@ -104,7 +142,16 @@ def trace_reference(spec: KernelSpec, dtype: str = "float16") -> Trace:
     ops_b = [(n.op, str(n.target)) for n in gb.nodes]
     if ops_a != ops_b:
         raise Unsupported("the reference's graph depends on the shape's values")
-    return Trace((ga, gb), (a, b), names, outputs)
+    element = None
+    own = _casts_to(ga, dtype) if dtype in HALF_TYPES else 0
+    other = next((d for d in spec.dtypes if d != dtype), None)
+    if own and other is not None:
+        there = _casts_to(_trace_at(spec, a, other)[0], dtype)
+        if there == 0:
+            element = dtype
+        elif there != own:
+            raise Unsupported(f"some casts to {dtype} follow the element type and some do not")
+    return Trace((ga, gb), (a, b), names, outputs, element)
 
 
 def fit_size(value_a: int, value_b: int, probes: tuple[dict[str, int], dict[str, int]]) -> str:
