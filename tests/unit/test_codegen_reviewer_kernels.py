@@ -14,9 +14,11 @@ rounded to the element type followed by a plain layer norm (two outputs; its flo
 catch a rounding traced at float16 and emitted as one to ``__half``), an int8
 dequantisation with a per-column zero point and a per-row scale, a mix of the
 activations torch keeps as core ops (elu, leaky_relu, relu6, sign, softshrink) after a
-nan_to_num, on inputs holding NaN and infinities, and a per-head RMS norm (qk-norm) whose
-reference views each row as heads of head_dim and back. Each folder's baseline is also
-run, so that a spec and its baseline agree before the generator is judged against the spec.
+nan_to_num, on inputs holding NaN and infinities, a per-head RMS norm (qk-norm) whose
+reference views each row as heads of head_dim and back, and the log-probability of each
+row's chosen token (a log-softmax read at one column per row, then ``[:, 0]``). Each
+folder's baseline is also run, so that a spec and its baseline agree before the generator is
+judged against the spec.
 """
 
 from __future__ import annotations
@@ -758,6 +760,61 @@ extern "C" __global__ void head_rmsnorm(scalar_t* out, const scalar_t* x, const 
 }
 '''
 
+
+# The log-probability of each row's chosen token (RL and sampling): a log-softmax over the
+# vocabulary read at one column per row (gather by index), then ``[:, 0]`` (select).
+TOKEN_LOGPROB = '''
+from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, v = shape["num_tokens"], shape["vocab"]
+    x = torch.randn(t, v, generator=generator, device=device) * 3.0
+    ids = torch.randint(0, v, (t,), generator=generator, device=device)
+    if case == "edge_ids":
+        ids[::2] = v - 1
+        ids[1::2] = 0
+    return {"out": torch.empty(t, device=device, dtype=torch.float32), "x": x.to(dtype), "ids": ids}
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    logp = torch.log_softmax(inputs["x"].float(), dim=-1)
+    return {"out": logp.gather(-1, inputs["ids"][:, None])[:, 0]}
+
+
+SPEC = KernelSpec(
+    name="token_logprob",
+    description=(
+        "out[t] = log_softmax(x[t, :])[ids[t]] in fp32. x is [num_tokens, vocab], ids int64 "
+        "[num_tokens] in [0, vocab), out fp32 [num_tokens]."
+    ),
+    args=(Arg("out", "tensor", role="out", dtype="float32"), Arg("x", "tensor"), Arg("ids", "tensor", dtype="int64"),
+          Arg("num_tokens", "int"), Arg("vocab", "int")),
+    search_shapes=({"num_tokens": 64, "vocab": 32000},),
+    heldout_shapes=({"num_tokens": 7, "vocab": 32001},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: s["num_tokens"] * s["vocab"] * (4 if dt == "float32" else 2),
+    flops=lambda s: 3 * s["num_tokens"] * s["vocab"],
+    dtypes=("float16", "float32"),
+    edge_cases=("edge_ids",),
+)
+'''
+
+TOKEN_LOGPROB_CU = '''// launch: grid=(num_tokens,) block=(1,) smem=0
+extern "C" __global__ void token_logprob(float* out, const scalar_t* x, const long long* ids, int num_tokens, int vocab) {
+    const long long t = blockIdx.x;
+    float m = -INFINITY, s = 0.0f;
+    for (int i = 0; i < vocab; ++i) m = fmaxf(m, static_cast<float>(x[t * vocab + i]));
+    for (int i = 0; i < vocab; ++i) s += expf(static_cast<float>(x[t * vocab + i]) - m);
+    out[t] = static_cast<float>(x[t * vocab + ids[t]]) - m - logf(s);
+}
+'''
+
 FOLDERS = {
     "silu_scale_shift": (SILU_SCALE_SHIFT, SILU_SCALE_SHIFT_CU),
     "softmax_temperature": (SOFTMAX_TEMPERATURE, SOFTMAX_TEMPERATURE_CU),
@@ -771,6 +828,7 @@ FOLDERS = {
     "dequant_int8_rows": (DEQUANT_INT8_ROWS, DEQUANT_INT8_ROWS_CU),
     "activation_mix": (ACTIVATION_MIX, ACTIVATION_MIX_CU),
     "head_rmsnorm": (HEAD_RMSNORM, HEAD_RMSNORM_CU),
+    "token_logprob": (TOKEN_LOGPROB, TOKEN_LOGPROB_CU),
 }
 
 # Small shapes: one row and up to 40, row lengths on and off 8-element (16-byte) vectors, a
@@ -797,6 +855,7 @@ SHAPES: dict[str, list[dict[str, int]]] = {
     "activation_mix": [{"num_tokens": 3, "hidden": 100}, {"num_tokens": 1, "hidden": 37}],
     "head_rmsnorm": [{"num_tokens": 3, "heads": 4, "head_dim": 64}, {"num_tokens": 1, "heads": 2, "head_dim": 8},
                      {"num_tokens": 2, "heads": 3, "head_dim": 136}],
+    "token_logprob": [{"num_tokens": 3, "vocab": 100}, {"num_tokens": 1, "vocab": 37}, {"num_tokens": 2, "vocab": 9001}],
 }
 
 # What the generator is expected to make of each kernel: its kind and every schedule's name.
@@ -815,6 +874,8 @@ EXPECTED: dict[str, tuple[str, set[str]]] = {
     "dequant_int8_rows": ("elementwise", {"codegen:elementwise/rows"}),
     "activation_mix": ("elementwise", {"codegen:elementwise/rows", "codegen:elementwise/flat"}),
     "head_rmsnorm": ("rowwise", {"codegen:rows/block", "codegen:rows/warp", "codegen:rows/cluster"}),
+    "token_logprob": ("rowwise", {"codegen:rows/block", "codegen:rows/warp", "codegen:rows/cluster",
+                                  "codegen:rows/block+online", "codegen:rows/cluster+online"}),
 }
 
 

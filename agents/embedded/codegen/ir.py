@@ -390,6 +390,8 @@ class _Reader:
         def out(expr: Any) -> _Val:
             return _Val(expr, shape, shape_b, dtype=val.dtype)
 
+        if name == "select" and first is not None and first.shape[args[1]] == 1 and first.shape_b[args_b[1]] == 1:
+            name = "squeeze"  # x[:, 0] of a dimension of one: the same elements, that dimension dropped
         if name in _VIEWS:
             assert first is not None
             if first.expr is None:  # an argument seen through a view: still read lazily
