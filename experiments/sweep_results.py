@@ -2,6 +2,7 @@
 
     python -m experiments.sweep_results runs/sweep-<id> --out experiments/results/sweep-h200
     python -m experiments.sweep_results runs/a/sweep-<id1> runs/b/sweep-<id2> --out ...  # one sweep in parts
+    python -m experiments.sweep_results runs/c/sweep-<id3> --earlier OUT-partial.json --out ...  # parts already reported
 
 A library too long to sweep in one sitting can be swept in parts (``search.sweep --kernel``
 for each part, all at one commit on one kind of GPU) and reported as one: the parts' kernels
@@ -86,17 +87,38 @@ def merge_parts(parts: list[tuple[Path, dict[str, Any], dict[str, Any]]]) -> tup
                 raise ValueError(f"{name} is in two parts: {seen[name]} and {path}")
             seen[name] = path
     wall = sum(float(s["wall_s"]) for _, s, _ in parts)
+
+    def parts_of(path: Path, s: dict[str, Any], m: dict[str, Any]) -> list[dict[str, Any]]:
+        if m.get("parts"):  # an earlier report of parts names its own
+            return list(m["parts"])
+        return [{"sweep_id": m.get("sweep_id", path.name), "date": s.get("date"), "wall_s": s.get("wall_s"),
+                 "kernels": sorted(k["kernel"] for k in s["kernels"]),
+                 "commands": [a["command"] for a in m.get("attempts", [])] or [s.get("command")]}]
+
     busy = sum(float(s["wall_s"]) * float(s["gpu_busy_fraction"]) for _, s, _ in parts) / wall if wall else 0.0
     summary = {**first, "kernels": [k for _, s, _ in parts for k in s["kernels"]], "wall_s": wall,
                "gpu_busy_fraction": busy, "date": max(str(s.get("date", "")) for _, s, _ in parts)}
     meta = {**first_meta, "sweep_id": "+".join(str(m.get("sweep_id", p.name)) for p, _, m in parts),
             "skipped": {k: v for _, _, m in parts for k, v in (m.get("skipped") or {}).items()},
             "attempts": [a for _, _, m in parts for a in m.get("attempts", [])],
-            "parts": [{"sweep_id": m.get("sweep_id", p.name), "date": s.get("date"), "wall_s": s.get("wall_s"),
-                       "kernels": sorted(k["kernel"] for k in s["kernels"]),
-                       "commands": [a["command"] for a in m.get("attempts", [])] or [s.get("command")]}
-                      for p, s, m in parts]}
+            "parts": [part for p, s, m in parts for part in parts_of(p, s, m)]}
     return summary, meta
+
+
+def earlier_report(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(run summary, sweep meta) from a results file this script wrote for earlier parts of the
+    same sweep, when their sweep directories are gone: its kernels come as they were reported
+    (each carried whole under ``entry``, not recomputed), with their parts' commands and dates.
+
+    Raises:
+        ValueError: a JSON file that is not such a report.
+    """
+    report = json.loads(path.read_text())
+    if not {"summary", "sweep", "kernels"} <= set(report):
+        raise ValueError(f"{path}: not a results file of experiments.sweep_results (summary, sweep, kernels)")
+    summary = {**report["summary"],
+               "kernels": [{"kernel": e["kernel"], "dtype": e["dtype"], "entry": e} for e in report["kernels"]]}
+    return summary, dict(report["sweep"])
 
 
 def entry_spec(k: dict[str, Any]) -> KernelSpec:
@@ -363,22 +385,29 @@ def to_markdown(summary: dict[str, Any], meta: dict[str, Any], entries: list[dic
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("sweep_dir", type=Path, nargs="+",
+    p.add_argument("sweep_dir", type=Path, nargs="*",
                    help="a sweep directory, or several: the parts of one sweep split by --kernel (same commit and GPU)")
+    p.add_argument("--earlier", type=Path, action="append", default=[], metavar="REPORT.json",
+                   help="a results file this script wrote for earlier parts of the same sweep whose directories "
+                        "are gone: its kernels are pooled as reported")
     p.add_argument("--out", type=Path, default=Path("experiments/results/sweep-h200"))
     p.add_argument("--no-plots", action="store_true")
     args = p.parse_args(argv)
+    if not args.sweep_dir and not args.earlier:
+        p.error("give at least one sweep directory or --earlier report")
     try:
-        summary, meta = merge_parts([(d, *find_summary(d)) for d in args.sweep_dir])
-    except (FileNotFoundError, ValueError) as exc:
+        summary, meta = merge_parts([*((r, *earlier_report(r)) for r in args.earlier),
+                                     *((d, *find_summary(d)) for d in args.sweep_dir)])
+    except (FileNotFoundError, ValueError, KeyError) as exc:
         print(f"sweep_results: {exc}", file=sys.stderr)
         return 2
-    entries = [kernel_entry(k) for k in sorted(summary["kernels"], key=lambda k: k["kernel"])]
+    entries = [k["entry"] if "entry" in k else kernel_entry(k)
+               for k in sorted(summary["kernels"], key=lambda k: k["kernel"])]
     targets = check_targets(entries)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     slim = {k: v for k, v in summary.items() if k != "kernels"}
     args.out.with_suffix(".json").write_text(json.dumps(
-        {"summary": slim, "sweep": {k: meta[k] for k in ("sweep_id", "skipped", "attempts", "parts") if k in meta},
+        {"summary": slim, "sweep": {k: meta[k] for k in ("sweep_id", "skipped", "attempts", "parts", "library") if k in meta},
          "targets": targets, "kernels": entries}, indent=1, default=str))
     text = to_markdown(summary, meta, entries, targets)
     args.out.with_suffix(".md").write_text(text)

@@ -209,6 +209,38 @@ def test_parts_of_different_code_or_sharing_a_kernel_are_refused(tmp_path: Path,
     assert not out.with_suffix(".json").exists()
 
 
+def test_an_earlier_report_is_pooled_with_later_parts_as_it_was_reported(tmp_path: Path, capsys):
+    """Parts whose directories are gone come back through the report written for them: their
+    kernels as reported, their parts named, the commit checked like any part's."""
+    rng = {"baseline": (2.0, 1.9, 2.1), "torch_compile": (1.2, 1.15, 1.25)}
+    a = _sweep_dir(tmp_path, "p1", [_kernel("silu_and_mul", 2.0, 1.2, ranges=rng)])
+    b = _sweep_dir(tmp_path, "p22", [_kernel("rmsnorm", 2.0, 0.8, ranges={"torch_compile": (0.8, 0.78, 0.82)})])
+    earlier = tmp_path / "res" / "partial"
+    assert main([str(a), str(b), "--out", str(earlier), "--no-plots"]) == 0
+    shutil.rmtree(a)
+    shutil.rmtree(b)
+    later = _sweep_dir(tmp_path, "p333", [_kernel("layernorm", 2.0, 1.3, ranges={"torch_compile": (1.3, 1.2, 1.4)})])
+    out = tmp_path / "res" / "whole"
+    assert main([str(later), "--earlier", str(earlier.with_suffix(".json")), "--out", str(out), "--no-plots"]) == 0
+    data = json.loads(out.with_suffix(".json").read_text())
+    before = {k["kernel"]: k for k in json.loads(earlier.with_suffix(".json").read_text())["kernels"]}
+    assert [k["kernel"] for k in data["kernels"]] == ["layernorm", "rmsnorm", "silu_and_mul"]
+    assert data["kernels"][1] == before["rmsnorm"] and data["kernels"][2] == before["silu_and_mul"]
+    assert [p["kernels"] for p in data["sweep"]["parts"]] == [["silu_and_mul"], ["rmsnorm"], ["layernorm"]]
+    assert data["summary"]["wall_s"] == 300.0
+    assert data["targets"]["below_one_vs_torch_compile"] == ["rmsnorm"]
+    assert "- parts: 3 sweeps of this commit" in out.with_suffix(".md").read_text()
+    # an earlier report of other code, or one holding a kernel swept again, is refused
+    other = _sweep_dir(tmp_path, "p4", [_kernel("gelu_and_mul", 2.0, 1.1)], commit="def")
+    assert main([str(other), "--earlier", str(earlier.with_suffix(".json")), "--out", str(out), "--no-plots"]) == 2
+    assert "differ in git_commit" in capsys.readouterr().err
+    again = _sweep_dir(tmp_path, "p5", [_kernel("rmsnorm", 2.1, 1.0)])
+    assert main([str(again), "--earlier", str(earlier.with_suffix(".json")), "--out", str(out), "--no-plots"]) == 2
+    assert "rmsnorm (float16) is in two parts" in capsys.readouterr().err
+    (tmp_path / "not-a-report.json").write_text("{}")
+    assert main(["--earlier", str(tmp_path / "not-a-report.json"), "--out", str(out), "--no-plots"]) == 2
+
+
 def test_a_peer_timed_on_some_shapes_only_says_over_how_many():
     k = _kernel("merge_attn_states_lse", 2.0, 1.2, ranges={"flashinfer": (1.1, 1.05, 1.15)})
     labels = [s["label"] for s in k["shapes"]]
