@@ -329,7 +329,8 @@ def _run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None], c
         what exactly is timed}), ``l2_persistence`` (carve-out and access-policy window, bytes;
         ``l2_finding`` when not both zero), ``copy_bw_bytes_per_s`` and ``phase_s`` (seconds
         spent setting up the peers, compilations included, and in the timed loops), and
-        ``prepare_s_by_peer`` (the set-up seconds per peer, every shape's summed) with
+        ``prepare_s_by_peer`` (the set-up seconds per peer, every shape's summed; the first
+        shape's alone in ``prepare_s_first_shape_by_peer``) with
         ``compile_phases_s`` (per compiled peer, torch.compile's phases in those seconds: where
         a loop's set-up goes).
     """
@@ -350,6 +351,9 @@ def _run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None], c
     # with its caches off) against the timed loop itself.
     phase_s = {"prepare": 0.0, "loop": 0.0}
     prepare_by_peer: dict[str, float] = {}
+    # The first shape's share apart: what a peer pays once per process (an import, a library's
+    # JIT build or load) shows there, what it pays per shape (a compilation) on every shape.
+    prepare_first: dict[str, float] = {}
     phases_by_peer: dict[str, dict[str, float]] = {}
     for shape in shapes:
         label = shape_label(shape)
@@ -368,6 +372,8 @@ def _run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None], c
         impls += peer_impls(ctx, spec, shape, dtype, inputs, work, peers, errors, prepare_by_peer, phases_by_peer,
                             staged)
         phase_s["prepare"] += time.perf_counter() - start
+        if not prepare_first:
+            prepare_first = dict(prepare_by_peer)
         # Every flush takes what the timed implementations read out of the L2, whatever
         # eviction priority an earlier one left on it (see evaluators.timing.Flusher).
         ctx.flush.cover([*work.values(), *staged])
@@ -400,7 +406,7 @@ def _run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None], c
         "peers": times, "iqr": spreads, "errors": errors, "failed": failed, "copy_bw_bytes_per_s": ctx.copy_bw,
         "compiled": which, "compile_candidates": candidates, "l2_persistence": l2,
         "notes": {n: p.note for n, p in peers.items() if p.note}, "phase_s": phase_s,
-        "prepare_s_by_peer": prepare_by_peer,
+        "prepare_s_by_peer": prepare_by_peer, "prepare_s_first_shape_by_peer": prepare_first,
         "compile_phases_s": {n: dict(sorted(ph.items(), key=lambda kv: -kv[1])) for n, ph in phases_by_peer.items() if ph},
     }
     if l2_finding(l2):

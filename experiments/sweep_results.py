@@ -164,6 +164,7 @@ def kernel_entry(k: dict[str, Any]) -> dict[str, Any]:
         "peer_notes": dict(k.get("peer_notes") or {}),
         "compiled_won": _compiled_won(k), "l2_findings": list(k.get("l2_findings") or []),
         "loop_phase_s": list(k.get("loop_phase_s") or []), "compile_cache": list(k.get("compile_cache") or []),
+        "loop_prepare_s_by_peer": list(k.get("loop_prepare_s_by_peer") or []),
         "bench": bench,
     }
 
@@ -177,7 +178,31 @@ def _loop_cost(e: dict[str, Any]) -> str:
         hits = sum(c.get("hit", 0) for c in e["compile_cache"])
         made = sum(c.get("miss", 0) + c.get("bypass", 0) for c in e["compile_cache"])
         text += f"; torch.compile compiled ahead: {hits} compilations loaded, {made} made in the loops"
+    by_peer = _setup_by_peer(e.get("loop_prepare_s_by_peer") or [])
+    if by_peer:
+        text += "; set-up per peer (median over the loops, the first shape's part in brackets): " + ", ".join(
+            f"{name} {total:.1f} s ({first:.1f} s)" for name, (total, first) in by_peer.items())
     return text + "."
+
+
+def _setup_by_peer(loops: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """Per peer, the median over the loops of its set-up seconds (every shape's) and of its first
+    shape's: a first shape taking most of it is a cost paid once per process (an import, a
+    library's JIT build or load), not per shape. torch.compile's compilations count as one
+    peer; peers under 0.5 s are left out. Largest first."""
+    def per_peer(seconds: dict[str, float]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, v in seconds.items():
+            peer = "torch_compile" if name.startswith("torch_compile[") else name
+            out[peer] = out.get(peer, 0.0) + v
+        return out
+
+    totals = [per_peer(loop.get("total", {})) for loop in loops]
+    firsts = [per_peer(loop.get("first_shape", {})) for loop in loops]
+    found = {name: (statistics.median(t.get(name, 0.0) for t in totals),
+                    statistics.median(f.get(name, 0.0) for f in firsts))
+             for name in {n for t in totals for n in t}}
+    return dict(sorted(((n, v) for n, v in found.items() if v[0] >= 0.5), key=lambda kv: -kv[1][0]))
 
 
 def _compiled_won(k: dict[str, Any]) -> dict[str, int]:

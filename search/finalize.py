@@ -104,7 +104,8 @@ def combine_runs(result: KernelResult, runs: list[dict[str, Any]]) -> None:
     tables); a kernel of ours that failed verification in any loop gets no ratios at all.
     ``peer_extra`` keeps, per loop, which torch.compile compilation won each shape, what each
     peer's time covers, the L2 persistence state the loop ran under, its set-up and timed
-    seconds (``phase_s``) and, compiled ahead, what it loaded (``compile_cache``); with dispatch
+    seconds (``phase_s``), the set-up seconds per peer (``prepare_s_by_peer``: every shape's and
+    the first shape's) and, compiled ahead, what it loaded (``compile_cache``); with dispatch
     members (replies made by :func:`compose_reply`), each member's own times per loop and
     the members that failed verification (they were dropped, their shapes given to the
     winner, which the same loops timed: the ratios stand).
@@ -129,6 +130,9 @@ def combine_runs(result: KernelResult, runs: list[dict[str, Any]]) -> None:
         extra["notes"].update(reply.get("notes", {}))
         extra["l2_persistence"].append(reply.get("l2_persistence", {}))
         extra.setdefault("phase_s", []).append(dict(reply.get("phase_s", {})))
+        extra.setdefault("prepare_s_by_peer", []).append(
+            {"total": dict(reply.get("prepare_s_by_peer", {})),
+             "first_shape": dict(reply.get("prepare_s_first_shape_by_peer", {}))})
         if "compile_cache" in reply:
             extra.setdefault("compile_cache", []).append(dict(reply["compile_cache"]))
         if reply.get("l2_finding"):

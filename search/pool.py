@@ -286,7 +286,8 @@ class EvaluatorActor:
                                                    compile_trials=compile_trials, peers=peers,
                                                    compile_cache=compile_cache)
             kept = {k: reply[k] for k in ("compiled", "notes", "l2_persistence", "l2_finding", "phase_s",
-                                          "prepare_s_by_peer", "compile_phases_s", "compile_cache") if k in reply}
+                                          "prepare_s_by_peer", "prepare_s_first_shape_by_peer", "compile_phases_s",
+                                          "compile_cache") if k in reply}
             return {"peers": dict(reply["peers"]), "errors": dict(reply.get("errors", {})),
                     "failed": dict(reply.get("failed", {})), **kept, "busy_s": time.perf_counter() - start}
 

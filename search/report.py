@@ -130,6 +130,8 @@ def kernel_summary(result: Any, records: list[EvalRecord]) -> dict[str, Any]:
         # per loop: seconds setting up (peers, compilations) and timing; compiled ahead, the
         # compilations it loaded (hit) and made itself (miss, bypass)
         "loop_phase_s": list(extra.get("phase_s", [])),
+        # per loop and peer: set-up seconds over every shape and on the first shape alone
+        "loop_prepare_s_by_peer": list(extra.get("prepare_s_by_peer", [])),
         "compile_cache": list(extra.get("compile_cache", [])),
         "peer_errors": dict(result.peer_errors),
         "peer_failures": failures,

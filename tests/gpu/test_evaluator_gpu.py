@@ -143,6 +143,8 @@ def test_the_peers_loop_times_our_kernels_doing_their_work(evaluator):
         by_peer = reply["prepare_s_by_peer"]
         assert "torch_eager" in by_peer and any(n.startswith("torch_compile[") for n in by_peer), by_peer
         assert 0.0 < sum(by_peer.values()) <= reply["phase_s"]["prepare"] + 1e-6, (by_peer, reply["phase_s"])
+        first = reply["prepare_s_first_shape_by_peer"]  # the first shape's part of it
+        assert set(first) <= set(by_peer) and all(0.0 <= first[n] <= by_peer[n] + 1e-9 for n in first), (first, by_peer)
         # ... and, for the compilations, torch.compile's phases inside that time.
         phases = reply["compile_phases_s"]
         assert phases and all(n.startswith("torch_compile[") for n in phases), phases

@@ -92,6 +92,15 @@ def test_combined_runs_keep_every_loop_and_median_times() -> None:
     assert result.peer_extra["l2_findings"] == []
 
 
+def test_each_loops_setup_per_peer_is_kept() -> None:
+    runs = [{"peers": {"best": {"a": 1.0}}, "prepare_s_by_peer": {"flashinfer": 20.0 + i},
+             "prepare_s_first_shape_by_peer": {"flashinfer": 19.0 + i}} for i in range(3)]
+    result = _result()
+    combine_runs(result, runs)
+    assert result.peer_extra["prepare_s_by_peer"] == [
+        {"total": {"flashinfer": 20.0 + i}, "first_shape": {"flashinfer": 19.0 + i}} for i in range(3)]
+
+
 def test_a_failure_in_any_loop_removes_every_ratio_and_loop_errors_are_kept() -> None:
     runs = [{"peers": {"best": {"a": 1.0}, "baseline": {"a": 2.0}}},
             {"peers": {"best": {"a": 1.0}}, "failed": {"baseline": "REJECTED (replay): wrong"}},

@@ -265,6 +265,18 @@ def test_where_the_loops_time_went_is_said_per_kernel():
                         "gpu_busy_fraction": 0.5}, {}, [e], check_targets([e]))
     assert ("End-of-run loops: set-up 31, 4 s, timed 1.8, 1.7 s; torch.compile compiled ahead: "
             "23 compilations loaded, 1 made in the loops.") in text
+    # where the set-up went, per peer: the torch.compile compilations as one, the first shape apart
+    k["loop_prepare_s_by_peer"] = [
+        {"total": {"flashinfer": 21.0, "torch_compile[default#1]": 1.5, "torch_compile[max#1]": 1.0, "torch_eager": 0.1},
+         "first_shape": {"flashinfer": 20.0, "torch_compile[default#1]": 0.3, "torch_compile[max#1]": 0.2}},
+        {"total": {"flashinfer": 19.0, "torch_compile[default#1]": 2.5, "torch_compile[max#1]": 1.0, "torch_eager": 0.1},
+         "first_shape": {"flashinfer": 18.0, "torch_compile[default#1]": 0.5, "torch_compile[max#1]": 0.2}},
+        {"total": {"flashinfer": 26.0, "torch_compile[default#1]": 1.0, "torch_compile[max#1]": 1.0, "torch_eager": 0.0},
+         "first_shape": {"flashinfer": 25.0, "torch_compile[default#1]": 0.1, "torch_compile[max#1]": 0.1}}]
+    text = to_markdown({"gpu": "G", "command": "c", "evaluator": "gpu", "n_gpus": 1, "wall_s": 1.0,
+                        "gpu_busy_fraction": 0.5}, {}, [kernel_entry(k)], check_targets([e]))
+    assert ("set-up per peer (median over the loops, the first shape's part in brackets): flashinfer 21.0 s (20.0 s), "
+            "torch_compile 2.5 s (0.5 s).") in text
 
 
 def test_the_astra_target_is_taken_against_flashinfers_fastest_api():
