@@ -15,8 +15,10 @@ catch a rounding traced at float16 and emitted as one to ``__half``), an int8
 dequantisation with a per-column zero point and a per-row scale, a mix of the
 activations torch keeps as core ops (elu, leaky_relu, relu6, sign, softshrink) after a
 nan_to_num, on inputs holding NaN and infinities, a per-head RMS norm (qk-norm) whose
-reference views each row as heads of head_dim and back, and the log-probability of each
-row's chosen token (a log-softmax read at one column per row, then ``[:, 0]``). Each
+reference views each row as heads of head_dim and back, the log-probability of each
+row's chosen token (a log-softmax read at one column per row, then ``[:, 0]``), and a scaled
+token embedding plus a position embedding (two gathers, one by ``index_select``, with ids that
+count from the end when negative, as torch's indexing does). Each
 folder's baseline is also run, so that a spec and its baseline agree before the generator is
 judged against the spec.
 """
@@ -815,6 +817,77 @@ extern "C" __global__ void token_logprob(float* out, const scalar_t* x, const lo
 }
 '''
 
+# out[t] = tok_table[ids[t]] * w[t] + pos_table.index_select(0, positions)[t]: two gathers, one
+# written with index_select, ids counting from the end when negative (as torch indexes).
+EMBED_POS_SUM = '''
+from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, h, v, p = shape["num_tokens"], shape["hidden"], shape["vocab"], shape["max_pos"]
+    ids = torch.randint(0, v, (t,), generator=generator, device=device)
+    positions = torch.randint(0, p, (t,), generator=generator, device=device)
+    if case == "edge_ids":  # each table's first and last rows
+        even = torch.arange(t, device=device) % 2 == 0
+        ids = torch.where(even, v - 1, 0)
+        positions = torch.where(even, 0, p - 1)
+    if case == "from_end":  # every other id negative: row v + id
+        ids = torch.where(torch.arange(t, device=device) % 2 == 1, ids - v, ids)
+    return {
+        "out": torch.empty(t, h, device=device, dtype=dtype),
+        "tok_table": torch.randn(v, h, generator=generator, device=device).to(dtype),
+        "pos_table": torch.randn(p, h, generator=generator, device=device).to(dtype),
+        "ids": ids,
+        "positions": positions,
+        "w": torch.rand(t, generator=generator, device=device) * 2.0 + 0.25,
+    }
+
+
+def reference(inputs, shape, constants):
+    tok = inputs["tok_table"][inputs["ids"]].float()  # torch counts a negative id from the end
+    pos = inputs["pos_table"].index_select(0, inputs["positions"]).float()
+    return {"out": tok * inputs["w"][:, None] + pos}
+
+
+SPEC = KernelSpec(
+    name="embed_pos_sum",
+    description=(
+        "out[t, :] = tok_table[ids[t], :] * w[t] + pos_table[positions[t], :] in fp32, rounded once. "
+        "tok_table is [vocab, hidden], pos_table [max_pos, hidden], ids int64 [num_tokens] in "
+        "[-vocab, vocab) (a negative id counts from the end), positions int64 [num_tokens] in "
+        "[0, max_pos), w fp32 [num_tokens], out [num_tokens, hidden]. hidden is a multiple of 8."
+    ),
+    args=(Arg("out", "tensor", role="out"), Arg("tok_table", "tensor"), Arg("pos_table", "tensor"),
+          Arg("ids", "tensor", dtype="int64"), Arg("positions", "tensor", dtype="int64"),
+          Arg("w", "tensor", dtype="float32"), Arg("num_tokens", "int"), Arg("hidden", "int", multiple_of=8),
+          Arg("vocab", "int"), Arg("max_pos", "int")),
+    search_shapes=({"num_tokens": 64, "hidden": 4096, "vocab": 32000, "max_pos": 4096},),
+    heldout_shapes=({"num_tokens": 7, "hidden": 1032, "vocab": 32000, "max_pos": 2048},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: 3 * s["num_tokens"] * s["hidden"] * (4 if dt == "float32" else 2),
+    flops=lambda s: 2 * s["num_tokens"] * s["hidden"],
+    dtypes=("float16", "float32"),
+    edge_cases=("edge_ids", "from_end"),
+)
+'''
+
+EMBED_POS_SUM_CU = '''// launch: grid=(num_tokens,) block=(128,) smem=0
+extern "C" __global__ void embed_pos_sum(scalar_t* out, const scalar_t* tok_table, const scalar_t* pos_table,
+                                         const long long* ids, const long long* positions, const float* w,
+                                         int num_tokens, int hidden, int vocab, int max_pos) {
+    const long long t = blockIdx.x;
+    const long long id = ids[t] < 0 ? ids[t] + vocab : ids[t];
+    const scalar_t* a = tok_table + id * hidden;
+    const scalar_t* b = pos_table + positions[t] * hidden;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+        out[t * hidden + i] = static_cast<scalar_t>(static_cast<float>(a[i]) * w[t] + static_cast<float>(b[i]));
+    }
+}
+'''
+
 FOLDERS = {
     "silu_scale_shift": (SILU_SCALE_SHIFT, SILU_SCALE_SHIFT_CU),
     "softmax_temperature": (SOFTMAX_TEMPERATURE, SOFTMAX_TEMPERATURE_CU),
@@ -829,11 +902,15 @@ FOLDERS = {
     "activation_mix": (ACTIVATION_MIX, ACTIVATION_MIX_CU),
     "head_rmsnorm": (HEAD_RMSNORM, HEAD_RMSNORM_CU),
     "token_logprob": (TOKEN_LOGPROB, TOKEN_LOGPROB_CU),
+    "embed_pos_sum": (EMBED_POS_SUM, EMBED_POS_SUM_CU),
 }
 
 # Small shapes: one row and up to 40, row lengths on and off 8-element (16-byte) vectors, a
 # row longer than a block's registers hold for the row kernels.
 SHAPES: dict[str, list[dict[str, int]]] = {
+    "embed_pos_sum": [{"num_tokens": 5, "hidden": 264, "vocab": 50, "max_pos": 13},
+                      {"num_tokens": 1, "hidden": 1000, "vocab": 7, "max_pos": 3},
+                      {"num_tokens": 17, "hidden": 40, "vocab": 300, "max_pos": 64}],
     "silu_scale_shift": [{"num_tokens": 1, "hidden": 100}, {"num_tokens": 3, "hidden": 1000},
                          {"num_tokens": 17, "hidden": 36}],
     "softmax_temperature": [{"num_tokens": 4, "vocab": 1000}, {"num_tokens": 1, "vocab": 100},
@@ -860,6 +937,7 @@ SHAPES: dict[str, list[dict[str, int]]] = {
 
 # What the generator is expected to make of each kernel: its kind and every schedule's name.
 EXPECTED: dict[str, tuple[str, set[str]]] = {
+    "embed_pos_sum": ("elementwise", {"codegen:elementwise/rows"}),
     "silu_scale_shift": ("elementwise", {"codegen:elementwise/rows"}),
     "softmax_temperature": ("rowwise", {"codegen:rows/block", "codegen:rows/warp", "codegen:rows/cluster",
                                         "codegen:rows/block+online", "codegen:rows/cluster+online"}),

@@ -371,9 +371,9 @@ def test_recipes_validate_on_every_shape(kernel):
                             what = f"{recipe.name} fast={fast} {params} {dtype}: {got.message}"
                             if fast and got.status is Status.INCORRECT:
                                 # --use_fast_math swaps in approximate hardware functions (tanhf
-                                # becomes tanh.approx, ~2^-11 relative: gelu_tanh's 1 + tanh
-                                # cancels it past fp16's tolerance). Rejecting such a variant is
-                                # the right verdict; only a tolerance miss may reject it.
+                                # becomes tanh.approx, ~2^-11 relative, which a 1 + tanh cancels
+                                # past fp16's tolerance; expf becomes __expf). Rejecting such a
+                                # variant is the right verdict; only a tolerance miss may reject it.
                                 assert "elements outside rtol" in got.message, what
                                 continue
                             assert got.status is Status.OK, what

@@ -151,6 +151,8 @@ class Emitter:
             stride = self.cols if leaf.row_stride == "C" else c_size(leaf.row_stride)
             if leaf.access == "gather":
                 idx = self.row_expr(leaf.index)
+                if leaf.rows:  # a given index: a negative one counts from the end, as in torch
+                    idx = f"({idx} < 0 ? {idx} + {c_size(leaf.rows)} : {idx})"
                 out.append(f"const cg_idx cg_base{i} = static_cast<cg_idx>({idx}) * {stride};")
             else:
                 out.append(f"const cg_idx cg_base{i} = {row} * {stride} + {c_size(leaf.offset)};")
@@ -279,7 +281,8 @@ class Emitter:
             return f"(0.5f * {args[0]} * (1.0f + erff({args[0]} * 0.70710678118654752f)))"
         if name == "gelu_tanh":
             a = args[0]
-            return f"(0.5f * {a} * (1.0f + tanhf(0.7978845608028654f * ({a} + 0.044715f * {a} * {a} * {a}))))"
+            # as g * sigmoid(2u): see the gated_act recipes (agents/embedded/recipes)
+            return f"({a} / (1.0f + expf(-1.5957691216057308f * ({a} + 0.044715f * {a} * {a} * {a}))))"
         if name in ("add", "sub", "mul", "div"):
             sym = {"add": "+", "sub": "-", "mul": "*", "div": "/"}[name]
             if node.ctype == FLOAT or FLOAT in kinds:

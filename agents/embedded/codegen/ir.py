@@ -54,13 +54,15 @@ _TORCH_TO_C = dict(_C_TYPES)
 class Load:
     """Element (r, c) of a tensor argument: at ``r * row_stride + offset + c`` (``full``), at
     ``c`` (``col``), ``r`` (``row``), 0 (``scalar``), or at ``index * row_stride + c`` with
-    ``index`` a row expression (``gather``)."""
+    ``index`` a row expression (``gather``). A gather by an index the kernel is given has the
+    table's row count in ``rows``: a negative index counts from the end, as in torch."""
 
     arg: str
     access: str
     row_stride: str = "C"
     offset: str = "0"
     index: Any = None
+    rows: str = ""
 
 
 @dataclass(frozen=True)
@@ -414,7 +416,7 @@ class _Reader:
             return self.slice(first, na, nb, shape, shape_b)
         if name == "getitem":
             return self.piece(env, na, nb, shape, shape_b)
-        if name in ("index", "embedding"):
+        if name in ("index", "embedding", "index_select"):
             return self.gather_rows(env, na, name, shape, shape_b)
         if name in _SCATTERS:
             return self.scatter_rows(env, na, shape, shape_b)
@@ -514,9 +516,16 @@ class _Reader:
         return _Val(expr, shape, shape_b, dtype=first.dtype)
 
     def gather_rows(self, env: dict[Any, _Val], na: Any, name: str, shape: tuple[int, ...], shape_b: tuple[int, ...]) -> _Val:
-        table, idx = (na.args[0], na.args[1][0]) if name == "index" else (na.args[0], na.args[1])
+        """``table[idx]``, ``embedding(table, idx)`` or ``table.index_select(0, idx)``: row r of
+        a 2-D argument's row idx[r] (negative ones from the end)."""
         if name == "index" and len(na.args[1]) != 1:
             raise Unsupported("indexing by several tensors")
+        if name == "index_select":
+            if na.args[1] not in (0, -2):
+                raise Unsupported("an index_select along another dimension than the rows")
+            table, idx = na.args[0], na.args[2]
+        else:
+            table, idx = (na.args[0], na.args[1][0]) if name == "index" else (na.args[0], na.args[1])
         t = env[table]
         if t.expr is not None or len(t.shape) != 2:
             raise Unsupported("a gather from something other than a 2-D argument")
@@ -524,7 +533,9 @@ class _Reader:
         if self.space(shape) != "full" or self.space(env[idx].shape) != "row":
             raise Unsupported("a gather whose rows are not the iteration space's rows")
         stride = self.size_expr(t.shape[-1], t.shape_b[-1])
-        return _Val(Load(t.arg or "", "gather", row_stride=stride, index=index), shape, shape_b, dtype=t.dtype)
+        rows = self.size_expr(t.shape[0], t.shape_b[0])
+        return _Val(Load(t.arg or "", "gather", row_stride=stride, index=index, rows=rows), shape, shape_b,
+                    dtype=t.dtype)
 
     def scatter_rows(self, env: dict[Any, _Val], na: Any, shape: tuple[int, ...], shape_b: tuple[int, ...]) -> _Val:
         """``target[index] = values``: row r of the values to row index[r] of a 2-D argument."""
