@@ -669,3 +669,20 @@ def test_a_reference_rounding_to_both_is_refused(tmp_path):
     spec = _kernel_here(tmp_path, "rounded", _ROUNDED_SPEC.replace("ROUNDED", both), _ROUNDED_BASELINE)
     with pytest.raises(Unsupported, match="follow the element type and some do not"):
         classify(spec)
+
+
+def test_a_size_may_divide_a_symbol_by_a_constant_that_divides_it_at_both_probes():
+    """Groups of a row (``x.view(t, h // 128, 128)``) count ``(hidden // 128) * num_tokens``:
+    the probes are odd primes times ``multiple_of``, so only a divisor of that divides both;
+    a plain product is still preferred, and C gets ``/`` where the launch header has ``//``."""
+    from agents.embedded.codegen.emit import c_size
+    from agents.embedded.codegen.trace import fit_size
+
+    probes = ({"num_tokens": 3, "hidden": 128 * 5}, {"num_tokens": 7, "hidden": 128 * 11})
+    assert fit_size(3 * 5, 7 * 11, probes) == "(hidden // 128) * num_tokens"
+    assert fit_size(3 * 640, 7 * 1408, probes) == "hidden * num_tokens"
+    assert fit_size(2 * 640, 2 * 1408, probes) == "2 * hidden"
+    assert c_size("(hidden // 128) * num_tokens") == \
+        "(static_cast<cg_idx>((hidden / 128)) * static_cast<cg_idx>(num_tokens))"
+    with pytest.raises(Unsupported):  # 5 does not divide hidden at both probes (nor anything else)
+        fit_size(128, 128 * 11 // 5 + 1, probes)

@@ -18,7 +18,8 @@ nan_to_num, on inputs holding NaN and infinities, a per-head RMS norm (qk-norm) 
 reference views each row as heads of head_dim and back, the log-probability of each
 row's chosen token (a log-softmax read at one column per row, then ``[:, 0]``), and a scaled
 token embedding plus a position embedding (two gathers, one by ``index_select``, with ids that
-count from the end when negative, as torch's indexing does). Each
+count from the end when negative, as torch's indexing does), and a per-group int8 quantisation
+(groups of 128 along the row, through a view of the row as [hidden // 128, 128]). Each
 folder's baseline is also run, so that a spec and its baseline agree before the generator is
 judged against the spec.
 """
@@ -888,6 +889,93 @@ extern "C" __global__ void embed_pos_sum(scalar_t* out, const scalar_t* tok_tabl
 }
 '''
 
+# q, scale = per-group int8 quantisation, groups of 128 along the row: the reference views the row
+# as [hidden // 128, 128], so the generator's rows are num_tokens * (hidden // 128) groups.
+GROUP_QUANT_INT8 = '''
+from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, h = shape["num_tokens"], shape["hidden"]
+    x = torch.randn(t, h, generator=generator, device=device) * 2.0
+    if case == "zero_groups":
+        x.view(t, h // 128, 128)[:, ::2] = 0.0  # absmax 0: the scale is 1e-10 and every value 0
+    elif case == "outliers":
+        x[:, ::37] = 300.0  # one value per group dominates its scale, the rest round to few steps
+    return {
+        "q": torch.empty(t, h, device=device, dtype=torch.int8),
+        "scale": torch.empty(t, h // 128, device=device, dtype=torch.float32),
+        "x": x.to(dtype),
+    }
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    x = inputs["x"].float()
+    t, h = x.shape
+    g = x.reshape(t, h // 128, 128)
+    amax = g.abs().amax(dim=-1, keepdim=True)
+    scale = torch.clamp(amax / 127.0, min=1e-10)
+    q = torch.clamp(torch.round(g / scale), -127.0, 127.0).to(torch.int8)
+    return {"q": q.reshape(t, h), "scale": scale.squeeze(-1)}
+
+
+def compare(name, got, expected):
+    """q within one step (x / scale may round either way at a half), scales within 1e-6
+    relative."""
+    import torch
+
+    g, e = got.double(), expected.double()
+    if g.shape != e.shape:
+        return f"{name}: shape {tuple(g.shape)}, expected {tuple(e.shape)}"
+    tol = torch.ones_like(e) if name == "q" else 1e-6 * e.abs() + 1e-30
+    bad = ~((g - e).abs() <= tol)
+    if not bool(bad.any()):
+        return None
+    idx = tuple(int(i) for i in bad.nonzero()[0])
+    return f"{name}{list(idx)}: got {g[idx].item():.6g}, expected {e[idx].item():.6g}; {int(bad.sum())} differ"
+
+
+SPEC = KernelSpec(
+    name="group_quant_int8",
+    description=(
+        "Per-group symmetric int8 quantisation of activations (groups of 128 contiguous elements "
+        "of a row). x is [num_tokens, hidden]; q is int8 [num_tokens, hidden]; scale is fp32 "
+        "[num_tokens, hidden / 128], row-major. Per group, in fp32: a = max |x|, "
+        "scale = max(a / 127, 1e-10), q = clamp(round_half_even(x / scale), -127, 127). "
+        "hidden is a multiple of 128."
+    ),
+    args=(Arg("q", "tensor", dtype="int8", role="out"), Arg("scale", "tensor", dtype="float32", role="out"),
+          Arg("x", "tensor"), Arg("num_tokens", "int"), Arg("hidden", "int", multiple_of=128)),
+    search_shapes=({"num_tokens": 64, "hidden": 7168},),
+    heldout_shapes=({"num_tokens": 7, "hidden": 1152},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: s["num_tokens"] * (s["hidden"] * ((4 if dt == "float32" else 2) + 1) + 4 * (s["hidden"] // 128)),
+    flops=lambda s: 3 * s["num_tokens"] * s["hidden"],
+    dtypes=("float16", "bfloat16", "float32"),
+    edge_cases=("zero_groups", "outliers"),
+    compare=compare,
+)
+'''
+
+GROUP_QUANT_INT8_CU = '''// launch: grid=(num_tokens * (hidden // 128),) block=(1,) smem=0
+extern "C" __global__ void group_quant_int8(signed char* q, float* scale, const scalar_t* x, int num_tokens, int hidden) {
+    const long long g = blockIdx.x;  // group g covers elements [g * 128, g * 128 + 128) of the flat tensor
+    float a = 0.0f;
+    for (int i = 0; i < 128; ++i) a = fmaxf(a, fabsf(static_cast<float>(x[g * 128 + i])));
+    const float s = fmaxf(a / 127.0f, 1e-10f);
+    scale[g] = s;
+    for (int i = 0; i < 128; ++i) {
+        const float v = rintf(static_cast<float>(x[g * 128 + i]) / s);
+        q[g * 128 + i] = static_cast<signed char>(fminf(fmaxf(v, -127.0f), 127.0f));
+    }
+}
+'''
+
 FOLDERS = {
     "silu_scale_shift": (SILU_SCALE_SHIFT, SILU_SCALE_SHIFT_CU),
     "softmax_temperature": (SOFTMAX_TEMPERATURE, SOFTMAX_TEMPERATURE_CU),
@@ -903,11 +991,14 @@ FOLDERS = {
     "head_rmsnorm": (HEAD_RMSNORM, HEAD_RMSNORM_CU),
     "token_logprob": (TOKEN_LOGPROB, TOKEN_LOGPROB_CU),
     "embed_pos_sum": (EMBED_POS_SUM, EMBED_POS_SUM_CU),
+    "group_quant_int8": (GROUP_QUANT_INT8, GROUP_QUANT_INT8_CU),
 }
 
 # Small shapes: one row and up to 40, row lengths on and off 8-element (16-byte) vectors, a
 # row longer than a block's registers hold for the row kernels.
 SHAPES: dict[str, list[dict[str, int]]] = {
+    "group_quant_int8": [{"num_tokens": 3, "hidden": 256}, {"num_tokens": 1, "hidden": 128},
+                         {"num_tokens": 5, "hidden": 640}],
     "embed_pos_sum": [{"num_tokens": 5, "hidden": 264, "vocab": 50, "max_pos": 13},
                       {"num_tokens": 1, "hidden": 1000, "vocab": 7, "max_pos": 3},
                       {"num_tokens": 17, "hidden": 40, "vocab": 300, "max_pos": 64}],
@@ -937,6 +1028,7 @@ SHAPES: dict[str, list[dict[str, int]]] = {
 
 # What the generator is expected to make of each kernel: its kind and every schedule's name.
 EXPECTED: dict[str, tuple[str, set[str]]] = {
+    "group_quant_int8": ("rowwise", {"codegen:rows/block", "codegen:rows/warp", "codegen:rows/cluster"}),
     "embed_pos_sum": ("elementwise", {"codegen:elementwise/rows"}),
     "silu_scale_shift": ("elementwise", {"codegen:elementwise/rows"}),
     "softmax_temperature": ("rowwise", {"codegen:rows/block", "codegen:rows/warp", "codegen:rows/cluster",

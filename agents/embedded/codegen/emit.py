@@ -51,8 +51,9 @@ class Schedule:
 
 def c_size(expr: str, index: str = "cg_idx") -> str:
     """A launch-style size expression (``2 * d``) as C of the index type (``cg_idx``: 64-bit
-    unless a schedule runs a 32-bit copy; ``index="long long"`` for a bound that must not wrap)."""
-    return "(" + " * ".join(f"static_cast<{index}>({t})" for t in expr.split(" * ")) + ")"
+    unless a schedule runs a 32-bit copy; ``index="long long"`` for a bound that must not wrap).
+    A term ``(hidden // 128)`` (an exact quotient, :func:`trace.fit_size`) is C's ``/``."""
+    return "(" + " * ".join(f"static_cast<{index}>({t.replace(' // ', ' / ')})" for t in expr.split(" * ")) + ")"
 
 
 def _float_literal(x: float) -> str:

@@ -156,7 +156,10 @@ def trace_reference(spec: KernelSpec, dtype: str | None = None) -> Trace:
 
 def fit_size(value_a: int, value_b: int, probes: tuple[dict[str, int], dict[str, int]]) -> str:
     """The expression ``c * s1 * s2 ...`` over the shape symbols that gives ``value_a`` at
-    probe A and ``value_b`` at probe B (fewest symbols first).
+    probe A and ``value_b`` at probe B (fewest symbols first); else one with a symbol divided
+    by a constant that divides it at both probes, ``(hidden // 128) * num_tokens`` (the groups
+    of a row, as ``x.view(t, h // 128, 128)`` makes them): a probe is an odd prime times the
+    symbol's ``multiple_of``, so such a constant divides every size the spec allows.
 
     Raises:
         Unsupported: no such product of at most three symbols.
@@ -172,4 +175,15 @@ def fit_size(value_a: int, value_b: int, probes: tuple[dict[str, int], dict[str,
                 c = value_a // pa
                 terms = ([str(c)] if c != 1 else []) + list(combo)
                 return " * ".join(terms)
+    for k in (1, 2, 3):
+        for combo in itertools.combinations(names, k):
+            pa = math.prod(probes[0][s] for s in combo)
+            pb = math.prod(probes[1][s] for s in combo)
+            for split in combo:
+                common = math.gcd(probes[0][split], probes[1][split])
+                for d in (d for d in range(2, common + 1) if common % d == 0):
+                    if pa and value_a * d % pa == 0 and value_a * d // pa * pb == value_b * d:
+                        c = value_a * d // pa
+                        terms = ([str(c)] if c != 1 else []) + [f"({s} // {d})" if s == split else s for s in combo]
+                        return " * ".join(terms)
     raise Unsupported(f"a size ({value_a} / {value_b} at the probes) is not a product of shape symbols")
