@@ -18,8 +18,11 @@ nan_to_num, on inputs holding NaN and infinities, a per-head RMS norm (qk-norm) 
 reference views each row as heads of head_dim and back, the log-probability of each
 row's chosen token (a log-softmax read at one column per row, then ``[:, 0]``), and a scaled
 token embedding plus a position embedding (two gathers, one by ``index_select``, with ids that
-count from the end when negative, as torch's indexing does), and a per-group int8 quantisation
-(groups of 128 along the row, through a view of the row as [hidden // 128, 128]). Each
+count from the end when negative, as torch's indexing does), a per-group int8 quantisation
+(groups of 128 along the row, through a view of the row as [hidden // 128, 128]), a fake fp8
+quantisation (a rounding to e4m3 inside the expression), an fp16 argument rounded to
+bfloat16 (a cast that keeps the size), and rows scattered with ``scatter`` (each row's slot
+expanded along it) times an explicitly expanded column operand. Each
 folder's baseline is also run, so that a spec and its baseline agree before the generator is
 judged against the spec.
 """
@@ -976,6 +979,194 @@ extern "C" __global__ void group_quant_int8(signed char* q, float* scale, const 
 }
 '''
 
+# out = e4m3(clamp(x / scale[0])) * scale[0]: a rounding to fp8 in the middle of the expression.
+FAKE_QUANT_FP8 = '''
+from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, h = shape["num_tokens"], shape["hidden"]
+    x = torch.randn(t, h, generator=generator, device=device) * 4.0
+    scale = torch.rand(1, generator=generator, device=device) * 0.05 + 0.01
+    if case == "saturate":
+        x = x * 100.0  # most values past 448 * scale: clamped
+    elif case == "tiny":
+        x = x * 1e-3  # quotients in e4m3's subnormal range (below 2^-6)
+    return {
+        "out": torch.empty(t, h, device=device, dtype=dtype),
+        "x": x.to(dtype),
+        "scale": scale,
+    }
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    q = torch.clamp(inputs["x"].float() / inputs["scale"][0], -448.0, 448.0)
+    return {"out": q.to(torch.float8_e4m3fn).float() * inputs["scale"][0]}
+
+
+SPEC = KernelSpec(
+    name="fake_quant_fp8",
+    description=(
+        "Fake (per-tensor) fp8 quantisation: out[t, i] = e4m3(clamp(x[t, i] / scale[0], -448, 448)) "
+        "* scale[0], the quotient in fp32 rounded to nearest even e4m3, the product in fp32 rounded "
+        "once to the element type. x and out are [num_tokens, hidden], scale a one-element fp32 "
+        "tensor. hidden is a multiple of 8."
+    ),
+    args=(Arg("out", "tensor", role="out"), Arg("x", "tensor"),
+          Arg("scale", "tensor", dtype="float32"), Arg("num_tokens", "int"), Arg("hidden", "int", multiple_of=8)),
+    search_shapes=({"num_tokens": 64, "hidden": 4096},),
+    heldout_shapes=({"num_tokens": 7, "hidden": 1032},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: 2 * s["num_tokens"] * s["hidden"] * (4 if dt == "float32" else 2) + 4,
+    flops=lambda s: 3 * s["num_tokens"] * s["hidden"],
+    dtypes=("float16", "bfloat16", "float32"),
+    edge_cases=("saturate", "tiny"),
+)
+'''
+
+FAKE_QUANT_FP8_CU = '''// launch: grid=(cdiv(num_tokens * hidden, 256),) block=(256,) smem=0
+extern "C" __global__ void fake_quant_fp8(scalar_t* out, const scalar_t* x, const float* scale,
+                                            int num_tokens, int hidden) {
+    const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < static_cast<long long>(num_tokens) * hidden) {
+        const float q = fminf(fmaxf(static_cast<float>(x[i]) / scale[0], -448.0f), 448.0f);
+        out[i] = static_cast<scalar_t>(static_cast<float>(__nv_fp8_e4m3(q)) * scale[0]);
+    }
+}
+'''
+
+# out = where(keep[t], bf16(x) * y, 0): an fp16 argument rounded to bfloat16, a cast of the same size.
+BF16_ROUND_MUL = '''
+from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, h = shape["num_tokens"], shape["hidden"]
+    x = torch.randn(t, h, generator=generator, device=device)
+    y = torch.randn(t, h, generator=generator, device=device)
+    keep = torch.rand(t, generator=generator, device=device) < 0.6
+    if case == "none_kept":
+        keep = torch.zeros(t, device=device, dtype=torch.bool)
+    elif case == "padding_garbage":
+        # Dropped (padding) tokens hold garbage, NaN and inf included: they still give 0.
+        keep = torch.arange(t, device=device) % 2 == 0
+        x = torch.where(keep[:, None], x, float("nan"))
+        y = torch.where(keep[:, None], y, float("inf"))
+    return {
+        "out": torch.empty(t, h, device=device, dtype=dtype),
+        "x": x.to(dtype),
+        "y": y.to(dtype),
+        "keep": keep,
+    }
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    prod = inputs["x"].to(torch.bfloat16).float() * inputs["y"].float()
+    return {"out": torch.where(inputs["keep"][:, None], prod, 0.0)}
+
+
+SPEC = KernelSpec(
+    name="bf16_round_mul",
+    description=(
+        "out[t, i] = bf16(x[t, i]) * y[t, i] in fp32 (x rounded to bfloat16 first), rounded once, where keep[t], else 0 (whatever x "
+        "and y hold there). x, y and out are [num_tokens, hidden]; keep is bool [num_tokens]. "
+        "hidden has no alignment."
+    ),
+    args=(Arg("out", "tensor", role="out"), Arg("x", "tensor"), Arg("y", "tensor"),
+          Arg("keep", "tensor", dtype="bool"), Arg("num_tokens", "int"), Arg("hidden", "int")),
+    search_shapes=({"num_tokens": 64, "hidden": 4096},),
+    heldout_shapes=({"num_tokens": 7, "hidden": 1001},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: 3 * s["num_tokens"] * s["hidden"] * (4 if dt == "float32" else 2) + s["num_tokens"],
+    flops=lambda s: s["num_tokens"] * s["hidden"],
+    dtypes=("float16", "bfloat16", "float32"),
+    edge_cases=("none_kept", "padding_garbage"),
+)
+'''
+
+BF16_ROUND_MUL_CU = '''// launch: grid=(num_tokens,) block=(128,) smem=0
+extern "C" __global__ void bf16_round_mul(scalar_t* out, const scalar_t* x, const scalar_t* y, const bool* keep,
+                                            int num_tokens, int hidden) {
+    const long long t = blockIdx.x;
+    const bool k = keep[t];
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+        const float v = k ? static_cast<float>(__float2bfloat16(static_cast<float>(x[t * hidden + i]))) * static_cast<float>(y[t * hidden + i]) : 0.0f;
+        out[t * hidden + i] = static_cast<scalar_t>(v);
+    }
+}
+'''
+
+# state[slots[t]] = x[t] * gain, written with scatter along the rows (the slot of each row expanded
+# over it) and an explicitly expanded column operand.
+GAIN_SLOT_SCATTER = '''from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, h, s = shape["num_tokens"], shape["hidden"], shape["num_slots"]
+    slots = torch.randperm(s, generator=generator, device=device)[:t]
+    if case == "ends":
+        # The buffer's last row, then its first: the last ends the buffer exactly.
+        rest = torch.randperm(s - 2, generator=generator, device=device) + 1
+        slots = torch.cat([torch.tensor([s - 1, 0], device=device), rest])[:t]
+    return {
+        "state": torch.randn(s, h, generator=generator, device=device).to(dtype),
+        "x": torch.randn(t, h, generator=generator, device=device).to(dtype),
+        "gain": (torch.rand(h, generator=generator, device=device) + 0.5).to(dtype),
+        "slots": slots.to(torch.int64),
+    }
+
+
+def reference(inputs, shape, constants):
+    state, x = inputs["state"].float(), inputs["x"].float()
+    t, h = x.shape
+    rows = inputs["slots"][:, None].expand(-1, h)  # one slot per row, repeated along it
+    return {"state": state.scatter(0, rows, x * inputs["gain"].float()[None, :].expand(t, -1))}
+
+
+SPEC = KernelSpec(
+    name="gain_slot_scatter",
+    description=(
+        "Per-request state write-back: state[slots[t], :] = x[t, :] * gain in fp32, rounded once; every other row of "
+        "state keeps its contents. state is [num_slots, hidden] (read and written in place), x "
+        "[num_tokens, hidden], gain [hidden], slots int64 [num_tokens], distinct, each in [0, num_slots). hidden is a "
+        "multiple of 8."
+    ),
+    args=(Arg("state", "tensor", role="inout"), Arg("x", "tensor"), Arg("gain", "tensor"), Arg("slots", "tensor", dtype="int64"),
+          Arg("num_tokens", "int"), Arg("hidden", "int", multiple_of=8), Arg("num_slots", "int")),
+    search_shapes=({"num_tokens": 64, "hidden": 4096, "num_slots": 256},),
+    heldout_shapes=({"num_tokens": 7, "hidden": 1032, "num_slots": 300},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: s["num_tokens"] * (2 * s["hidden"] * (4 if dt == "float32" else 2) + 8),
+    flops=lambda s: 0,
+    dtypes=("float16", "bfloat16", "float32"),
+    edge_cases=("ends",),
+)
+'''
+
+GAIN_SLOT_SCATTER_CU = '''// launch: grid=(num_tokens,) block=(128,) smem=0
+extern "C" __global__ void gain_slot_scatter(scalar_t* state, const scalar_t* x, const scalar_t* gain,
+                                             const long long* slots, int num_tokens, int hidden, int num_slots) {
+    const long long t = blockIdx.x;
+    scalar_t* dst = state + slots[t] * hidden;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+        dst[i] = static_cast<scalar_t>(static_cast<float>(x[t * hidden + i]) * static_cast<float>(gain[i]));
+    }
+}
+'''
+
 FOLDERS = {
     "silu_scale_shift": (SILU_SCALE_SHIFT, SILU_SCALE_SHIFT_CU),
     "softmax_temperature": (SOFTMAX_TEMPERATURE, SOFTMAX_TEMPERATURE_CU),
@@ -992,11 +1183,18 @@ FOLDERS = {
     "token_logprob": (TOKEN_LOGPROB, TOKEN_LOGPROB_CU),
     "embed_pos_sum": (EMBED_POS_SUM, EMBED_POS_SUM_CU),
     "group_quant_int8": (GROUP_QUANT_INT8, GROUP_QUANT_INT8_CU),
+    "fake_quant_fp8": (FAKE_QUANT_FP8, FAKE_QUANT_FP8_CU),
+    "bf16_round_mul": (BF16_ROUND_MUL, BF16_ROUND_MUL_CU),
+    "gain_slot_scatter": (GAIN_SLOT_SCATTER, GAIN_SLOT_SCATTER_CU),
 }
 
 # Small shapes: one row and up to 40, row lengths on and off 8-element (16-byte) vectors, a
 # row longer than a block's registers hold for the row kernels.
 SHAPES: dict[str, list[dict[str, int]]] = {
+    "gain_slot_scatter": [{"num_tokens": 5, "hidden": 264, "num_slots": 50}, {"num_tokens": 1, "hidden": 1000, "num_slots": 3},
+                          {"num_tokens": 17, "hidden": 40, "num_slots": 17}],
+    "fake_quant_fp8": [{"num_tokens": 1, "hidden": 8}, {"num_tokens": 3, "hidden": 1000}, {"num_tokens": 17, "hidden": 264}],
+    "bf16_round_mul": [{"num_tokens": 6, "hidden": 37}, {"num_tokens": 4, "hidden": 1000}],
     "group_quant_int8": [{"num_tokens": 3, "hidden": 256}, {"num_tokens": 1, "hidden": 128},
                          {"num_tokens": 5, "hidden": 640}],
     "embed_pos_sum": [{"num_tokens": 5, "hidden": 264, "vocab": 50, "max_pos": 13},
@@ -1028,6 +1226,9 @@ SHAPES: dict[str, list[dict[str, int]]] = {
 
 # What the generator is expected to make of each kernel: its kind and every schedule's name.
 EXPECTED: dict[str, tuple[str, set[str]]] = {
+    "gain_slot_scatter": ("elementwise", {"codegen:elementwise/rows"}),
+    "fake_quant_fp8": ("elementwise", {"codegen:elementwise/rows", "codegen:elementwise/flat"}),
+    "bf16_round_mul": ("elementwise", {"codegen:elementwise/rows"}),
     "group_quant_int8": ("rowwise", {"codegen:rows/block", "codegen:rows/warp", "codegen:rows/cluster"}),
     "embed_pos_sum": ("elementwise", {"codegen:elementwise/rows"}),
     "silu_scale_shift": ("elementwise", {"codegen:elementwise/rows"}),

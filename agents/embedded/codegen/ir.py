@@ -41,6 +41,7 @@ BINARY = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "pow", "at
 COMPARE: dict[str, str] = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "eq": "==", "ne": "!="}
 # Writes of rows by index (``target[index] = values``).
 _SCATTERS = {"index_put"}
+_VALUES_AT = {"index_put": 2, "scatter": 3}  # where a scatter's values stand among its arguments
 # Pieces of a tensor along a dimension (``chunk``, ``split``), taken by ``getitem``.
 _SPLITS = {"split_with_sizes", "split"}
 _VIEWS = {"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "expand", "clone", "alias",
@@ -328,18 +329,20 @@ class _Reader:
             raise Unsupported("the reference computes nothing")
         # The iteration space: the largest value the graph computes, not an argument merely cast
         # or sliced (a gated activation's input row is twice its output row).
-        lazy = {"_to_copy", "slice", "getitem", *_VIEWS, *_SCATTERS}
+        lazy = {"_to_copy", "slice", "getitem", *_VIEWS, *_VALUES_AT}
         work = [n for n in computed if _opname(n) not in lazy] or computed
         big = max(range(len(nodes_a)), key=lambda i: _numel(nodes_a[i]) if nodes_a[i] in work else -1)
         self.full = tuple(nodes_a[big].meta["val"].shape)
         self.full_b = tuple(nodes_b[big].meta["val"].shape)
-        scatters = [i for i, n in enumerate(nodes_a) if n in computed and _opname(n) in _SCATTERS]
+        scatters = [i for i, n in enumerate(nodes_a) if n in computed and _opname(n) in _VALUES_AT]
         if scatters:
             # What a scatter writes is the iteration space (its values' rows), not its target.
-            values = [n.args[2] for n in (nodes_a[scatters[0]], nodes_b[scatters[0]])]
-            if not all(hasattr(v, "meta") for v in values):
+            at = _VALUES_AT[_opname(nodes_a[scatters[0]])]
+            values = [n.args[at] if len(n.args) > at else None for n in (nodes_a[scatters[0]], nodes_b[scatters[0]])]
+            kept: list[Any] = [v for v in values if hasattr(v, "meta")]
+            if len(kept) != 2:
                 raise Unsupported("a scatter of a constant")
-            self.full, self.full_b = (tuple(v.meta["val"].shape) for v in values)
+            self.full, self.full_b = (tuple(v.meta["val"].shape) for v in kept)
         if len(self.full) == 0:
             raise Unsupported("no tensor dimension to iterate over")
         rows = self.size_expr(math.prod(self.full[:-1]), math.prod(self.full_b[:-1]))
@@ -396,6 +399,11 @@ class _Reader:
             name = "squeeze"  # x[:, 0] of a dimension of one: the same elements, that dimension dropped
         if name in _VIEWS:
             assert first is not None
+            if first.expr is None and name == "expand":
+                # Explicit broadcasting: the argument's memory has its own shape, not the
+                # expanded one, so it is read by its own shape (a row, a column...) and broadcast.
+                self.space(shape)
+                return out(self.read(first))
             if first.expr is None:  # an argument seen through a view: still read lazily
                 return _Val(None, shape, shape_b, arg=first.arg, dtype=first.dtype)
             if name != "expand" and first.shape == self.full and first.shape_b == self.full_b \
@@ -408,8 +416,9 @@ class _Reader:
         if name == "_to_copy":
             assert first is not None
             if first.expr is None and kind == FLOAT and first.dtype.is_floating_point \
-                    and (val.dtype.itemsize >= first.dtype.itemsize or val.dtype == torch.float32):
-                # A cast of an argument: read it lazily still (the cast happens at the load).
+                    and val.dtype in (torch.float32, torch.float64, first.dtype):
+                # A widening cast of an argument: read it lazily still (the cast happens at the
+                # load, exactly). float16 to bfloat16 is not one: it keeps the size and rounds.
                 return _Val(None, shape, shape_b, arg=first.arg, dtype=first.dtype)
             return out(_cast(self.read(first), val.dtype, self.trace.element_casts))
         if name == "slice":
@@ -420,6 +429,8 @@ class _Reader:
             return self.gather_rows(env, na, name, shape, shape_b)
         if name in _SCATTERS:
             return self.scatter_rows(env, na, shape, shape_b)
+        if name == "scatter":
+            return self.scatter_along_rows(env, na, shape, shape_b)
         if name in ("scalar_tensor", "full", "full_like", "zeros_like", "ones_like"):
             at = {"zeros_like": None, "ones_like": None, "scalar_tensor": 0}.get(name, 1)
             value = {"zeros_like": 0, "ones_like": 1}.get(name, args[at] if at is not None and len(args) > at else 0)
@@ -555,6 +566,28 @@ class _Reader:
         return _Val(Scatter(t.arg, self.read(env[indices[0]]), self.read(env[values]), rows), shape, shape_b,
                     dtype=na.meta["val"].dtype)
 
+    def scatter_along_rows(self, env: dict[Any, _Val], na: Any, shape: tuple[int, ...],
+                           shape_b: tuple[int, ...]) -> _Val:
+        """``target.scatter(0, index, values)`` whose index is one row index repeated along
+        each row (``slots[:, None].expand(-1, h)``): ``target[slots] = values`` written another way."""
+        if len(na.args) != 4 or na.kwargs.get("reduce") or not hasattr(na.args[3], "op"):
+            raise Unsupported("a scatter that reduces, or of a number")
+        target, dim, index, values = na.args
+        if dim not in (0, -2):
+            raise Unsupported("a scatter along the columns")
+        t = env[target]
+        if t.expr is not None or t.arg is None or len(t.shape) != 2:
+            raise Unsupported("a scatter into something other than a 2-D argument")
+        if self.space(env[values].shape) != "full" or self.space(env[index].shape) != "full":
+            raise Unsupported("a scatter whose values are not the iteration space's rows")
+        idx = self.read(env[index])
+        if not (isinstance(idx, Load) and idx.access == "row"):
+            raise Unsupported("a scatter whose index differs along a row")
+        if (t.shape[-1], t.shape_b[-1]) != (self.full[-1], self.full_b[-1]):
+            raise Unsupported("a scatter into rows of another length")
+        rows = self.size_expr(t.shape[0], t.shape_b[0])
+        return _Val(Scatter(t.arg, idx, self.read(env[values]), rows), shape, shape_b, dtype=na.meta["val"].dtype)
+
     def scatter_output(self, name: str, scatter: Scatter) -> Scatter:
         """The scatter an output is, if it writes into that same argument, which the kernel
         reads and writes (its unwritten rows are the argument's own)."""
@@ -673,8 +706,12 @@ def _cast(src: Any, to: Any, element: str | None = None) -> Any:
     import torch
 
     kind = _kind_of_dtype(to)
-    if to in (torch.float16, torch.bfloat16):
+    if kind == FLOAT and to not in (torch.float32, torch.float64):
+        # A narrower float (float16, bfloat16, float8_e4m3fn): a rounding, wherever it stands
+        # (a fake quantisation rounds to fp8 and computes on).
         name = str(to).split(".")[1]
+        if name not in _TORCH_TO_C:
+            raise Unsupported(f"a cast to {name}")
         return Op("round_to", (src,), FLOAT, ("scalar_t" if name == element else _TORCH_TO_C[name],))
     if kind == FLOAT:
         return Op("tofloat", (src,), FLOAT)
