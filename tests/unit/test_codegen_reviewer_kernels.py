@@ -21,8 +21,9 @@ token embedding plus a position embedding (two gathers, one by ``index_select``,
 count from the end when negative, as torch's indexing does), a per-group int8 quantisation
 (groups of 128 along the row, through a view of the row as [hidden // 128, 128]), a fake fp8
 quantisation (a rounding to e4m3 inside the expression), an fp16 argument rounded to
-bfloat16 (a cast that keeps the size), and rows scattered with ``scatter`` (each row's slot
-expanded along it) times an explicitly expanded column operand. Each
+bfloat16 (a cast that keeps the size), rows scattered with ``scatter`` (each row's slot
+expanded along it) times an explicitly expanded column operand, and a greedy pick with its
+confidence (a softmax's max with its index, and an argmin, NaN and ties as torch has them). Each
 folder's baseline is also run, so that a spec and its baseline agree before the generator is
 judged against the spec.
 """
@@ -1167,6 +1168,84 @@ extern "C" __global__ void gain_slot_scatter(scalar_t* state, const scalar_t* x,
 }
 '''
 
+# A greedy pick with its confidence: softmax(x).max(dim=-1) (values and indices) and argmin(x), ties
+# to the first column, NaN as torch treats it.
+ROW_MAXPROB_ARGMAX = '''
+from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, v = shape["num_tokens"], shape["vocab"]
+    x = torch.randn(t, v, generator=generator, device=device) * 3.0
+    if case == "ties":
+        x = torch.randint(-4, 4, (t, v), generator=generator, device=device).float()  # many maxima: the first wins
+    elif case == "masked":
+        x = torch.where(torch.rand(t, v, generator=generator, device=device) < 0.6, float("-inf"), x)
+        x[:, -1] = 0.5  # every row keeps a finite logit
+    elif case == "nan":
+        x[:, (7 * torch.arange(t, device=device)) % v] = float("nan")  # one NaN per row, somewhere
+    return {"prob": torch.empty(t, device=device, dtype=torch.float32),
+            "idx": torch.empty(t, device=device, dtype=torch.int64),
+            "low": torch.empty(t, device=device, dtype=torch.int64),
+            "x": x.to(dtype)}
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    x = inputs["x"].float()
+    prob, idx = torch.softmax(x, dim=-1).max(dim=-1)
+    return {"prob": prob, "idx": idx, "low": torch.argmin(x, dim=-1)}
+
+
+SPEC = KernelSpec(
+    name="row_maxprob_argmax",
+    description=(
+        "Greedy pick with its confidence: idx[t] = argmax_i x[t, i] (the first index among equal "
+        "maxima, int64), prob[t] = max_i softmax(x[t, :])_i = 1 / sum_i exp(x[t, i] - max) in fp32, "
+        "low[t] = argmin_i x[t, i] (int64). A row holding NaN: prob NaN, idx 0, low its first NaN "
+        "(torch's max and min keep NaN). x is [num_tokens, vocab]; -inf logits are masked. vocab "
+        "has no alignment."
+    ),
+    args=(Arg("prob", "tensor", role="out", dtype="float32"), Arg("idx", "tensor", role="out", dtype="int64"),
+          Arg("low", "tensor", role="out", dtype="int64"),
+          Arg("x", "tensor"), Arg("num_tokens", "int"), Arg("vocab", "int")),
+    search_shapes=({"num_tokens": 64, "vocab": 32000},),
+    heldout_shapes=({"num_tokens": 7, "vocab": 32001},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: s["num_tokens"] * (s["vocab"] * (4 if dt == "float32" else 2) + 20),
+    flops=lambda s: 3 * s["num_tokens"] * s["vocab"],
+    dtypes=("float16", "bfloat16", "float32"),
+    edge_cases=("ties", "masked", "nan"),
+)
+'''
+
+ROW_MAXPROB_ARGMAX_CU = '''// launch: grid=(num_tokens,) block=(1,) smem=0
+extern "C" __global__ void row_maxprob_argmax(float* prob, long long* idx, long long* low, const scalar_t* x,
+                                              int num_tokens, int vocab) {
+    const long long t = blockIdx.x;
+    float m = -INFINITY, lo = INFINITY;
+    long long best = 0, least = 0, first_nan = -1;
+    for (int i = 0; i < vocab; ++i) {
+        const float v = static_cast<float>(x[t * vocab + i]);
+        if (v != v) {
+            if (first_nan < 0) first_nan = i;
+            continue;
+        }
+        if (v > m) { m = v; best = i; }
+        if (v < lo) { lo = v; least = i; }
+    }
+    float s = 0.0f;
+    for (int i = 0; i < vocab; ++i) s += expf(static_cast<float>(x[t * vocab + i]) - m);  // NaN stays NaN
+    prob[t] = 1.0f / s;
+    idx[t] = first_nan >= 0 ? 0 : best;
+    low[t] = first_nan >= 0 ? first_nan : least;
+}
+'''
+
 FOLDERS = {
     "silu_scale_shift": (SILU_SCALE_SHIFT, SILU_SCALE_SHIFT_CU),
     "softmax_temperature": (SOFTMAX_TEMPERATURE, SOFTMAX_TEMPERATURE_CU),
@@ -1186,11 +1265,13 @@ FOLDERS = {
     "fake_quant_fp8": (FAKE_QUANT_FP8, FAKE_QUANT_FP8_CU),
     "bf16_round_mul": (BF16_ROUND_MUL, BF16_ROUND_MUL_CU),
     "gain_slot_scatter": (GAIN_SLOT_SCATTER, GAIN_SLOT_SCATTER_CU),
+    "row_maxprob_argmax": (ROW_MAXPROB_ARGMAX, ROW_MAXPROB_ARGMAX_CU),
 }
 
 # Small shapes: one row and up to 40, row lengths on and off 8-element (16-byte) vectors, a
 # row longer than a block's registers hold for the row kernels.
 SHAPES: dict[str, list[dict[str, int]]] = {
+    "row_maxprob_argmax": [{"num_tokens": 3, "vocab": 100}, {"num_tokens": 1, "vocab": 37}, {"num_tokens": 2, "vocab": 9001}],
     "gain_slot_scatter": [{"num_tokens": 5, "hidden": 264, "num_slots": 50}, {"num_tokens": 1, "hidden": 1000, "num_slots": 3},
                           {"num_tokens": 17, "hidden": 40, "num_slots": 17}],
     "fake_quant_fp8": [{"num_tokens": 1, "hidden": 8}, {"num_tokens": 3, "hidden": 1000}, {"num_tokens": 17, "hidden": 264}],
@@ -1226,6 +1307,8 @@ SHAPES: dict[str, list[dict[str, int]]] = {
 
 # What the generator is expected to make of each kernel: its kind and every schedule's name.
 EXPECTED: dict[str, tuple[str, set[str]]] = {
+    "row_maxprob_argmax": ("rowwise", {"codegen:rows/block", "codegen:rows/warp", "codegen:rows/cluster",
+                                       "codegen:rows/block+online", "codegen:rows/cluster+online"}),
     "gain_slot_scatter": ("elementwise", {"codegen:elementwise/rows"}),
     "fake_quant_fp8": ("elementwise", {"codegen:elementwise/rows", "codegen:elementwise/flat"}),
     "bf16_round_mul": ("elementwise", {"codegen:elementwise/rows"}),

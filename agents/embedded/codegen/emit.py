@@ -24,6 +24,7 @@ from agents.embedded.codegen.ir import (
     TESTS,
     UNARY,
     AtColumn,
+    ColumnIndex,
     Const,
     Load,
     Op,
@@ -82,6 +83,7 @@ class Emitter:
         self.counter = 0
         self.row_lines: list[str] = []
         self.row_done: dict[int, str] = {}
+        self.element_col = "cg_c"  # the current chunk's first column (set by each element loop)
         self.full_leaves: list[Load] = []
         for node in walk(program.all_roots()):
             if isinstance(node, Load) and node.access in ("full", "gather") and node not in self.full_leaves:
@@ -117,6 +119,8 @@ class Emitter:
         if key not in self._row_only:
             if isinstance(node, Load):
                 res = node.access in ("row", "scalar")
+            elif isinstance(node, ColumnIndex):
+                res = False
             elif isinstance(node, Reduce | AtColumn | Const | Param):
                 res = True
             elif isinstance(node, Op):
@@ -218,6 +222,8 @@ class Emitter:
         values :meth:`preload_gathers` read for the AtColumn ``at``)."""
         if self.row_only(node):
             return self.row_expr(node)
+        if isinstance(node, ColumnIndex):
+            return f"static_cast<float>({col})"
         if isinstance(node, Load):
             if at is not None and (id(at), id(node)) in self.preloaded:
                 return self.preloaded[(id(at), id(node))]
@@ -325,6 +331,8 @@ class Emitter:
             return memo[key]
         if isinstance(node, Load):
             text = leaf[key]
+        elif isinstance(node, ColumnIndex):
+            text = f"static_cast<float>({self.element_col} + e)"
         else:
             assert isinstance(node, Op)
             args = [self.element_expr(a, leaf, lines, memo) for a in node.args]
@@ -443,6 +451,7 @@ class Emitter:
     def _element_loop(self, exprs: list[tuple[str, object]], lines: list[str], leaf_text: dict[int, str],
                       col0: str) -> list[str]:
         """The per-element loop over the chunk: reduction updates and output stores."""
+        self.element_col = col0  # element e's column is col0 + e
         outs = [(what, e) for what, e in exprs if what.startswith("out:")]
         for what, _ in outs:
             arg = what[4:]

@@ -94,6 +94,12 @@ class Reduce:
     index: int
 
 
+@dataclass(frozen=True, eq=False)
+class ColumnIndex:
+    """The element's own column in its row, as a float (exact below 2^24 columns): what an
+    argmax reads to name the first column holding the row's maximum."""
+
+
 @dataclass(frozen=True)
 class AtColumn:
     """``body`` (a full expression) evaluated at column ``column`` (a row expression)."""
@@ -181,7 +187,7 @@ def ctype_of(node: Any) -> str:
         return "load"
     if isinstance(node, Const):
         return node.ctype
-    if isinstance(node, Param | Reduce):
+    if isinstance(node, Param | Reduce | ColumnIndex):
         return FLOAT
     if isinstance(node, RowOf):
         return INT
@@ -218,6 +224,7 @@ class _Reader:
         self.full: tuple[int, ...] = ()
         self.full_b: tuple[int, ...] = ()
         self.splits: dict[Any, tuple[int, list[int], list[int]]] = {}  # split node -> dim, sizes at A and B
+        self.pairs: dict[Any, tuple[_Val, _Val]] = {}  # max.dim node -> its values and indices
 
     # ---- spaces
     def space(self, shape: tuple[int, ...]) -> str:
@@ -382,6 +389,8 @@ class _Reader:
         val = na.meta.get("val")
         if name in _SPLITS:
             return self.split(env, na, nb)
+        if name in ("max", "min") and isinstance(val, tuple | list):
+            return self.extreme_pair(env, na, nb)
         if not isinstance(val, torch.Tensor):
             raise Unsupported(f"{name} returns no single tensor")
         shape, shape_b = tuple(val.shape), tuple(nb.meta["val"].shape)
@@ -477,7 +486,8 @@ class _Reader:
         if name == "masked_fill":
             _, mask, fill = operands(3)
             return out(Op("where", (mask, fill, self.read(first)), kind))  # type: ignore[arg-type]
-        if name in ("sum", "amax", "amin", "mean", "var", "linalg_vector_norm", "_log_softmax", "_softmax", "logsumexp"):
+        if name in ("sum", "amax", "amin", "mean", "var", "linalg_vector_norm", "_log_softmax", "_softmax", "logsumexp",
+                    "argmax", "argmin"):
             return out(self.reduction(name, first, na))
         if name == "gather":
             return self.at_column(env, na, first, shape, shape_b)
@@ -507,8 +517,11 @@ class _Reader:
         return first
 
     def piece(self, env: dict[Any, _Val], na: Any, nb: Any, shape: tuple[int, ...], shape_b: tuple[int, ...]) -> _Val:
-        """``getitem`` of a split's pieces: a contiguous range of the split input's last dimension."""
+        """``getitem`` of a split's pieces (a contiguous range of the split input's last
+        dimension), or of a max's values and indices."""
         source, i = na.args
+        if source in self.pairs and isinstance(i, int):
+            return self.pairs[source][i]
         if source not in self.splits or not isinstance(i, int):
             raise Unsupported("getitem of something other than a split")
         dim, sizes_a, sizes_b = self.splits[source]
@@ -630,6 +643,8 @@ class _Reader:
             return Op("div", (total, Op("sub", (width, less), FLOAT)), FLOAT)
         if name == "linalg_vector_norm":
             return Op("sqrt", (self.reduce("sum", Op("mul", (x, x), FLOAT)),), FLOAT)
+        if name in ("argmax", "argmin"):
+            return self.extreme(x, "max" if name == "argmax" else "min")[1]
         m = self.reduce("max", x)
         # A row of -inf only: torch gives NaN; subtracting a max of -inf gives NaN too.
         shifted = Op("sub", (x, m), FLOAT)
@@ -639,6 +654,29 @@ class _Reader:
         if name == "_log_softmax":
             return Op("sub", (shifted, Op("log", (total,), FLOAT)), FLOAT)
         return Op("add", (Op("log", (total,), FLOAT), m), FLOAT)  # logsumexp
+
+    def extreme(self, x: Any, kind: str) -> tuple[Reduce, Op]:
+        """The row's max (or min) and the first column holding it, in two passes as softmax's:
+        NaN counts as the extreme, as in torch (the max and min keep NaN, so a row holding one
+        names its first NaN)."""
+        m = self.reduce(kind, x)
+        same = Op("or", (Op("eq", (x, m), BOOL),
+                         Op("and", (Op("isnan", (x,), BOOL), Op("isnan", (m,), BOOL)), BOOL)), BOOL)
+        first_col = self.reduce("min", Op("where", (same, ColumnIndex(), Const(math.inf, FLOAT)), FLOAT))
+        return m, Op("toint", (first_col,), INT, ("long long",))
+
+    def extreme_pair(self, env: dict[Any, _Val], na: Any, nb: Any) -> _Val:
+        """``x.max(dim=-1)`` (or ``min``): its values and indices are read where ``getitem``
+        takes them (:meth:`piece`); the node itself stands for its input."""
+        first = env[na.args[0]]
+        dim = na.args[1] if len(na.args) > 1 else None
+        if dim not in (-1, len(first.shape) - 1) or self.space(first.shape) != "full":
+            raise Unsupported(f"{_opname(na)} over dimension {dim}, not the last one of a value per element")
+        m, idx = self.extreme(self.read(first), _opname(na))
+        (va, ia), (vb, ib) = na.meta["val"], nb.meta["val"]
+        self.pairs[na] = (_Val(m, tuple(va.shape), tuple(vb.shape), dtype=va.dtype),
+                          _Val(idx, tuple(ia.shape), tuple(ib.shape), dtype=ia.dtype))
+        return first
 
     def reduce(self, kind: str, body: Any) -> Reduce:
         r = Reduce(kind, body, len(self.reductions))
