@@ -22,8 +22,9 @@ count from the end when negative, as torch's indexing does), a per-group int8 qu
 (groups of 128 along the row, through a view of the row as [hidden // 128, 128]), a fake fp8
 quantisation (a rounding to e4m3 inside the expression), an fp16 argument rounded to
 bfloat16 (a cast that keeps the size), rows scattered with ``scatter`` (each row's slot
-expanded along it) times an explicitly expanded column operand, and a greedy pick with its
-confidence (a softmax's max with its index, and an argmin, NaN and ties as torch has them). Each
+expanded along it) times an explicitly expanded column operand, a greedy pick with its
+confidence (a softmax's max with its index, and an argmin, NaN and ties as torch has them), and
+columns gathered by an index row (``x[:, perm]``, negative entries from the end). Each
 folder's baseline is also run, so that a spec and its baseline agree before the generator is
 judged against the spec.
 """
@@ -1246,6 +1247,65 @@ extern "C" __global__ void row_maxprob_argmax(float* prob, long long* idx, long 
 }
 '''
 
+# out[t, j] = x[t, perm[j]]: columns gathered by an int32 index row, from a row of another length.
+COL_PERMUTE_GATHER = '''from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, hi, ho = shape["num_tokens"], shape["hidden_in"], shape["hidden_out"]
+    x = torch.randn(t, hi, generator=generator, device=device) * 2.0
+    perm = torch.randint(0, hi, (ho,), generator=generator, device=device)
+    if case == "edge_cols":
+        # The row's last and first columns, alternately: the last ends the row exactly.
+        perm = torch.where(torch.arange(ho, device=device) % 2 == 0, hi - 1, 0)
+    if case == "from_end":  # every other index negative: column hidden_in + index
+        perm = torch.where(torch.arange(ho, device=device) % 2 == 1, perm - hi, perm)
+    return {
+        "out": torch.empty(t, ho, device=device, dtype=dtype),
+        "x": x.to(dtype),
+        "perm": perm.to(torch.int32),
+    }
+
+
+def reference(inputs, shape, constants):
+    return {"out": inputs["x"][:, inputs["perm"].long()].float()}
+
+
+SPEC = KernelSpec(
+    name="col_permute_gather",
+    description=(
+        "Column gather (a channel permutation of activations ahead of a reordered weight layout): "
+        "out[t, j] = x[t, perm[j]], copied exactly. x is [num_tokens, hidden_in], perm int32 "
+        "[hidden_out] with values in [-hidden_in, hidden_in) (repeats allowed; a negative one counts from "
+        "the end), out [num_tokens, hidden_out]. "
+        "hidden_in and hidden_out are multiples of 8."
+    ),
+    args=(Arg("out", "tensor", role="out"), Arg("x", "tensor"), Arg("perm", "tensor", dtype="int32"),
+          Arg("num_tokens", "int"), Arg("hidden_in", "int", multiple_of=8), Arg("hidden_out", "int", multiple_of=8)),
+    search_shapes=({"num_tokens": 64, "hidden_in": 4096, "hidden_out": 4096},),
+    heldout_shapes=({"num_tokens": 7, "hidden_in": 1032, "hidden_out": 1032},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: s["num_tokens"] * (s["hidden_in"] + s["hidden_out"]) * (4 if dt == "float32" else 2),
+    flops=lambda s: 0,
+    dtypes=("float16", "bfloat16", "float32"),
+    edge_cases=("edge_cols", "from_end"),
+)
+'''
+
+COL_PERMUTE_GATHER_CU = '''// launch: grid=(num_tokens,) block=(128,) smem=0
+extern "C" __global__ void col_permute_gather(scalar_t* out, const scalar_t* x, const int* perm, int num_tokens,
+                                              int hidden_in, int hidden_out) {
+    const long long t = blockIdx.x;
+    for (int j = threadIdx.x; j < hidden_out; j += blockDim.x) {
+        const int p = perm[j] < 0 ? perm[j] + hidden_in : perm[j];
+        out[t * hidden_out + j] = x[t * hidden_in + p];
+    }
+}
+'''
+
 FOLDERS = {
     "silu_scale_shift": (SILU_SCALE_SHIFT, SILU_SCALE_SHIFT_CU),
     "softmax_temperature": (SOFTMAX_TEMPERATURE, SOFTMAX_TEMPERATURE_CU),
@@ -1266,11 +1326,15 @@ FOLDERS = {
     "bf16_round_mul": (BF16_ROUND_MUL, BF16_ROUND_MUL_CU),
     "gain_slot_scatter": (GAIN_SLOT_SCATTER, GAIN_SLOT_SCATTER_CU),
     "row_maxprob_argmax": (ROW_MAXPROB_ARGMAX, ROW_MAXPROB_ARGMAX_CU),
+    "col_permute_gather": (COL_PERMUTE_GATHER, COL_PERMUTE_GATHER_CU),
 }
 
 # Small shapes: one row and up to 40, row lengths on and off 8-element (16-byte) vectors, a
 # row longer than a block's registers hold for the row kernels.
 SHAPES: dict[str, list[dict[str, int]]] = {
+    "col_permute_gather": [{"num_tokens": 3, "hidden_in": 104, "hidden_out": 40},
+                           {"num_tokens": 1, "hidden_in": 8, "hidden_out": 1000},
+                           {"num_tokens": 5, "hidden_in": 264, "hidden_out": 264}],
     "row_maxprob_argmax": [{"num_tokens": 3, "vocab": 100}, {"num_tokens": 1, "vocab": 37}, {"num_tokens": 2, "vocab": 9001}],
     "gain_slot_scatter": [{"num_tokens": 5, "hidden": 264, "num_slots": 50}, {"num_tokens": 1, "hidden": 1000, "num_slots": 3},
                           {"num_tokens": 17, "hidden": 40, "num_slots": 17}],
@@ -1307,6 +1371,7 @@ SHAPES: dict[str, list[dict[str, int]]] = {
 
 # What the generator is expected to make of each kernel: its kind and every schedule's name.
 EXPECTED: dict[str, tuple[str, set[str]]] = {
+    "col_permute_gather": ("elementwise", {"codegen:elementwise/rows"}),
     "row_maxprob_argmax": ("rowwise", {"codegen:rows/block", "codegen:rows/warp", "codegen:rows/cluster",
                                        "codegen:rows/block+online", "codegen:rows/cluster+online"}),
     "gain_slot_scatter": ("elementwise", {"codegen:elementwise/rows"}),

@@ -2,8 +2,8 @@
 the op graph, emit CUDA from schedule templates.
 
 Nothing here knows a kernel by name: the graph alone decides (elementwise maps with
-broadcasting, row reductions followed by maps, rows gathered by index, rows scattered by
-index into an argument, 2-D transposes). A graph outside these kinds gives no schedules, and the agent goes on as before.
+broadcasting, row reductions followed by maps, rows or columns gathered by index, rows
+scattered by index into an argument, 2-D transposes). A graph outside these kinds gives no schedules, and the agent goes on as before.
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ class Emitter:
         self.element_col = "cg_c"  # the current chunk's first column (set by each element loop)
         self.full_leaves: list[Load] = []
         for node in walk(program.all_roots()):
-            if isinstance(node, Load) and node.access in ("full", "gather") and node not in self.full_leaves:
+            if isinstance(node, Load) and node.access in ("full", "gather", "colgather") and node not in self.full_leaves:
                 self.full_leaves.append(node)
         self.row_loads: list[Load] = [n for n in walk(program.all_roots()) if isinstance(n, Load) and n.access in ("row", "scalar")]
         self._row_only: dict[int, bool] = {}
@@ -357,12 +357,16 @@ class Emitter:
     def vector_ok(self, full_outputs: list[str]) -> str:
         """The run-time condition for the V-wide path (row length, strides, offsets, pointers)."""
         conds = [f"{self.cols} % VEC == 0"]
+        gathered = {leaf.arg for leaf in self.full_leaves if leaf.access == "colgather"}  # read by scalars
         for leaf in self.full_leaves:
+            if leaf.access == "colgather":
+                continue
             if leaf.row_stride != "C":
                 conds.append(f"{c_size(leaf.row_stride)} % VEC == 0")
             if leaf.offset != "0":
                 conds.append(f"{c_size(leaf.offset)} % VEC == 0")
-        ptrs = {leaf.arg for leaf in self.full_leaves} | {leaf.arg for leaf in self.col_leaves()} | set(full_outputs)
+        ptrs = ({leaf.arg for leaf in self.full_leaves} - gathered) | {leaf.arg for leaf in self.col_leaves()} \
+            | set(full_outputs)
         for arg in sorted(ptrs):
             conds.append(f"cg_aligned({arg}, sizeof({self.c_type(arg)}) * VEC >= 16 ? 16 : sizeof({self.c_type(arg)}) * VEC)")
         return " && ".join(conds)
@@ -372,7 +376,7 @@ class Emitter:
         a reduction update (``("red:K", body)``) or an output store (``("out:NAME", expr)``)."""
         lines: list[str] = []
         leaf_text: dict[int, str] = {}
-        needed = [n for _, e in exprs for n in walk([e]) if isinstance(n, Load) and not self.row_only(n)]
+        needed = self._needed(exprs)
         by_value: dict[Load, str] = {}  # equal loads reached through two paths are one load
         for leaf in needed:
             if leaf in by_value:
@@ -402,11 +406,13 @@ class Emitter:
         inline_cols: list[str] = []
         leaf_text: dict[int, str] = {}
         by_value: dict[Load, str] = {}
-        needed = [n for _, e in exprs for n in walk([e]) if isinstance(n, Load) and not self.row_only(n)]
+        needed = self._needed(exprs)
         for leaf in needed:
             if leaf not in by_value:
                 pack = f"Pack<{self.c_type(leaf.arg)}, V>"
-                if leaf.access == "col":
+                if leaf.access == "colgather":
+                    text = self._column_gather(leaf, by_value)
+                elif leaf.access == "col":
                     i, src = self.col_leaves().index(leaf), f"{leaf.arg} + cg_c"
                     if cached:  # loaded at use (see above)
                         inline_cols.append(f"const {pack} cg_c{i} = *reinterpret_cast<const {pack}*>({src});")
@@ -426,7 +432,7 @@ class Emitter:
                     if i not in cached or i in fill:
                         loads.append(f"{name}[{slot}] = *reinterpret_cast<const {pack}*>({src});")
                     text = f"{name}[{slot}].v[e]"
-                by_value[leaf] = self.convert_load(leaf.arg, text)
+                by_value[leaf] = text if leaf.access == "colgather" else self.convert_load(leaf.arg, text)
             leaf_text[id(leaf)] = by_value[leaf]
         work = self._element_loop(exprs, inline_cols, leaf_text, "cg_c") + list(after)
 
@@ -437,9 +443,26 @@ class Emitter:
 
         return decls + (loop(loads) if loads else []) + list(between) + loop(work)
 
+    def _needed(self, exprs: list[tuple[str, object]]) -> list[Load]:
+        """The per-element leaves of ``exprs``, column gathers last (they read their index's)."""
+        needed = [n for _, e in exprs for n in walk([e]) if isinstance(n, Load) and not self.row_only(n)]
+        return [n for n in needed if n.access != "colgather"] + [n for n in needed if n.access == "colgather"]
+
+    def _column_gather(self, leaf: Load, by_value: Mapping[Load, str]) -> str:
+        """Element e of a column gather: one scalar load at its index's element e (a negative
+        index counts from the end of the row, as in torch)."""
+        i = self.full_leaves.index(leaf)
+        idx = f"static_cast<cg_idx>({by_value[leaf.index]})"
+        at = f"({idx} < 0 ? {idx} + {c_size(leaf.rows)} : {idx})"
+        return self.convert_load(leaf.arg, f"{leaf.arg}[cg_base{i} + {at}]")
+
     def _leaf_code(self, leaf: Load, col0: str, lines: list[str], leaf_text: dict[int, str]) -> None:
         """Loads one leaf's V elements and names element e."""
         pack = f"Pack<{self.c_type(leaf.arg)}, V>"
+        if leaf.access == "colgather":
+            by_value = {n: leaf_text[id(n)] for n in [leaf.index]}
+            leaf_text[id(leaf)] = self._column_gather(leaf, by_value)
+            return
         if leaf.access == "col":
             name, src = f"cg_c{self.col_leaves().index(leaf)}", f"{leaf.arg} + {col0}"
         else:

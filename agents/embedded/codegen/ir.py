@@ -55,8 +55,10 @@ _TORCH_TO_C = dict(_C_TYPES)
 class Load:
     """Element (r, c) of a tensor argument: at ``r * row_stride + offset + c`` (``full``), at
     ``c`` (``col``), ``r`` (``row``), 0 (``scalar``), or at ``index * row_stride + c`` with
-    ``index`` a row expression (``gather``). A gather by an index the kernel is given has the
-    table's row count in ``rows``: a negative index counts from the end, as in torch."""
+    ``index`` a row expression (``gather``), or at ``r * row_stride + index`` with ``index`` a
+    column's load (``colgather``: column c reads the argument's column index[c]). A gather by an
+    index the kernel is given has the count it wraps by in ``rows`` (the table's rows, the
+    argument's columns): a negative index counts from the end, as in torch."""
 
     arg: str
     access: str
@@ -542,9 +544,13 @@ class _Reader:
     def gather_rows(self, env: dict[Any, _Val], na: Any, name: str, shape: tuple[int, ...], shape_b: tuple[int, ...]) -> _Val:
         """``table[idx]``, ``embedding(table, idx)`` or ``table.index_select(0, idx)``: row r of
         a 2-D argument's row idx[r] (negative ones from the end)."""
+        if name == "index" and len(na.args[1]) == 2 and na.args[1][0] is None:  # x[:, perm]
+            return self.gather_columns(env[na.args[0]], env[na.args[1][1]], shape, shape_b)
         if name == "index" and len(na.args[1]) != 1:
             raise Unsupported("indexing by several tensors")
         if name == "index_select":
+            if na.args[1] in (1, -1):
+                return self.gather_columns(env[na.args[0]], env[na.args[2]], shape, shape_b)
             if na.args[1] not in (0, -2):
                 raise Unsupported("an index_select along another dimension than the rows")
             table, idx = na.args[0], na.args[2]
@@ -559,6 +565,32 @@ class _Reader:
         stride = self.size_expr(t.shape[-1], t.shape_b[-1])
         rows = self.size_expr(t.shape[0], t.shape_b[0])
         return _Val(Load(t.arg or "", "gather", row_stride=stride, index=index, rows=rows), shape, shape_b,
+                    dtype=t.dtype)
+
+    def index_load(self, expr: Any) -> Load | None:
+        """The integer argument an index reads, through widenings (``perm.long()``), else None."""
+        while isinstance(expr, Op) and expr.name == "toint" and expr.extra == ("long long",):
+            expr = expr.args[0]
+        if isinstance(expr, Load) and self.dtypes.get(expr.arg) in ("int32", "int64"):
+            return expr
+        return None
+
+    def gather_columns(self, t: _Val, idx: _Val, shape: tuple[int, ...], shape_b: tuple[int, ...]) -> _Val:
+        """Column c of each row read from column idx[c] of a 2-D argument's same row (``x[:,
+        perm]``, ``index_select`` or ``gather`` along the columns by one index row): the
+        argument's rows may be of another length than the iteration space's."""
+        if t.expr is not None or t.arg is None or len(t.shape) != 2:
+            raise Unsupported("a column gather from something other than a 2-D argument")
+        if self.space(shape) != "full" or (t.shape[0], t.shape_b[0]) != (self.full[0], self.full_b[0]) \
+                or len(self.full) != 2:
+            raise Unsupported("a column gather whose rows are not the iteration space's rows")
+        if self.space(idx.shape) != "col":
+            raise Unsupported("a column gather by an index that differs between rows")
+        index = self.index_load(self.read(idx))
+        if index is None or index.access != "col":
+            raise Unsupported("a column gather by a computed index")
+        width = self.size_expr(t.shape[-1], t.shape_b[-1])
+        return _Val(Load(t.arg, "colgather", row_stride=width, index=index, rows=width), shape, shape_b,
                     dtype=t.dtype)
 
     def scatter_rows(self, env: dict[Any, _Val], na: Any, shape: tuple[int, ...], shape_b: tuple[int, ...]) -> _Val:
@@ -687,6 +719,11 @@ class _Reader:
         assert first is not None
         dim = na.args[1]
         idx = env[na.args[2]]
+        if dim in (-1, len(first.shape) - 1) and shape[-1] != 1 and self.space(idx.shape) == "full":
+            index = self.index_load(self.read(idx))  # one index row for every row (perm[None].expand(t, -1))
+            if index is not None and index.access == "col":
+                return self.gather_columns(first, _Val(None, (shape[-1],), (shape_b[-1],), arg=index.arg), shape,
+                                           shape_b)
         if dim not in (-1, len(first.shape) - 1) or self.space(first.shape) != "full" or self.space(idx.shape) != "row":
             raise Unsupported("a gather that does not pick one column per row")
         if shape[-1] != 1:
