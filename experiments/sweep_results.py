@@ -87,22 +87,23 @@ def merge_parts(parts: list[tuple[Path, dict[str, Any], dict[str, Any]]]) -> tup
                 raise ValueError(f"{name} is in two parts: {seen[name]} and {path}")
             seen[name] = path
     wall = sum(float(s["wall_s"]) for _, s, _ in parts)
-
-    def parts_of(path: Path, s: dict[str, Any], m: dict[str, Any]) -> list[dict[str, Any]]:
-        if m.get("parts"):  # an earlier report of parts names its own
-            return list(m["parts"])
-        return [{"sweep_id": m.get("sweep_id", path.name), "date": s.get("date"), "wall_s": s.get("wall_s"),
-                 "kernels": sorted(k["kernel"] for k in s["kernels"]),
-                 "commands": [a["command"] for a in m.get("attempts", [])] or [s.get("command")]}]
-
     busy = sum(float(s["wall_s"]) * float(s["gpu_busy_fraction"]) for _, s, _ in parts) / wall if wall else 0.0
     summary = {**first, "kernels": [k for _, s, _ in parts for k in s["kernels"]], "wall_s": wall,
                "gpu_busy_fraction": busy, "date": max(str(s.get("date", "")) for _, s, _ in parts)}
     meta = {**first_meta, "sweep_id": "+".join(str(m.get("sweep_id", p.name)) for p, _, m in parts),
             "skipped": {k: v for _, _, m in parts for k, v in (m.get("skipped") or {}).items()},
             "attempts": [a for _, _, m in parts for a in m.get("attempts", [])],
-            "parts": [part for p, s, m in parts for part in parts_of(p, s, m)]}
+            "parts": [part for p, s, m in parts for part in _parts_of(p, s, m)]}
     return summary, meta
+
+
+def _parts_of(path: Path, summary: dict[str, Any], meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """The parts one input stands for: a sweep directory is one; an earlier report names its own."""
+    if meta.get("parts"):
+        return list(meta["parts"])
+    return [{"sweep_id": meta.get("sweep_id", path.name), "date": summary.get("date"), "wall_s": summary.get("wall_s"),
+             "kernels": sorted(k["kernel"] for k in summary["kernels"]),
+             "commands": [a["command"] for a in meta.get("attempts", [])] or [summary.get("command")]}]
 
 
 def earlier_report(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -260,7 +261,6 @@ def check_targets(entries: list[dict[str, Any]]) -> dict[str, Any]:
                                      *(spread.against(1.0, s) for s in tc_parts.values())])
     strongest = {e["kernel"]: _strongest_flashinfer(e) for e in entries if e["kernel"] in ASTRA}
     astra_parts = [s for _, s in strongest.values() if s is not None]
-    astra_in_sweep = [e["kernel"] for e in entries if e["kernel"] in ASTRA]
     astra = spread.aggregate(astra_parts, geomean) if len(astra_parts) == len(ASTRA) else None
     vs_baseline = {e["kernel"]: _spread_of(e, "baseline", e["speedup_vs_baseline"]) for e in entries}
     external_verdict = spread.all_of([spread.against(EXTERNAL_GEOMEAN_TARGET, gm),
@@ -278,7 +278,7 @@ def check_targets(entries: list[dict[str, Any]]) -> dict[str, Any]:
         "flashinfer_astra_peers": {k: name for k, (name, s) in strongest.items() if s is not None},
         "geomean_vs_flashinfer_astra_range": astra.to_dict() if astra else None,
         # not applicable when the sweep holds none of the Astra kernels (a library of other kernels)
-        "flashinfer_astra_verdict": (spread.against(ASTRA_FLASHINFER_TARGET, astra) if astra_in_sweep
+        "flashinfer_astra_verdict": (spread.against(ASTRA_FLASHINFER_TARGET, astra) if strongest
                                      else "not applicable"),
         "all_heldout_ok": all(e["heldout_status"] == "OK" for e in entries),
         "median_vs_torch_compile": median.median if median else None, "median_target": TC_MEDIAN_TARGET,

@@ -460,8 +460,7 @@ class Emitter:
         """Loads one leaf's V elements and names element e."""
         pack = f"Pack<{self.c_type(leaf.arg)}, V>"
         if leaf.access == "colgather":
-            by_value = {n: leaf_text[id(n)] for n in [leaf.index]}
-            leaf_text[id(leaf)] = self._column_gather(leaf, by_value)
+            leaf_text[id(leaf)] = self._column_gather(leaf, {leaf.index: leaf_text[id(leaf.index)]})
             return
         if leaf.access == "col":
             name, src = f"cg_c{self.col_leaves().index(leaf)}", f"{leaf.arg} + {col0}"

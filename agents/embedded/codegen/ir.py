@@ -39,9 +39,9 @@ TESTS: dict[str, str] = {"isnan": "cg_isnan", "isinf": "cg_isinf"}
 # Binary aten ops read into an Op of the same name (the emitter writes each one's C).
 BINARY = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "pow", "atan2"})
 COMPARE: dict[str, str] = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "eq": "==", "ne": "!="}
-# Writes of rows by index (``target[index] = values``).
-_SCATTERS = {"index_put"}
-_VALUES_AT = {"index_put": 2, "scatter": 3}  # where a scatter's values stand among its arguments
+# Writes of rows by index (``target[index] = values``), and where their values stand among
+# their arguments.
+_VALUES_AT = {"index_put": 2, "scatter": 3}
 # Pieces of a tensor along a dimension (``chunk``, ``split``), taken by ``getitem``.
 _SPLITS = {"split_with_sizes", "split"}
 _VIEWS = {"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "expand", "clone", "alias",
@@ -438,7 +438,7 @@ class _Reader:
             return self.piece(env, na, nb, shape, shape_b)
         if name in ("index", "embedding", "index_select"):
             return self.gather_rows(env, na, name, shape, shape_b)
-        if name in _SCATTERS:
+        if name == "index_put":
             return self.scatter_rows(env, na, shape, shape_b)
         if name == "scatter":
             return self.scatter_along_rows(env, na, shape, shape_b)
@@ -545,12 +545,12 @@ class _Reader:
         """``table[idx]``, ``embedding(table, idx)`` or ``table.index_select(0, idx)``: row r of
         a 2-D argument's row idx[r] (negative ones from the end)."""
         if name == "index" and len(na.args[1]) == 2 and na.args[1][0] is None:  # x[:, perm]
-            return self.gather_columns(env[na.args[0]], env[na.args[1][1]], shape, shape_b)
+            return self.gather_columns(env[na.args[0]], self.column_index(env[na.args[1][1]]), shape, shape_b)
         if name == "index" and len(na.args[1]) != 1:
             raise Unsupported("indexing by several tensors")
         if name == "index_select":
             if na.args[1] in (1, -1):
-                return self.gather_columns(env[na.args[0]], env[na.args[2]], shape, shape_b)
+                return self.gather_columns(env[na.args[0]], self.column_index(env[na.args[2]]), shape, shape_b)
             if na.args[1] not in (0, -2):
                 raise Unsupported("an index_select along another dimension than the rows")
             table, idx = na.args[0], na.args[2]
@@ -575,8 +575,17 @@ class _Reader:
             return expr
         return None
 
-    def gather_columns(self, t: _Val, idx: _Val, shape: tuple[int, ...], shape_b: tuple[int, ...]) -> _Val:
-        """Column c of each row read from column idx[c] of a 2-D argument's same row (``x[:,
+    def column_index(self, idx: _Val) -> Load:
+        """The load of an index row that a column gather reads (one entry per column)."""
+        if self.space(idx.shape) != "col":
+            raise Unsupported("a column gather by an index that differs between rows")
+        index = self.index_load(self.read(idx))
+        if index is None or index.access != "col":
+            raise Unsupported("a column gather by a computed index")
+        return index
+
+    def gather_columns(self, t: _Val, index: Load, shape: tuple[int, ...], shape_b: tuple[int, ...]) -> _Val:
+        """Column c of each row read from column index[c] of a 2-D argument's same row (``x[:,
         perm]``, ``index_select`` or ``gather`` along the columns by one index row): the
         argument's rows may be of another length than the iteration space's."""
         if t.expr is not None or t.arg is None or len(t.shape) != 2:
@@ -584,11 +593,6 @@ class _Reader:
         if self.space(shape) != "full" or (t.shape[0], t.shape_b[0]) != (self.full[0], self.full_b[0]) \
                 or len(self.full) != 2:
             raise Unsupported("a column gather whose rows are not the iteration space's rows")
-        if self.space(idx.shape) != "col":
-            raise Unsupported("a column gather by an index that differs between rows")
-        index = self.index_load(self.read(idx))
-        if index is None or index.access != "col":
-            raise Unsupported("a column gather by a computed index")
         width = self.size_expr(t.shape[-1], t.shape_b[-1])
         return _Val(Load(t.arg, "colgather", row_stride=width, index=index, rows=width), shape, shape_b,
                     dtype=t.dtype)
@@ -598,18 +602,21 @@ class _Reader:
         target, indices, values = na.args[:3]
         if (na.args[3] if len(na.args) > 3 else na.kwargs.get("accumulate", False)):
             raise Unsupported("a scatter that accumulates")
-        t = env[target]
-        if t.expr is not None or t.arg is None or len(t.shape) != 2:
-            raise Unsupported("a scatter into something other than a 2-D argument")
         if len(indices) != 1 or not hasattr(indices[0], "op"):
             raise Unsupported("a scatter by several index tensors")
         if not hasattr(values, "op") or self.space(env[values].shape) != "full" or self.space(env[indices[0]].shape) != "row":
             raise Unsupported("a scatter whose values are not the iteration space's rows, one index each")
+        return self.scatter(env[target], self.read(env[indices[0]]), env[values], na, shape, shape_b)
+
+    def scatter(self, t: _Val, index: Any, values: _Val, na: Any, shape: tuple[int, ...],
+                shape_b: tuple[int, ...]) -> _Val:
+        """Row r of ``values`` to row ``index`` (a row expression) of the 2-D argument ``t``."""
+        if t.expr is not None or t.arg is None or len(t.shape) != 2:
+            raise Unsupported("a scatter into something other than a 2-D argument")
         if (t.shape[-1], t.shape_b[-1]) != (self.full[-1], self.full_b[-1]):
             raise Unsupported("a scatter into rows of another length")
         rows = self.size_expr(t.shape[0], t.shape_b[0])
-        return _Val(Scatter(t.arg, self.read(env[indices[0]]), self.read(env[values]), rows), shape, shape_b,
-                    dtype=na.meta["val"].dtype)
+        return _Val(Scatter(t.arg, index, self.read(values), rows), shape, shape_b, dtype=na.meta["val"].dtype)
 
     def scatter_along_rows(self, env: dict[Any, _Val], na: Any, shape: tuple[int, ...],
                            shape_b: tuple[int, ...]) -> _Val:
@@ -620,18 +627,12 @@ class _Reader:
         target, dim, index, values = na.args
         if dim not in (0, -2):
             raise Unsupported("a scatter along the columns")
-        t = env[target]
-        if t.expr is not None or t.arg is None or len(t.shape) != 2:
-            raise Unsupported("a scatter into something other than a 2-D argument")
         if self.space(env[values].shape) != "full" or self.space(env[index].shape) != "full":
             raise Unsupported("a scatter whose values are not the iteration space's rows")
         idx = self.read(env[index])
         if not (isinstance(idx, Load) and idx.access == "row"):
             raise Unsupported("a scatter whose index differs along a row")
-        if (t.shape[-1], t.shape_b[-1]) != (self.full[-1], self.full_b[-1]):
-            raise Unsupported("a scatter into rows of another length")
-        rows = self.size_expr(t.shape[0], t.shape_b[0])
-        return _Val(Scatter(t.arg, idx, self.read(env[values]), rows), shape, shape_b, dtype=na.meta["val"].dtype)
+        return self.scatter(env[target], idx, env[values], na, shape, shape_b)
 
     def scatter_output(self, name: str, scatter: Scatter) -> Scatter:
         """The scatter an output is, if it writes into that same argument, which the kernel
@@ -722,8 +723,7 @@ class _Reader:
         if dim in (-1, len(first.shape) - 1) and shape[-1] != 1 and self.space(idx.shape) == "full":
             index = self.index_load(self.read(idx))  # one index row for every row (perm[None].expand(t, -1))
             if index is not None and index.access == "col":
-                return self.gather_columns(first, _Val(None, (shape[-1],), (shape_b[-1],), arg=index.arg), shape,
-                                           shape_b)
+                return self.gather_columns(first, index, shape, shape_b)
         if dim not in (-1, len(first.shape) - 1) or self.space(first.shape) != "full" or self.space(idx.shape) != "row":
             raise Unsupported("a gather that does not pick one column per row")
         if shape[-1] != 1:

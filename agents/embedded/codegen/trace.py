@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,22 +168,21 @@ def fit_size(value_a: int, value_b: int, probes: tuple[dict[str, int], dict[str,
     if value_a == value_b:
         return str(value_a)
     names = sorted(probes[0])
-    for k in (1, 2, 3):
-        for combo in itertools.combinations(names, k):
-            pa = math.prod(probes[0][s] for s in combo)
-            pb = math.prod(probes[1][s] for s in combo)
-            if pa and value_a % pa == 0 and value_a // pa * pb == value_b and value_a // pa > 0:
-                c = value_a // pa
-                terms = ([str(c)] if c != 1 else []) + list(combo)
-                return " * ".join(terms)
-    for k in (1, 2, 3):
-        for combo in itertools.combinations(names, k):
-            pa = math.prod(probes[0][s] for s in combo)
-            pb = math.prod(probes[1][s] for s in combo)
-            for split in combo:
-                common = math.gcd(probes[0][split], probes[1][split])
-                for d in (d for d in range(2, common + 1) if common % d == 0):
-                    if pa and value_a * d % pa == 0 and value_a * d // pa * pb == value_b * d:
+
+    def divisions(combo: tuple[str, ...]) -> Iterator[tuple[int, str | None]]:
+        """(d, the symbol divided by d) for each symbol of ``combo`` and each d > 1 dividing it
+        at both probes."""
+        for split in combo:
+            common = math.gcd(probes[0][split], probes[1][split])
+            yield from ((d, split) for d in range(2, common + 1) if common % d == 0)
+
+    for divided in (False, True):
+        for k in (1, 2, 3):
+            for combo in itertools.combinations(names, k):
+                pa = math.prod(probes[0][s] for s in combo)
+                pb = math.prod(probes[1][s] for s in combo)
+                for d, split in divisions(combo) if divided else [(1, None)]:
+                    if pa and value_a * d % pa == 0 and value_a * d // pa * pb == value_b * d and value_a * d // pa > 0:
                         c = value_a * d // pa
                         terms = ([str(c)] if c != 1 else []) + [f"({s} // {d})" if s == split else s for s in combo]
                         return " * ".join(terms)
