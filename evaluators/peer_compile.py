@@ -134,17 +134,21 @@ def compile_kernel(kernel: str, dtype: str, shape_set: str, cache_dir: str | Pat
     with cache_folder(cache_dir):
         fns = peer_fns(spec, modes=tuple(modes or COMPILE_MODES), trials=1, cached=True, only_compiled=True)
         for shape in spec.shapes(shape_set):
-            gen = torch.Generator(device=device).manual_seed(7)
-            inputs = spec.make_inputs(shape, getattr(torch, dtype), gen, "random", torch.device(device))
+            inputs = _inputs_or_why(spec, shape, dtype, device)
             for mode in modes or COMPILE_MODES:
                 name = compile_name(mode, 1)
+                if isinstance(inputs, str):
+                    done.setdefault(mode, {})[shape_label(shape)] = inputs
+                    continue
                 try:
                     call_once(fns[name], {k: v.clone() for k, v in inputs.items()}, shape, spec.constants)
+                    # Inside the try: a launch the GPU refuses (a grid past its limits) may surface
+                    # only here, and it fails this mode on this shape, not the whole folder.
+                    if device == "cuda":
+                        torch.cuda.synchronize()
                     done.setdefault(mode, {})[shape_label(shape)] = "ok"
                 except Exception as exc:  # the loop meets the same failure and reports it
                     done.setdefault(mode, {})[shape_label(shape)] = f"{type(exc).__name__}: {exc}"[:300]
-            if device == "cuda":
-                torch.cuda.synchronize()
     # After the compilations: a peer that breaks this process's CUDA context then costs its own
     # first calls only, not the loop's compilations.
     first = _first_calls(spec, dtype, shape_set, device, lock)
@@ -152,6 +156,18 @@ def compile_kernel(kernel: str, dtype: str, shape_set: str, cache_dir: str | Pat
               "seconds": time.perf_counter() - start}
     (Path(cache_dir) / REPORT).write_text(json.dumps(report))
     return report
+
+
+def _inputs_or_why(spec: Any, shape: Any, dtype: str, device: str) -> Any:
+    """The loop's inputs for one shape, or why they could not be made: an error a refused launch
+    left behind may surface at the next launch, here, and it costs this shape, not the folder."""
+    import torch
+
+    try:
+        gen = torch.Generator(device=device).manual_seed(7)
+        return spec.make_inputs(shape, getattr(torch, dtype), gen, "random", torch.device(device))
+    except Exception as exc:
+        return f"inputs: {type(exc).__name__}: {exc}"[:300]
 
 
 def _first_calls(spec: Any, dtype: str, shape_set: str, device: str, lock: str | Path | None) -> dict[str, str]:
@@ -167,11 +183,10 @@ def _first_calls(spec: Any, dtype: str, shape_set: str, device: str, lock: str |
 
     outcome: dict[str, str] = {}
     for shape in spec.shapes(shape_set):
-        gen = torch.Generator(device=device).manual_seed(7)
-        inputs = spec.make_inputs(shape, getattr(torch, dtype), gen, "random", torch.device(device))
+        inputs = _inputs_or_why(spec, shape, dtype, device)
         for name, fn in spec.peers.items():
-            if outcome.get(name, "ok") != "ok":
-                continue
+            if outcome.get(name, "ok") != "ok" or isinstance(inputs, str):
+                continue  # failed before, or no inputs for this shape (the loop reports it)
             try:
                 with sharing_the_gpu(lock) if lock else contextlib.nullcontext():
                     call_once(as_peer(fn), {k: v.clone() for k, v in inputs.items()}, shape, spec.constants)

@@ -127,3 +127,36 @@ def test_a_sanitizer_run_shares_the_lock_with_others_and_keeps_benchmarks_out(tm
         assert other("shared") == "free"  # another sanitizer run
         assert other("exclusive") == "held"  # a benchmark waits
     assert other("exclusive") == "free"
+
+
+def test_a_shape_without_inputs_costs_that_shape_not_the_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """An error a refused launch leaves behind can surface at the next shape's first launch,
+    making its inputs: that shape is reported as not compiled and the others go on, in the
+    compilations and in the other peers' first calls."""
+    import evaluators.peer_compile as peer_compile
+    import kernels.spec
+
+    calls: list[int] = []
+
+    def watching(t, shape, constants):
+        calls.append(shape["d"])
+
+    base = load_kernel("silu_and_mul")
+    shapes = ({"num_tokens": 3, "d": 8}, {"num_tokens": 2, "d": 16})
+
+    def make_inputs(shape, *args, **kwargs):
+        if shape["d"] == 8:
+            raise RuntimeError("CUDA error: invalid argument")
+        return base.make_inputs(shape, *args, **kwargs)
+
+    spec = dataclasses.replace(base, peers={"watching": watching}, search_shapes=shapes, make_inputs=make_inputs)
+    assert _first_calls(spec, "float32", "search", "cpu", tmp_path / "gpu.lock") == {"watching": "ok"}
+    assert calls == [16]
+
+    # Every shape without inputs: nothing is compiled, and the report says why for each.
+    never = dataclasses.replace(spec, make_inputs=lambda *a, **k: make_inputs({"d": 8}))
+    monkeypatch.setattr(kernels.spec, "load_kernel", lambda kernel: never)
+    report = peer_compile.compile_kernel("silu_and_mul", "float32", "search", tmp_path / "c", modes=["default"],
+                                         device="cpu")
+    assert list(report["modes"]["default"].values()) == ["inputs: RuntimeError: CUDA error: invalid argument"] * 2
+    assert json.loads((tmp_path / "c" / REPORT).read_text())["modes"] == report["modes"]
