@@ -23,6 +23,7 @@ from agents.embedded import EmbeddedAgent
 from agents.embedded.codegen import Unsupported, classify, generate, schedules_for
 from agents.embedded.codegen.ir import (
     AtColumn,
+    ColumnIndex,
     Const,
     Load,
     Op,
@@ -81,6 +82,8 @@ def _evaluate(program: Program, spec: KernelSpec, inputs: dict[str, Any], shape:
             return flat[r * size(node.row_stride) + size(node.offset) + c]
         if node.access == "gather":
             return flat[ev(node.index).long() * size(node.row_stride) + c]
+        if node.access == "colshift":  # a cat's piece: its column c - shift, clamped into it
+            return flat[r * size(node.row_stride) + size(node.offset) + (c - size(node.shift)).clamp(0, size(node.rows) - 1)]
         if node.access == "row" and node.index is not None:
             return flat[ev(node.index).long()]
         return {"col": lambda: flat[c], "row": lambda: flat[r], "scalar": lambda: flat[0]}[node.access]()
@@ -105,7 +108,10 @@ def _evaluate(program: Program, spec: KernelSpec, inputs: dict[str, Any], shape:
         elif isinstance(node, Const):
             out = torch.tensor(node.value, dtype={"float": torch.float32, "int": torch.int64, "bool": torch.bool}[node.ctype])
         elif isinstance(node, Param):
-            out = torch.tensor(float(cols) if node.name == "__cols" else spec.constants[node.name])
+            named = {"__cols": lambda: float(cols), "__size": lambda: float(size(node.size))}
+            out = torch.tensor(named[node.name]() if node.name in named else spec.constants[node.name])
+        elif isinstance(node, ColumnIndex):
+            out = c.float()
         elif isinstance(node, Reduce):
             body = torch.broadcast_to(ev(node.body).float(), (rows, cols))
             out = {"sum": lambda: body.sum(1, keepdim=True), "max": lambda: body.amax(1, keepdim=True),
@@ -686,3 +692,22 @@ def test_a_size_may_divide_a_symbol_by_a_constant_that_divides_it_at_both_probes
         "(static_cast<cg_idx>((hidden / 128)) * static_cast<cg_idx>(num_tokens))"
     with pytest.raises(Unsupported):  # 5 does not divide hidden at both probes (nor anything else)
         fit_size(128, 128 * 11 // 5 + 1, probes)
+
+
+def test_a_piece_narrower_than_the_row_is_read_by_elementwise_ops_and_cat_only(tmp_path):
+    """A slice narrower than the iteration space's row means its own columns: a cat places it
+    (here the row's halves swapped), and a reduction over it, which the row's schedules would
+    take over the whole row, is refused."""
+    swapped = _written_here(tmp_path, "swapped", "torch.clamp(a, min=0.0)",
+                            "torch.clamp(torch.cat((a[:, a.shape[-1] // 2:], a[:, : a.shape[-1] // 2]), dim=-1), min=0.0)")
+    program = classify(swapped)
+    assert any(isinstance(n, Load) and n.access == "colshift" for n in walk(program.all_roots()))
+    _check_against_reference(swapped, output_tolerance=True)
+    half_mean = _written_here(tmp_path, "half_mean", "a.mean(dim=-1, keepdim=True)",
+                              "a[:, : a.shape[-1] // 2].mean(dim=-1, keepdim=True)")
+    with pytest.raises(Unsupported, match="narrower than the row"):
+        classify(half_mean)
+    along_rows = _written_here(tmp_path, "along_rows", "torch.clamp(a, min=0.0)",
+                               "torch.clamp(torch.cat((a[a.shape[0] // 2:], a[: a.shape[0] // 2]), dim=0), min=0.0)")
+    with pytest.raises(Unsupported):
+        classify(along_rows)

@@ -24,7 +24,9 @@ quantisation (a rounding to e4m3 inside the expression), an fp16 argument rounde
 bfloat16 (a cast that keeps the size), rows scattered with ``scatter`` (each row's slot
 expanded along it) times an explicitly expanded column operand, a greedy pick with its
 confidence (a softmax's max with its index, and an argmin, NaN and ties as torch has them), and
-columns gathered by an index row (``x[:, perm]``, negative entries from the end). Each
+columns gathered by an index row (``x[:, perm]``, negative entries from the end), a rotary
+embedding written with ``rotate_half`` (``cat`` of a row's negated second half and its first, with
+cos and sin broadcast over the heads), and two inputs of different widths joined by ``cat``. Each
 folder's baseline is also run, so that a spec and its baseline agree before the generator is
 judged against the spec.
 """
@@ -1306,6 +1308,127 @@ extern "C" __global__ void col_permute_gather(scalar_t* out, const scalar_t* x, 
 }
 '''
 
+# NeoX-style rotary by rotate_half: the row's two halves swapped, the first negated, by ``cat``.
+ROPE_ROTATE_HALF = '''from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, h, d = shape["num_tokens"], shape["heads"], shape["head_dim"]
+    x = torch.randn(t, h, d, generator=generator, device=device) * 2.0
+    angle = torch.rand(t, d, generator=generator, device=device) * 6.3
+    if case == "large":
+        x = x * 1000.0
+    return {
+        "out": torch.empty(t, h, d, device=device, dtype=dtype),
+        "x": x.to(dtype),
+        "cos": torch.cos(angle),
+        "sin": torch.sin(angle),
+    }
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    x = inputs["x"].float()
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return {"out": x * inputs["cos"][:, None, :] + rotated * inputs["sin"][:, None, :]}
+
+
+SPEC = KernelSpec(
+    name="rope_rotate_half",
+    description=(
+        "Rotary embedding as written with rotate_half: out = x * cos + cat(-x2, x1) * sin per head, where "
+        "x1 and x2 are the first and second halves of each head's row, in fp32, rounded once. x and out are "
+        "[num_tokens, heads, head_dim]; cos and sin are fp32 [num_tokens, head_dim], the same for every head. "
+        "head_dim is even."
+    ),
+    args=(Arg("out", "tensor", role="out"), Arg("x", "tensor"), Arg("cos", "tensor", dtype="float32"),
+          Arg("sin", "tensor", dtype="float32"), Arg("num_tokens", "int"), Arg("heads", "int"),
+          Arg("head_dim", "int", multiple_of=2)),
+    search_shapes=({"num_tokens": 64, "heads": 32, "head_dim": 128},),
+    heldout_shapes=({"num_tokens": 7, "heads": 5, "head_dim": 72},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: (2 * s["num_tokens"] * s["heads"] * s["head_dim"] * (4 if dt == "float32" else 2)
+                               + 8 * s["num_tokens"] * s["head_dim"]),
+    flops=lambda s: 3 * s["num_tokens"] * s["heads"] * s["head_dim"],
+    dtypes=("float16", "bfloat16", "float32"),
+    edge_cases=("large",),
+)
+'''
+
+ROPE_ROTATE_HALF_CU = '''// launch: grid=(num_tokens * heads,) block=(64,) smem=0
+extern "C" __global__ void rope_rotate_half(scalar_t* out, const scalar_t* x, const float* cos, const float* sin,
+                                            int num_tokens, int heads, int head_dim) {
+    const long long row = blockIdx.x;
+    const long long t = row / heads;
+    const int half = head_dim / 2;
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+        const float v = static_cast<float>(x[row * head_dim + i]);
+        const float r = i < half ? -static_cast<float>(x[row * head_dim + i + half])
+                                 : static_cast<float>(x[row * head_dim + i - half]);
+        out[row * head_dim + i] = static_cast<scalar_t>(v * cos[t * head_dim + i] + r * sin[t * head_dim + i]);
+    }
+}
+'''
+
+# Two inputs of different widths joined along the row by ``cat``, times a per-row scale.
+CONCAT_ROWS_SCALE = '''from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, da, db = shape["num_tokens"], shape["dim_a"], shape["dim_b"]
+    return {
+        "out": torch.empty(t, da + db, device=device, dtype=dtype),
+        "a": torch.randn(t, da, generator=generator, device=device).to(dtype),
+        "b": (torch.randn(t, db, generator=generator, device=device) * 5.0 + 3.0).to(dtype),
+        "scale": torch.rand(t, generator=generator, device=device) + 0.5,
+    }
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    joined = torch.cat([inputs["a"], inputs["b"]], dim=-1).float()
+    return {"out": joined * inputs["scale"][:, None]}
+
+
+SPEC = KernelSpec(
+    name="concat_rows_scale",
+    description=(
+        "out[t, :] = cat(a[t, :], b[t, :]) * scale[t] in fp32, rounded once. a is [num_tokens, dim_a], b "
+        "[num_tokens, dim_b], out [num_tokens, dim_a + dim_b], scale fp32 [num_tokens]."
+    ),
+    args=(Arg("out", "tensor", role="out"), Arg("a", "tensor"), Arg("b", "tensor"),
+          Arg("scale", "tensor", dtype="float32"), Arg("num_tokens", "int"), Arg("dim_a", "int"),
+          Arg("dim_b", "int")),
+    search_shapes=({"num_tokens": 64, "dim_a": 4096, "dim_b": 1024},),
+    heldout_shapes=({"num_tokens": 7, "dim_a": 1000, "dim_b": 37},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: 2 * s["num_tokens"] * (s["dim_a"] + s["dim_b"]) * (4 if dt == "float32" else 2),
+    flops=lambda s: s["num_tokens"] * (s["dim_a"] + s["dim_b"]),
+    dtypes=("float16", "bfloat16", "float32"),
+)
+'''
+
+CONCAT_ROWS_SCALE_CU = '''// launch: grid=(num_tokens,) block=(128,) smem=0
+extern "C" __global__ void concat_rows_scale(scalar_t* out, const scalar_t* a, const scalar_t* b, const float* scale,
+                                             int num_tokens, int dim_a, int dim_b) {
+    const long long t = blockIdx.x;
+    const int width = dim_a + dim_b;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        const float v = i < dim_a ? static_cast<float>(a[t * dim_a + i]) : static_cast<float>(b[t * dim_b + i - dim_a]);
+        out[t * width + i] = static_cast<scalar_t>(v * scale[t]);
+    }
+}
+'''
+
 FOLDERS = {
     "silu_scale_shift": (SILU_SCALE_SHIFT, SILU_SCALE_SHIFT_CU),
     "softmax_temperature": (SOFTMAX_TEMPERATURE, SOFTMAX_TEMPERATURE_CU),
@@ -1327,11 +1450,17 @@ FOLDERS = {
     "gain_slot_scatter": (GAIN_SLOT_SCATTER, GAIN_SLOT_SCATTER_CU),
     "row_maxprob_argmax": (ROW_MAXPROB_ARGMAX, ROW_MAXPROB_ARGMAX_CU),
     "col_permute_gather": (COL_PERMUTE_GATHER, COL_PERMUTE_GATHER_CU),
+    "rope_rotate_half": (ROPE_ROTATE_HALF, ROPE_ROTATE_HALF_CU),
+    "concat_rows_scale": (CONCAT_ROWS_SCALE, CONCAT_ROWS_SCALE_CU),
 }
 
 # Small shapes: one row and up to 40, row lengths on and off 8-element (16-byte) vectors, a
 # row longer than a block's registers hold for the row kernels.
 SHAPES: dict[str, list[dict[str, int]]] = {
+    "rope_rotate_half": [{"num_tokens": 3, "heads": 4, "head_dim": 64}, {"num_tokens": 1, "heads": 2, "head_dim": 8},
+                         {"num_tokens": 2, "heads": 3, "head_dim": 136}, {"num_tokens": 2, "heads": 1, "head_dim": 10}],
+    "concat_rows_scale": [{"num_tokens": 3, "dim_a": 40, "dim_b": 24}, {"num_tokens": 1, "dim_a": 1000, "dim_b": 8},
+                          {"num_tokens": 5, "dim_a": 37, "dim_b": 100}],
     "col_permute_gather": [{"num_tokens": 3, "hidden_in": 104, "hidden_out": 40},
                            {"num_tokens": 1, "hidden_in": 8, "hidden_out": 1000},
                            {"num_tokens": 5, "hidden_in": 264, "hidden_out": 264}],
@@ -1371,6 +1500,8 @@ SHAPES: dict[str, list[dict[str, int]]] = {
 
 # What the generator is expected to make of each kernel: its kind and every schedule's name.
 EXPECTED: dict[str, tuple[str, set[str]]] = {
+    "rope_rotate_half": ("elementwise", {"codegen:elementwise/rows"}),
+    "concat_rows_scale": ("elementwise", {"codegen:elementwise/rows"}),
     "col_permute_gather": ("elementwise", {"codegen:elementwise/rows"}),
     "row_maxprob_argmax": ("rowwise", {"codegen:rows/block", "codegen:rows/warp", "codegen:rows/cluster",
                                        "codegen:rows/block+online", "codegen:rows/cluster+online"}),

@@ -63,6 +63,9 @@ __device__ __forceinline__ void cg_store(T* p, const Pack<T, V>& x) {
 // Maximum and minimum that keep NaN, as torch does (fmaxf would drop it).
 __device__ __forceinline__ float cg_max(float a, float b) { return (a != a || b != b) ? a + b : fmaxf(a, b); }
 __device__ __forceinline__ float cg_min(float a, float b) { return (a != a || b != b) ? a + b : fminf(a, b); }
+// A cat's piece column, clamped into the piece's [0, n).
+template <typename I>
+__device__ __forceinline__ I cg_clamp_col(I c, I n) { return c < 0 ? I(0) : (c >= n ? n - 1 : c); }
 __device__ __forceinline__ float cg_relu(float a) { return a != a ? a : fmaxf(a, 0.0f); }
 // torch.sign: NaN stays NaN, zero stays zero.
 __device__ __forceinline__ float cg_sign(float a) { return a > 0.0f ? 1.0f : (a < 0.0f ? -1.0f : a); }

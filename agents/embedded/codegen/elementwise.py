@@ -117,7 +117,12 @@ def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
     tx = f"min(BLOCK, max(8, 8 * cdiv({cols_launch}, 64 * ITEMS)), {fill_threads(rows_launch, cols_launch)})"
     ry = f"max(1, min(BLOCK // {tx}, cdiv({rows_launch}, {FILL_BLOCKS})))"
     grid = f"(cdiv({cols_launch}, {tx} * 8 * ITEMS), min(cdiv({rows_launch}, {ry}), 65535))"
-    tune = {"BLOCK": (256, 128, 512), "ITEMS": (2, 1, 4)}
+    tune: dict[str, tuple[int, ...]] = {"BLOCK": (256, 128, 512), "ITEMS": (2, 1, 4)}
+    if any(leaf.access == "colshift" for leaf in em.full_leaves):
+        # A cat reads every piece at each element (clamped loads; a where keeps one), one
+        # scalar load per piece beside the staged vectors: at ITEMS 4 and 512 threads a
+        # rotate_half rope took the 128 registers ptxas had and spilled 116 bytes.
+        tune["ITEMS"] = (2, 1)
     name = "elementwise/flat" if flat else "elementwise/rows"
     head = header(grid, f"({tx}, {ry})", tune, f"{name}: 16-byte vectors with a scalar tail, fp32 math", spec)
     call = _call(em, args, rows_launch, cols_launch, bool(scattered))

@@ -65,6 +65,10 @@ def _float_literal(x: float) -> str:
     return f"{float(x)!r}f"
 
 
+# Column accesses read one element at a time (at an index's element, at a cat's shifted column).
+SCALAR_READ = ("colgather", "colshift")
+
+
 def _fed(node: object) -> bool:
     """Whether a reduction's result flows into ``node``."""
     return any(isinstance(n, Reduce) for n in walk([node]))
@@ -86,7 +90,7 @@ class Emitter:
         self.element_col = "cg_c"  # the current chunk's first column (set by each element loop)
         self.full_leaves: list[Load] = []
         for node in walk(program.all_roots()):
-            if isinstance(node, Load) and node.access in ("full", "gather", "colgather") and node not in self.full_leaves:
+            if isinstance(node, Load) and node.access in ("full", "gather", *SCALAR_READ) and node not in self.full_leaves:
                 self.full_leaves.append(node)
         self.row_loads: list[Load] = [n for n in walk(program.all_roots()) if isinstance(n, Load) and n.access in ("row", "scalar")]
         self._row_only: dict[int, bool] = {}
@@ -169,7 +173,9 @@ class Emitter:
         if isinstance(node, Const):
             return self.literal(node)
         if isinstance(node, Param):
-            return "static_cast<float>(" + self.cols + ")" if node.name == "__cols" else node.name
+            if node.name in ("__cols", "__size"):
+                return "static_cast<float>(" + (self.cols if node.name == "__cols" else c_size(node.size)) + ")"
+            return node.name
         key = id(node)
         if key in self.row_done:
             return self.row_done[key]
@@ -229,6 +235,8 @@ class Emitter:
                 return self.preloaded[(id(at), id(node))]
             if node.access == "col":
                 return self.convert_load(node.arg, f"{node.arg}[{col}]")
+            if node.access == "colshift":
+                return self._column_shift(node, col)
             return self.convert_load(node.arg, f"{node.arg}[{self.leaf_base(node)} + {col}]")
         assert isinstance(node, Op)
         return self.op_text(node, [self.scalar_expr(a, col, at) for a in node.args])
@@ -357,9 +365,9 @@ class Emitter:
     def vector_ok(self, full_outputs: list[str]) -> str:
         """The run-time condition for the V-wide path (row length, strides, offsets, pointers)."""
         conds = [f"{self.cols} % VEC == 0"]
-        gathered = {leaf.arg for leaf in self.full_leaves if leaf.access == "colgather"}  # read by scalars
+        gathered = {leaf.arg for leaf in self.full_leaves if leaf.access in SCALAR_READ}  # read by scalars
         for leaf in self.full_leaves:
-            if leaf.access == "colgather":
+            if leaf.access in SCALAR_READ:
                 continue
             if leaf.row_stride != "C":
                 conds.append(f"{c_size(leaf.row_stride)} % VEC == 0")
@@ -412,6 +420,8 @@ class Emitter:
                 pack = f"Pack<{self.c_type(leaf.arg)}, V>"
                 if leaf.access == "colgather":
                     text = self._column_gather(leaf, by_value)
+                elif leaf.access == "colshift":
+                    text = self._column_shift(leaf, "cg_c + e")
                 elif leaf.access == "col":
                     i, src = self.col_leaves().index(leaf), f"{leaf.arg} + cg_c"
                     if cached:  # loaded at use (see above)
@@ -432,7 +442,7 @@ class Emitter:
                     if i not in cached or i in fill:
                         loads.append(f"{name}[{slot}] = *reinterpret_cast<const {pack}*>({src});")
                     text = f"{name}[{slot}].v[e]"
-                by_value[leaf] = text if leaf.access == "colgather" else self.convert_load(leaf.arg, text)
+                by_value[leaf] = text if leaf.access in SCALAR_READ else self.convert_load(leaf.arg, text)
             leaf_text[id(leaf)] = by_value[leaf]
         work = self._element_loop(exprs, inline_cols, leaf_text, "cg_c") + list(after)
 
@@ -456,11 +466,21 @@ class Emitter:
         at = f"({idx} < 0 ? {idx} + {c_size(leaf.rows)} : {idx})"
         return self.convert_load(leaf.arg, f"{leaf.arg}[cg_base{i} + {at}]")
 
+    def _column_shift(self, leaf: Load, col: str) -> str:
+        """Column ``col`` of a cat's piece: one scalar load at the piece's column col - shift,
+        clamped into the piece (the other pieces' columns read it too; a where drops them)."""
+        i = self.full_leaves.index(leaf)
+        at = f"cg_clamp_col<cg_idx>({col} - {c_size(leaf.shift)}, {c_size(leaf.rows)})"
+        return self.convert_load(leaf.arg, f"{leaf.arg}[cg_base{i} + {at}]")
+
     def _leaf_code(self, leaf: Load, col0: str, lines: list[str], leaf_text: dict[int, str]) -> None:
         """Loads one leaf's V elements and names element e."""
         pack = f"Pack<{self.c_type(leaf.arg)}, V>"
         if leaf.access == "colgather":
             leaf_text[id(leaf)] = self._column_gather(leaf, {leaf.index: leaf_text[id(leaf.index)]})
+            return
+        if leaf.access == "colshift":
+            leaf_text[id(leaf)] = self._column_shift(leaf, f"{col0} + e")
             return
         if leaf.access == "col":
             name, src = f"cg_c{self.col_leaves().index(leaf)}", f"{leaf.arg} + {col0}"

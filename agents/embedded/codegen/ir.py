@@ -58,7 +58,10 @@ class Load:
     ``index`` a row expression (``gather``), or at ``r * row_stride + index`` with ``index`` a
     column's load (``colgather``: column c reads the argument's column index[c]). A gather by an
     index the kernel is given has the count it wraps by in ``rows`` (the table's rows, the
-    argument's columns): a negative index counts from the end, as in torch."""
+    argument's columns): a negative index counts from the end, as in torch. ``colshift``: a
+    piece of a row ``rows`` wide that a ``cat`` puts at column ``shift``; column c reads the
+    piece's column c - shift, clamped into the piece, so that the columns of the other pieces
+    (whose value a ``where`` on the column drops) read inside it too."""
 
     arg: str
     access: str
@@ -66,6 +69,7 @@ class Load:
     offset: str = "0"
     index: Any = None
     rows: str = ""
+    shift: str = ""
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,11 @@ class Const:
 
 @dataclass(frozen=True)
 class Param:
+    """A float argument of the kernel by ``name``; ``__cols`` is the row's length, and
+    ``__size`` the size expression ``size`` (where a ``cat`` puts a piece)."""
+
     name: str
+    size: str = ""
 
 
 @dataclass(frozen=True)
@@ -280,6 +288,8 @@ class _Reader:
         if v.expr is not None:
             return v.expr
         assert v.arg is not None
+        if self.narrow(v):  # a whole argument a cat puts in a row (see concat)
+            return Load(v.arg, "full", row_stride=self.size_expr(v.shape[-1], v.shape_b[-1]))
         space = self.space(v.shape)
         if space != "bcast":
             return Load(v.arg, space)
@@ -406,6 +416,12 @@ class _Reader:
         def out(expr: Any) -> _Val:
             return _Val(expr, shape, shape_b, dtype=val.dtype)
 
+        if name != "cat" and any(self.narrow(env[x]) for x in args if x in env) and name not in _NARROW_OK:
+            # A piece narrower than the row means its own columns to elementwise ops and to cat
+            # only: a reduction or a view would read it as if it were the whole row.
+            raise Unsupported(f"{name} of a piece narrower than the row")
+        if name == "cat":
+            return self.concat(env, na, nb, shape, shape_b)
         if name == "select" and first is not None and first.shape[args[1]] == 1 and first.shape_b[args_b[1]] == 1:
             name = "squeeze"  # x[:, 0] of a dimension of one: the same elements, that dimension dropped
         if name in _VIEWS:
@@ -529,6 +545,42 @@ class _Reader:
         dim, sizes_a, sizes_b = self.splits[source]
         return self.row_range(env[source], dim, 1, sum(sizes_a[:i]), sum(sizes_b[:i]), shape, shape_b)
 
+    def narrow(self, v: _Val) -> bool:
+        """Whether a value is a piece of the iteration space's row: its rows, fewer columns
+        (more than one: a column of one is a row value)."""
+        return (len(v.shape) == len(self.full) > 0 and v.shape[:-1] == self.full[:-1]
+                and v.shape_b[:-1] == self.full_b[:-1] and v.shape[-1] < self.full[-1] and v.shape_b[-1] < self.full_b[-1]
+                and (v.shape[-1], v.shape_b[-1]) != (1, 1))
+
+    def concat(self, env: dict[Any, _Val], na: Any, nb: Any, shape: tuple[int, ...], shape_b: tuple[int, ...]) -> _Val:
+        """``cat`` along the row: column c takes the piece it falls in, read at c less the
+        piece's start (:func:`_shifted`), chosen by a ``where`` on the column. Each piece is an
+        elementwise expression of its own columns, or a row value (a column of one)."""
+        dim = na.args[1] if len(na.args) > 1 else na.kwargs.get("dim", 0)
+        if dim not in (-1, len(shape) - 1):
+            raise Unsupported("a cat along another dimension than the row")
+        if self.space(shape) != "full" or len(shape) != len(self.full):
+            raise Unsupported("a cat that is not the iteration space's row")
+        pieces: list[tuple[str, Any]] = []  # (its first column, its expression)
+        at_a = at_b = 0
+        for xa in na.args[0]:
+            v = env[xa]
+            wa, wb = v.shape[-1], v.shape_b[-1]
+            if (wa, wb) == (0, 0):
+                continue
+            if len(v.shape) != len(shape) or v.shape[:-1] != shape[:-1] or v.shape_b[:-1] != shape_b[:-1]:
+                raise Unsupported("a cat of pieces with other rows")
+            start = "0" if (at_a, at_b) == (0, 0) else self.size_expr(at_a, at_b)
+            width = self.size_expr(wa, wb)
+            pieces.append((start, _shifted(self.read(v), start, width, {})))
+            at_a, at_b = at_a + wa, at_b + wb
+        kind = _kind_of_dtype(na.meta["val"].dtype)
+        column = ColumnIndex()
+        expr = pieces[-1][1]
+        for (_, piece), (start, _) in zip(reversed(pieces[:-1]), reversed(pieces[1:]), strict=True):
+            expr = Op("where", (Op("lt", (column, Param("__size", start)), BOOL), piece, expr), kind)
+        return _Val(expr, shape, shape_b, dtype=na.meta["val"].dtype)
+
     def row_range(self, first: _Val, dim: int, step: int, start_a: int, start_b: int, shape: tuple[int, ...],
                   shape_b: tuple[int, ...]) -> _Val:
         """The elements ``start`` onwards of an argument's rows (last dimension), in the
@@ -536,8 +588,9 @@ class _Reader:
         if first.expr is not None or step != 1 or dim not in (-1, len(first.shape) - 1):
             raise Unsupported("a slice other than a contiguous range of an argument's last dimension")
         parent = self.size_expr(first.shape[-1], first.shape_b[-1])
-        if self.space(shape) != "full" or len(first.shape) != len(shape):
-            raise Unsupported("a slice that is not the iteration space's row")
+        piece = _Val(None, shape, shape_b)
+        if len(first.shape) != len(shape) or (not self.narrow(piece) and self.space(shape) != "full"):
+            raise Unsupported("a slice that is not the iteration space's row or a piece of it")
         expr = Load(first.arg or "", "full", row_stride=parent, offset=self.size_expr(start_a, start_b))
         return _Val(expr, shape, shape_b, dtype=first.dtype)
 
@@ -749,6 +802,35 @@ class _Reader:
             raise Unsupported("a transpose with other ops around it")
         out = self.trace.outputs[0]
         return Program("transpose", cols, rows, {out: ("full", Load(arg, "full"))}, [], self.dtypes, (arg, rows, cols))
+
+
+# Ops that read a piece narrower than the row as its own columns: elementwise ones.
+_NARROW_OK = frozenset({*UNARY, *TESTS, *BINARY, *COMPARE, "gelu", "where", "clamp", "clamp_min", "clamp_max",
+                        "masked_fill", "logical_not", "bitwise_not", "logical_and", "logical_or", "bitwise_and",
+                        "bitwise_or", "_to_copy", "clone", "contiguous", "alias", "detach", "lift_fresh_copy"})
+
+
+def _shifted(node: Any, start: str, width: str, memo: dict[int, Any]) -> Any:
+    """A piece's expression as a cat places it: each of its column loads at column c reads the
+    piece's column c - ``start`` (clamped into its ``width``); row values are as they were."""
+    if id(node) in memo:
+        return memo[id(node)]
+    if isinstance(node, Load):
+        if node.access == "full":
+            out: Any = Load(node.arg, "colshift", row_stride=node.row_stride, offset=node.offset, rows=width,
+                            shift=start)
+        elif node.access in ("row", "scalar"):
+            out = node
+        else:
+            raise Unsupported(f"a cat of a piece read by {node.access}")
+    elif isinstance(node, Op):
+        out = Op(node.name, tuple(_shifted(a, start, width, memo) for a in node.args), node.ctype, node.extra)
+    elif isinstance(node, Const | Param | Reduce | AtColumn | RowOf):
+        out = node
+    else:
+        raise Unsupported(f"a cat of a piece holding {type(node).__name__}")
+    memo[id(node)] = out
+    return out
 
 
 def _has_at_column(outputs: dict[str, tuple[str, Any]]) -> bool:

@@ -27,6 +27,7 @@ from agents.embedded.codegen.cuda_text import (
 from agents.embedded.codegen.emit import (
     IDENTITY,
     OPCODE,
+    SCALAR_READ,
     Emitter,
     Schedule,
     entry,
@@ -105,8 +106,8 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
     block) or ``cluster`` (one row per cluster of CL blocks, sm_90). ``online``: each max and
     sum of exp(x - max) pair (:func:`online_pairs`; there must be one) in one pass."""
     em = Emitter(spec, program)
-    if any(leaf.access == "colgather" for leaf in em.full_leaves):
-        raise Unsupported("a column gather in a row reduction's schedule")
+    if any(leaf.access in SCALAR_READ for leaf in em.full_leaves):
+        raise Unsupported("a column gather or a cat in a row reduction's schedule")
     cluster = mode == "cluster"
     fused = online_pairs(program) if online else {}
     if online and not fused:

@@ -162,8 +162,10 @@ def fit_size(value_a: int, value_b: int, probes: tuple[dict[str, int], dict[str,
     of a row, as ``x.view(t, h // 128, 128)`` makes them): a probe is an odd prime times the
     symbol's ``multiple_of``, so such a constant divides every size the spec allows.
 
+    Else the sum of two symbols, ``(dim_a + dim_b)`` (a row joined by a cat).
+
     Raises:
-        Unsupported: no such product of at most three symbols.
+        Unsupported: no such product of at most three symbols, nor such a sum.
     """
     if value_a == value_b:
         return str(value_a)
@@ -186,4 +188,10 @@ def fit_size(value_a: int, value_b: int, probes: tuple[dict[str, int], dict[str,
                         c = value_a * d // pa
                         terms = ([str(c)] if c != 1 else []) + [f"({s} // {d})" if s == split else s for s in combo]
                         return " * ".join(terms)
-    raise Unsupported(f"a size ({value_a} / {value_b} at the probes) is not a product of shape symbols")
+    # A row that a cat joins from pieces of two sizes: their sum, parenthesised (one term of a
+    # product to c_size and the launch header).
+    for first, second in itertools.combinations(names, 2):
+        if probes[0][first] + probes[0][second] == value_a and probes[1][first] + probes[1][second] == value_b:
+            return f"({first} + {second})"
+    raise Unsupported(f"a size ({value_a} / {value_b} at the probes) is neither a product of shape symbols "
+                      "nor the sum of two")
