@@ -150,6 +150,9 @@ def _op(node: Op, a: list[Any]) -> Any:
         "gt": torch.gt, "ge": torch.ge, "lt": torch.lt, "le": torch.le, "eq": torch.eq, "ne": torch.ne,
         "not": torch.logical_not, "and": torch.logical_and, "or": torch.logical_or, "where": torch.where,
         "tofloat": lambda x: x.float(), "tobool": lambda x: x != 0,
+        "tan": torch.tan, "sinh": torch.sinh, "cosh": torch.cosh, "asin": torch.asin, "acos": torch.acos,
+        "atan": torch.atan, "asinh": torch.asinh, "acosh": torch.acosh, "atanh": torch.atanh,
+        "erfc": torch.special.erfc, "fmod": torch.fmod, "remainder": torch.remainder,
     }
     if node.name == "round_to":
         return a[0].to({"__half": torch.float16, "__nv_bfloat16": torch.bfloat16}[node.extra[0]]).float()

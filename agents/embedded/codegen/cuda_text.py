@@ -63,6 +63,11 @@ __device__ __forceinline__ void cg_store(T* p, const Pack<T, V>& x) {
 // Maximum and minimum that keep NaN, as torch does (fmaxf would drop it).
 __device__ __forceinline__ float cg_max(float a, float b) { return (a != a || b != b) ? a + b : fmaxf(a, b); }
 __device__ __forceinline__ float cg_min(float a, float b) { return (a != a || b != b) ? a + b : fminf(a, b); }
+// torch.remainder: the remainder with the divisor's sign (Python's %), from fmodf.
+__device__ __forceinline__ float cg_remainder(float a, float b) {
+    const float m = fmodf(a, b);
+    return (m != 0.0f && ((b < 0.0f) != (m < 0.0f))) ? m + b : m;
+}
 // A cat's piece column, clamped into the piece's [0, n).
 template <typename I>
 __device__ __forceinline__ I cg_clamp_col(I c, I n) { return c < 0 ? I(0) : (c >= n ? n - 1 : c); }

@@ -308,6 +308,10 @@ class Emitter:
             return f"{fn}(static_cast<float>({args[0]}), static_cast<float>({args[1]}))"
         if name == "atan2":
             return f"atan2f({args[0]}, {args[1]})"
+        if name == "fmod":
+            return f"fmodf(static_cast<float>({args[0]}), static_cast<float>({args[1]}))"
+        if name == "remainder":
+            return f"cg_remainder(static_cast<float>({args[0]}), static_cast<float>({args[1]}))"
         if name in COMPARE:
             if FLOAT in kinds:
                 return f"(static_cast<float>({args[0]}) {COMPARE[name]} static_cast<float>({args[1]}))"

@@ -33,11 +33,14 @@ UNARY: dict[str, str] = {
     "expm1": "expm1f({0})", "log1p": "log1pf({0})", "sin": "sinf({0})", "cos": "cosf({0})",
     "floor": "floorf({0})", "ceil": "ceilf({0})", "trunc": "truncf({0})", "round": "rintf({0})",
     "relu": "cg_relu({0})", "silu": "({0} / (1.0f + expf(-{0})))", "sign": "cg_sign({0})",
+    "tan": "tanf({0})", "sinh": "sinhf({0})", "cosh": "coshf({0})", "asin": "asinf({0})", "acos": "acosf({0})",
+    "atan": "atanf({0})", "asinh": "asinhf({0})", "acosh": "acoshf({0})", "atanh": "atanhf({0})",
+    "erfc": "erfcf({0})",
 }
 # aten ops testing a float into a bool -> C function.
 TESTS: dict[str, str] = {"isnan": "cg_isnan", "isinf": "cg_isinf"}
 # Binary aten ops read into an Op of the same name (the emitter writes each one's C).
-BINARY = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "pow", "atan2"})
+BINARY = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "pow", "atan2", "fmod", "remainder"})
 COMPARE: dict[str, str] = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "eq": "==", "ne": "!="}
 # Writes of rows by index (``target[index] = values``), and where their values stand among
 # their arguments.
@@ -473,6 +476,8 @@ class _Reader:
             return out(Op("gelu_tanh" if approx == "tanh" else "gelu", (self.read(first),), FLOAT))  # type: ignore[arg-type]
         if name in ("logical_not", "bitwise_not") and kind == BOOL:
             return out(Op("not", (self.read(first),), BOOL))  # type: ignore[arg-type]
+        if name in ("fmod", "remainder") and kind != FLOAT:
+            raise Unsupported(f"an integer {name}")
         if name in BINARY:
             a, b = operands(2)
             if len(args) > 2 or "alpha" in na.kwargs:
@@ -493,13 +498,20 @@ class _Reader:
             hi = args[2] if name == "clamp" and len(args) > 2 else (args[1] if name == "clamp_max" else None)
             lo = na.kwargs.get("min", lo)
             hi = na.kwargs.get("max", hi)
-            if (na.args[1:], na.kwargs) != (nb.args[1:], nb.kwargs):
-                raise Unsupported("a clamp whose bounds are made from the shape")
+
+            def bound(x: Any) -> Any:
+                """A bound: a tensor (per row, column or element), or a number both probes share."""
+                if hasattr(x, "op"):
+                    return self.operand(env, x)
+                if (na.args[1:], na.kwargs) != (nb.args[1:], nb.kwargs):
+                    raise Unsupported("a clamp whose bounds are made from the shape")
+                return self.constant(float(x))
+
             expr = self.read(first)  # type: ignore[arg-type]
             if lo is not None:
-                expr = Op("maximum", (expr, self.constant(float(lo))), FLOAT)
+                expr = Op("maximum", (expr, bound(lo)), FLOAT)
             if hi is not None:
-                expr = Op("minimum", (expr, self.constant(float(hi))), FLOAT)
+                expr = Op("minimum", (expr, bound(hi)), FLOAT)
             return out(expr)
         if name == "masked_fill":
             _, mask, fill = operands(3)
