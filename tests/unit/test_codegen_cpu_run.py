@@ -285,12 +285,13 @@ def test_row_outputs_read_their_gathers_early_and_still_compute_the_reference(tm
 
 
 def test_more_math_ops_and_tensor_clamp_bounds_compute_the_reference(tmp_path):
-    """fmod and remainder (the divisor's sign, as Python's %), inverse and hyperbolic
+    """fmod and remainder of floats and of integers (remainder with the divisor's sign, as Python's %), inverse and hyperbolic
     trigonometry, erfc, and a clamp whose bounds are tensors (a row value below, a column
     above): every non-cluster schedule, fp16 and fp32, against the reference on the CPU."""
     old = "torch.clamp(a, min=0.0)"
     new = ("torch.clamp(torch.fmod(a, 1.5) + torch.remainder(a, -1.25) + torch.atan(a) + torch.sinh(a * 0.1)"
-           " + torch.erfc(a * 0.3) + torch.asinh(a) + torch.cosh(a * 0.05) + torch.tan(a * 0.1),"
+           " + torch.erfc(a * 0.3) + torch.asinh(a) + torch.cosh(a * 0.05) + torch.tan(a * 0.1)"
+           " + torch.remainder((a * 4).to(torch.int64), -3) + torch.fmod((a * 4).to(torch.int64), 3),"
            " min=mu - 1.0, max=inputs[\"gain\"].float() + 2.0)")
     assert old in _NEW_SPEC
     spec = _kernel_here(tmp_path, "more_math", _NEW_SPEC.replace(old, new).replace('"centred_tanh"', '"more_math"'),

@@ -26,7 +26,8 @@ expanded along it) times an explicitly expanded column operand, a greedy pick wi
 confidence (a softmax's max with its index, and an argmin, NaN and ties as torch has them), and
 columns gathered by an index row (``x[:, perm]``, negative entries from the end), a rotary
 embedding written with ``rotate_half`` (``cat`` of a row's negated second half and its first, with
-cos and sin broadcast over the heads), and two inputs of different widths joined by ``cat``. Each
+cos and sin broadcast over the heads), two inputs of different widths joined by ``cat``, and routing weights picked from each row by
+that row's own indices (``torch.gather`` along the row by an index matrix), scaled per row. Each
 folder's baseline is also run, so that a spec and its baseline agree before the generator is
 judged against the spec.
 """
@@ -1429,6 +1430,64 @@ extern "C" __global__ void concat_rows_scale(scalar_t* out, const scalar_t* a, c
 }
 '''
 
+# Each row's own columns picked by a row of indices (torch.gather along the row), scaled per row.
+ROW_PICK_SCALE = '''from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, e, k = shape["num_tokens"], shape["num_experts"], shape["top_k"]
+    ids = torch.randint(0, e, (t, k), generator=generator, device=device)
+    if case == "edges":  # the row's last and first columns, alternately
+        ids = torch.where(torch.arange(k, device=device) % 2 == 0, e - 1, 0).expand(t, k).contiguous()
+    return {
+        "out": torch.empty(t, k, device=device, dtype=dtype),
+        "probs": torch.rand(t, e, generator=generator, device=device).to(dtype),
+        "ids": ids,
+        "scale": torch.rand(t, generator=generator, device=device) + 0.5,
+    }
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    picked = torch.gather(inputs["probs"].float(), -1, inputs["ids"])
+    return {"out": picked * inputs["scale"][:, None]}
+
+
+SPEC = KernelSpec(
+    name="row_pick_scale",
+    description=(
+        "Routing weights of the chosen experts: out[t, j] = probs[t, ids[t, j]] * scale[t] in fp32, rounded "
+        "once. probs is [num_tokens, num_experts], ids int64 [num_tokens, top_k] with values in "
+        "[0, num_experts), scale fp32 [num_tokens], out [num_tokens, top_k]."
+    ),
+    args=(Arg("out", "tensor", role="out"), Arg("probs", "tensor"), Arg("ids", "tensor", dtype="int64"),
+          Arg("scale", "tensor", dtype="float32"), Arg("num_tokens", "int"), Arg("num_experts", "int"),
+          Arg("top_k", "int")),
+    search_shapes=({"num_tokens": 4096, "num_experts": 256, "top_k": 8},),
+    heldout_shapes=({"num_tokens": 7, "num_experts": 60, "top_k": 3},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: s["num_tokens"] * s["top_k"] * (8 + 2 * (4 if dt == "float32" else 2)),
+    flops=lambda s: s["num_tokens"] * s["top_k"],
+    dtypes=("float16", "bfloat16", "float32"),
+    edge_cases=("edges",),
+)
+'''
+
+ROW_PICK_SCALE_CU = '''// launch: grid=(num_tokens,) block=(32,) smem=0
+extern "C" __global__ void row_pick_scale(scalar_t* out, const scalar_t* probs, const long long* ids,
+                                          const float* scale, int num_tokens, int num_experts, int top_k) {
+    const long long t = blockIdx.x;
+    for (int j = threadIdx.x; j < top_k; j += blockDim.x) {
+        const float p = static_cast<float>(probs[t * num_experts + ids[t * top_k + j]]);
+        out[t * top_k + j] = static_cast<scalar_t>(p * scale[t]);
+    }
+}
+'''
+
 FOLDERS = {
     "silu_scale_shift": (SILU_SCALE_SHIFT, SILU_SCALE_SHIFT_CU),
     "softmax_temperature": (SOFTMAX_TEMPERATURE, SOFTMAX_TEMPERATURE_CU),
@@ -1452,11 +1511,14 @@ FOLDERS = {
     "col_permute_gather": (COL_PERMUTE_GATHER, COL_PERMUTE_GATHER_CU),
     "rope_rotate_half": (ROPE_ROTATE_HALF, ROPE_ROTATE_HALF_CU),
     "concat_rows_scale": (CONCAT_ROWS_SCALE, CONCAT_ROWS_SCALE_CU),
+    "row_pick_scale": (ROW_PICK_SCALE, ROW_PICK_SCALE_CU),
 }
 
 # Small shapes: one row and up to 40, row lengths on and off 8-element (16-byte) vectors, a
 # row longer than a block's registers hold for the row kernels.
 SHAPES: dict[str, list[dict[str, int]]] = {
+    "row_pick_scale": [{"num_tokens": 3, "num_experts": 64, "top_k": 8}, {"num_tokens": 1, "num_experts": 8, "top_k": 2},
+                       {"num_tokens": 5, "num_experts": 100, "top_k": 37}],
     "rope_rotate_half": [{"num_tokens": 3, "heads": 4, "head_dim": 64}, {"num_tokens": 1, "heads": 2, "head_dim": 8},
                          {"num_tokens": 2, "heads": 3, "head_dim": 136}, {"num_tokens": 2, "heads": 1, "head_dim": 10}],
     "concat_rows_scale": [{"num_tokens": 3, "dim_a": 40, "dim_b": 24}, {"num_tokens": 1, "dim_a": 1000, "dim_b": 8},
@@ -1500,6 +1562,7 @@ SHAPES: dict[str, list[dict[str, int]]] = {
 
 # What the generator is expected to make of each kernel: its kind and every schedule's name.
 EXPECTED: dict[str, tuple[str, set[str]]] = {
+    "row_pick_scale": ("elementwise", {"codegen:elementwise/rows"}),
     "rope_rotate_half": ("elementwise", {"codegen:elementwise/rows"}),
     "concat_rows_scale": ("elementwise", {"codegen:elementwise/rows"}),
     "col_permute_gather": ("elementwise", {"codegen:elementwise/rows"}),

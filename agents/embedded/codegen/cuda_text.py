@@ -68,6 +68,10 @@ __device__ __forceinline__ float cg_remainder(float a, float b) {
     const float m = fmodf(a, b);
     return (m != 0.0f && ((b < 0.0f) != (m < 0.0f))) ? m + b : m;
 }
+__device__ __forceinline__ long long cg_remainder_int(long long a, long long b) {
+    const long long m = a % b;
+    return (m != 0 && ((b < 0) != (m < 0))) ? m + b : m;
+}
 // A cat's piece column, clamped into the piece's [0, n).
 template <typename I>
 __device__ __forceinline__ I cg_clamp_col(I c, I n) { return c < 0 ? I(0) : (c >= n ? n - 1 : c); }

@@ -308,6 +308,9 @@ class Emitter:
             return f"{fn}(static_cast<float>({args[0]}), static_cast<float>({args[1]}))"
         if name == "atan2":
             return f"atan2f({args[0]}, {args[1]})"
+        if name in ("fmod", "remainder") and FLOAT not in kinds:
+            # Integers: C's % truncates as torch.fmod does; remainder takes the divisor's sign.
+            return f"({args[0]} % {args[1]})" if name == "fmod" else f"cg_remainder_int({args[0]}, {args[1]})"
         if name == "fmod":
             return f"fmodf(static_cast<float>({args[0]}), static_cast<float>({args[1]}))"
         if name == "remainder":

@@ -419,7 +419,12 @@ class _Reader:
         def out(expr: Any) -> _Val:
             return _Val(expr, shape, shape_b, dtype=val.dtype)
 
-        if name != "cat" and any(self.narrow(env[x]) for x in args if x in env) and name not in _NARROW_OK:
+        if name in _VIEWS and first is not None and first.expr is None and (shape, shape_b) == (first.shape, first.shape_b):
+            return first  # a view that changes nothing (an expand to the argument's own shape)
+        # A gather's table is read at its index, by its own width, whatever the row's.
+        table = args[0] if name in ("gather", "index_select") and args and args[0] in env else None
+        if name != "cat" and name not in _NARROW_OK \
+                and any(self.narrow(env[x]) for x in args if x in env and x is not table):
             # A piece narrower than the row means its own columns to elementwise ops and to cat
             # only: a reduction or a view would read it as if it were the whole row.
             raise Unsupported(f"{name} of a piece narrower than the row")
@@ -476,8 +481,6 @@ class _Reader:
             return out(Op("gelu_tanh" if approx == "tanh" else "gelu", (self.read(first),), FLOAT))  # type: ignore[arg-type]
         if name in ("logical_not", "bitwise_not") and kind == BOOL:
             return out(Op("not", (self.read(first),), BOOL))  # type: ignore[arg-type]
-        if name in ("fmod", "remainder") and kind != FLOAT:
-            raise Unsupported(f"an integer {name}")
         if name in BINARY:
             a, b = operands(2)
             if len(args) > 2 or "alpha" in na.kwargs:
@@ -650,13 +653,13 @@ class _Reader:
         return index
 
     def gather_columns(self, t: _Val, index: Load, shape: tuple[int, ...], shape_b: tuple[int, ...]) -> _Val:
-        """Column c of each row read from column index[c] of a 2-D argument's same row (``x[:,
-        perm]``, ``index_select`` or ``gather`` along the columns by one index row): the
+        """Column c of each row read from column index[c] (a ``col`` index: ``x[:, perm]``,
+        ``index_select`` or ``gather`` along the columns by one index row) or index[r, c] (a
+        ``full`` one: ``gather`` by a row of indices per row) of an argument's same row: the
         argument's rows may be of another length than the iteration space's."""
-        if t.expr is not None or t.arg is None or len(t.shape) != 2:
-            raise Unsupported("a column gather from something other than a 2-D argument")
-        if self.space(shape) != "full" or (t.shape[0], t.shape_b[0]) != (self.full[0], self.full_b[0]) \
-                or len(self.full) != 2:
+        if t.expr is not None or t.arg is None or len(t.shape) != len(self.full):
+            raise Unsupported("a column gather from something other than an argument with the rows' dimensions")
+        if self.space(shape) != "full" or t.shape[:-1] != self.full[:-1] or t.shape_b[:-1] != self.full_b[:-1]:
             raise Unsupported("a column gather whose rows are not the iteration space's rows")
         width = self.size_expr(t.shape[-1], t.shape_b[-1])
         return _Val(Load(t.arg, "colgather", row_stride=width, index=index, rows=width), shape, shape_b,
@@ -786,8 +789,10 @@ class _Reader:
         dim = na.args[1]
         idx = env[na.args[2]]
         if dim in (-1, len(first.shape) - 1) and shape[-1] != 1 and self.space(idx.shape) == "full":
-            index = self.index_load(self.read(idx))  # one index row for every row (perm[None].expand(t, -1))
-            if index is not None and index.access == "col":
+            # One index row for every row (perm[None].expand(t, -1)), or a row of indices per
+            # row (torch.gather(probs, -1, topk_ids)): column c reads column index[r, c].
+            index = self.index_load(self.read(idx))
+            if index is not None and index.access in ("col", "full"):
                 return self.gather_columns(first, index, shape, shape_b)
         if dim not in (-1, len(first.shape) - 1) or self.space(first.shape) != "full" or self.space(idx.shape) != "row":
             raise Unsupported("a gather that does not pick one column per row")
