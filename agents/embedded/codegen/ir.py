@@ -422,7 +422,7 @@ class _Reader:
         if name in _VIEWS and first is not None and first.expr is None and (shape, shape_b) == (first.shape, first.shape_b):
             return first  # a view that changes nothing (an expand to the argument's own shape)
         # A gather's table is read at its index, by its own width, whatever the row's.
-        table = args[0] if name in ("gather", "index_select") and args and args[0] in env else None
+        table = args[0] if name in ("gather", "index_select", "index", "embedding") and args and args[0] in env else None
         if name != "cat" and name not in _NARROW_OK \
                 and any(self.narrow(env[x]) for x in args if x in env and x is not table):
             # A piece narrower than the row means its own columns to elementwise ops and to cat
