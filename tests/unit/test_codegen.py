@@ -714,3 +714,15 @@ def test_a_piece_narrower_than_the_row_is_read_by_elementwise_ops_and_cat_only(t
                                "torch.clamp(torch.cat((a[a.shape[0] // 2:], a[: a.shape[0] // 2]), dim=0), min=0.0)")
     with pytest.raises(Unsupported):
         classify(along_rows)
+
+
+def test_a_clamp_takes_tensor_bounds_and_refuses_numbers_made_from_the_shape(tmp_path):
+    """torch.clamp with a row value below and a column above reads them as operands; a bound
+    that is a number made from the shape is refused, not baked in."""
+    spec = _written_here(tmp_path, "bounded", "torch.clamp(a, min=0.0)",
+                         'torch.clamp(a, min=mu - 1.0, max=inputs["gain"].float())')
+    _check_against_reference(spec)
+    made_from_shape = _written_here(tmp_path, "shaped", "torch.clamp(a, min=0.0)",
+                                    "torch.clamp(a, min=0.0, max=float(a.shape[-1]))")
+    with pytest.raises(Unsupported, match="made from the shape"):
+        classify(made_from_shape)

@@ -497,24 +497,25 @@ class _Reader:
             c, a, b = operands(3)
             return out(Op("where", (c, a, b), kind))
         if name in ("clamp", "clamp_min", "clamp_max"):
-            lo = args[1] if name != "clamp_max" and len(args) > 1 else None
-            hi = args[2] if name == "clamp" and len(args) > 2 else (args[1] if name == "clamp_max" else None)
-            lo = na.kwargs.get("min", lo)
-            hi = na.kwargs.get("max", hi)
+            def bounds(n: Any) -> tuple[Any, Any]:
+                lo = n.args[1] if name != "clamp_max" and len(n.args) > 1 else None
+                hi = n.args[2] if name == "clamp" and len(n.args) > 2 else (n.args[1] if name == "clamp_max" else None)
+                return n.kwargs.get("min", lo), n.kwargs.get("max", hi)
 
-            def bound(x: Any) -> Any:
+            def bound(x: Any, xb: Any) -> Any:
                 """A bound: a tensor (per row, column or element), or a number both probes share."""
                 if hasattr(x, "op"):
                     return self.operand(env, x)
-                if (na.args[1:], na.kwargs) != (nb.args[1:], nb.kwargs):
+                if x != xb:
                     raise Unsupported("a clamp whose bounds are made from the shape")
                 return self.constant(float(x))
 
+            (lo, hi), (lo_b, hi_b) = bounds(na), bounds(nb)
             expr = self.read(first)  # type: ignore[arg-type]
             if lo is not None:
-                expr = Op("maximum", (expr, bound(lo)), FLOAT)
+                expr = Op("maximum", (expr, bound(lo, lo_b)), FLOAT)
             if hi is not None:
-                expr = Op("minimum", (expr, bound(hi)), FLOAT)
+                expr = Op("minimum", (expr, bound(hi, hi_b)), FLOAT)
             return out(expr)
         if name == "masked_fill":
             _, mask, fill = operands(3)
@@ -589,6 +590,8 @@ class _Reader:
             width = self.size_expr(wa, wb)
             pieces.append((start, _shifted(self.read(v), start, width, {})))
             at_a, at_b = at_a + wa, at_b + wb
+        if not pieces:
+            raise Unsupported("a cat of empty pieces")
         kind = _kind_of_dtype(na.meta["val"].dtype)
         column = ColumnIndex()
         expr = pieces[-1][1]
