@@ -235,8 +235,6 @@ class Emitter:
                 return self.preloaded[(id(at), id(node))]
             if node.access == "col":
                 return self.convert_load(node.arg, f"{node.arg}[{col}]")
-            if node.access == "colshift":
-                return self._column_shift(node, col)
             return self.convert_load(node.arg, f"{node.arg}[{self.leaf_base(node)} + {col}]")
         assert isinstance(node, Op)
         return self.op_text(node, [self.scalar_expr(a, col, at) for a in node.args])
@@ -425,10 +423,8 @@ class Emitter:
         for leaf in needed:
             if leaf not in by_value:
                 pack = f"Pack<{self.c_type(leaf.arg)}, V>"
-                if leaf.access == "colgather":
-                    text = self._column_gather(leaf, by_value)
-                elif leaf.access == "colshift":
-                    text = self._column_shift(leaf, "cg_c + e")
+                if leaf.access in SCALAR_READ:
+                    text = self._scalar_read(leaf, "cg_c", by_value)
                 elif leaf.access == "col":
                     i, src = self.col_leaves().index(leaf), f"{leaf.arg} + cg_c"
                     if cached:  # loaded at use (see above)
@@ -473,6 +469,13 @@ class Emitter:
         at = f"({idx} < 0 ? {idx} + {c_size(leaf.rows)} : {idx})"
         return self.convert_load(leaf.arg, f"{leaf.arg}[cg_base{i} + {at}]")
 
+    def _scalar_read(self, leaf: Load, col0: str, known: Mapping[Load, str]) -> str:
+        """Element e of a leaf read by scalars (:data:`SCALAR_READ`) in the chunk at ``col0``;
+        ``known``: the texts of the leaves already read (a column gather's index among them)."""
+        if leaf.access == "colgather":
+            return self._column_gather(leaf, known)
+        return self._column_shift(leaf, f"{col0} + e")
+
     def _column_shift(self, leaf: Load, col: str) -> str:
         """Column ``col`` of a cat's piece: one scalar load at the piece's column col - shift,
         clamped into the piece (the other pieces' columns read it too; a where drops them)."""
@@ -483,11 +486,9 @@ class Emitter:
     def _leaf_code(self, leaf: Load, col0: str, lines: list[str], leaf_text: dict[int, str]) -> None:
         """Loads one leaf's V elements and names element e."""
         pack = f"Pack<{self.c_type(leaf.arg)}, V>"
-        if leaf.access == "colgather":
-            leaf_text[id(leaf)] = self._column_gather(leaf, {leaf.index: leaf_text[id(leaf.index)]})
-            return
-        if leaf.access == "colshift":
-            leaf_text[id(leaf)] = self._column_shift(leaf, f"{col0} + e")
+        if leaf.access in SCALAR_READ:
+            known = {leaf.index: leaf_text[id(leaf.index)]} if leaf.index is not None else {}
+            leaf_text[id(leaf)] = self._scalar_read(leaf, col0, known)
             return
         if leaf.access == "col":
             name, src = f"cg_c{self.col_leaves().index(leaf)}", f"{leaf.arg} + {col0}"
