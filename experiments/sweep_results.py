@@ -163,7 +163,7 @@ def kernel_entry(k: dict[str, Any]) -> dict[str, Any]:
         # median and min-max over the repeated end-of-run loops, per peer ("baseline" too)
         "spreads": dict(k.get("spreads") or {}), "peer_runs": k.get("peer_runs", 0),
         "peer_notes": dict(k.get("peer_notes") or {}),
-        "compiled_won": _compiled_won(k), "l2_findings": list(k.get("l2_findings") or []),
+        "compiled_won": compiled_won(k), "l2_findings": list(k.get("l2_findings") or []),
         "loop_phase_s": list(k.get("loop_phase_s") or []), "compile_cache": list(k.get("compile_cache") or []),
         "loop_prepare_s_by_peer": list(k.get("loop_prepare_s_by_peer") or []),
         "bench": bench,
@@ -206,7 +206,7 @@ def _setup_by_peer(loops: list[dict[str, Any]]) -> dict[str, tuple[float, float]
     return dict(sorted(((n, v) for n, v in found.items() if v[0] >= 0.5), key=lambda kv: -kv[1][0]))
 
 
-def _compiled_won(k: dict[str, Any]) -> dict[str, int]:
+def compiled_won(k: dict[str, Any]) -> dict[str, int]:
     """How often each torch.compile mode won a shape, over every loop."""
     won: dict[str, int] = {}
     for s in k["shapes"]:
@@ -238,12 +238,9 @@ def _spread_of(e: dict[str, Any], peer: str, median: float | None) -> spread.Spr
 def _strongest_flashinfer(e: dict[str, Any]) -> tuple[str, spread.Spread | None]:
     """The kernel's ratio over FlashInfer at its best: where FlashInfer offers the op through
     several APIs (merge_state and merge_state_in_place), the one we lead by the least."""
-    found = [(s.median, name, s) for name, v in e["speedup_vs_production"].items() if name.startswith("flashinfer")
-             if (s := _spread_of(e, name, v)) is not None]
-    if not found:
-        return "flashinfer", None
-    _, name, s = min(found, key=lambda f: (f[0], f[1]))
-    return name, s
+    found = {name: s for name, v in e["speedup_vs_production"].items() if (s := _spread_of(e, name, v)) is not None}
+    least = spread.least_lead(found, "flashinfer")
+    return least if least else ("flashinfer", None)
 
 
 def check_targets(entries: list[dict[str, Any]]) -> dict[str, Any]:

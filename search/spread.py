@@ -92,6 +92,14 @@ def single(value: float) -> Spread:
     return Spread(value, value, value, 1)
 
 
+def least_lead(ratios: Mapping[str, Spread], prefix: str) -> tuple[str, Spread] | None:
+    """Of our ratios over the implementations named ``prefix...`` (one library's several APIs
+    for the op, e.g. ``flashinfer`` and ``flashinfer_in_place``), the one we lead by the least:
+    the library at its best. None when there is none."""
+    found = sorted((s.median, name, s) for name, s in ratios.items() if name.startswith(prefix))
+    return (found[0][1], found[0][2]) if found else None
+
+
 def median_times(runs: Sequence[Times]) -> dict[str, dict[str, float]]:
     """Per implementation and shape label, the median time over the loops that timed it."""
     collected: dict[str, dict[str, list[float]]] = {}

@@ -73,3 +73,27 @@ def test_markdown_states_the_times_the_ranges_and_within_range(tmp_path: Path):
     assert main([str(run), "--out", str(out)]) == 0
     targets = json.loads(out.with_suffix(".json").read_text())["targets"]
     assert not _row(targets, "silu_and_mul", "speedup over our baseline")["met"]
+
+
+def test_flashinfer_is_taken_at_its_fastest_api_and_the_astra_geomean_is_checked():
+    # merge is led by 1.3x over merge_state but ties merge_state_in_place: the tie is what counts
+    kernels = (_kernel("silu_and_mul", {"baseline": (3.0, 2.9, 3.1), "flashinfer": (1.2, 1.15, 1.25)}),
+               _kernel("fused_add_rmsnorm", {"baseline": (3.0, 2.9, 3.1), "flashinfer": (1.1, 1.05, 1.12)}),
+               _kernel("merge_attn_states_lse", {"baseline": (4.0, 3.9, 4.1), "flashinfer": (1.3, 1.25, 1.35),
+                                                 "flashinfer_in_place": (0.99, 0.97, 1.01)}))
+    summary = _summary(*kernels)
+    rows = check_targets(summary)
+    merge = _row(rows, "merge_attn_states_lse", "speedup over flashinfer")
+    assert merge["target"] == "speedup over flashinfer_in_place (same loop)" and merge["measured"] == 0.99
+    astra = _row(rows, "*", "geomean over FlashInfer's fastest API")
+    assert abs(astra["measured"] - (1.2 * 1.1 * 0.99) ** (1 / 3)) < 1e-9  # 1.093: below 1.1
+    assert abs(astra["range"]["high"] - (1.25 * 1.12 * 1.01) ** (1 / 3)) < 1e-9  # 1.124: straddles 1.1
+    assert astra["verdict"] == "within range" and not astra["met"]
+    text = to_markdown(summary, check_targets(summary))
+    assert "0.990x [0.970-1.010] tie (flashinfer_in_place)" in text  # named where there are several APIs
+    assert "vs flashinfer_in_place (loop)" in text  # merge's per-shape table times the same API
+
+
+def test_the_astra_geomean_needs_all_three_kernels():
+    rows = check_targets(_summary(_kernel("silu_and_mul", {"baseline": (3.0, 2.9, 3.1), "flashinfer": (1.2, 1.1, 1.3)})))
+    assert not any(r["target"].startswith("geomean over FlashInfer") for r in rows)
