@@ -31,6 +31,7 @@ from agents.embedded.codegen.ir import (
     Program,
     Reduce,
     RowOf,
+    Scan,
     walk,
 )
 from evaluators.admit import Refusal, admit
@@ -116,6 +117,9 @@ def _evaluate(program: Program, spec: KernelSpec, inputs: dict[str, Any], shape:
             body = torch.broadcast_to(ev(node.body).float(), (rows, cols))
             out = {"sum": lambda: body.sum(1, keepdim=True), "max": lambda: body.amax(1, keepdim=True),
                    "min": lambda: body.amin(1, keepdim=True)}[node.kind]()
+        elif isinstance(node, Scan):
+            body = torch.broadcast_to(ev(node.body), (rows, cols))
+            out = body.float().cumsum(1) if node.ctype == "float" else body.long().cumsum(1)
         elif isinstance(node, AtColumn):
             body = torch.broadcast_to(ev(node.body), (rows, cols))
             out = body.gather(1, torch.broadcast_to(ev(node.column).long(), (rows, 1)))
@@ -726,3 +730,58 @@ def test_a_clamp_takes_tensor_bounds_and_refuses_numbers_made_from_the_shape(tmp
                                     "torch.clamp(a, min=0.0, max=float(a.shape[-1]))")
     with pytest.raises(Unsupported, match="made from the shape"):
         classify(made_from_shape)
+
+
+_SCAN_SPEC = """
+from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    n, w = shape["n"], shape["width"]
+    return {"y": torch.empty(n, w, device=device, dtype=dtype),
+            "a": torch.rand(n, w, generator=generator, device=device).to(dtype)}
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    a = inputs["a"].float()
+    return {"y": EXPR}
+
+
+SPEC = KernelSpec(
+    name="scan_probe",
+    description="y = EXPR",
+    args=(Arg("y", "tensor", role="out"), Arg("a", "tensor"), Arg("n", "int"), Arg("width", "int")),
+    search_shapes=({"n": 64, "width": 1024},),
+    heldout_shapes=({"n": 7, "width": 36},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: 4 * s["n"] * s["width"],
+    flops=lambda s: s["n"] * s["width"],
+)
+"""
+_SCAN_BASELINE = """// launch: grid=(n,) block=(1,) smem=0
+extern "C" __global__ void scan_probe(scalar_t* y, const scalar_t* a, int n, int width) {}
+"""
+
+
+def test_a_prefix_sum_along_the_row_is_a_scan_and_what_one_pass_cannot_give_is_refused(tmp_path):
+    """cumsum along the row, with maps before and after, is a scan program (checked against
+    the reference); along the other dimension, of another scan, or beside a row reduction
+    (which a second pass would need) it is refused."""
+    def spec(name: str, expr: str) -> KernelSpec:
+        return _kernel_here(tmp_path, name, _SCAN_SPEC.replace("EXPR", expr), _SCAN_BASELINE)
+
+    mapped = spec("mapped", "torch.cumsum(a * 2.0, dim=-1) * 0.5 - a")
+    program = classify(mapped)
+    assert program.kind == "scan" and sum(isinstance(n, Scan) for n in walk(program.all_roots())) == 1
+    _check_against_reference(mapped, output_tolerance=True)
+    assert [s.name for s in generate(mapped)] == ["codegen:scan/block"]
+    for name, expr, why in (("columns", "torch.cumsum(a, dim=0)", "another dimension"),
+                            ("twice", "torch.cumsum(torch.cumsum(a, dim=-1), dim=-1)", "scan of a scan"),
+                            ("normalised", "torch.cumsum(a, dim=-1) / a.sum(dim=-1, keepdim=True)", "row reductions")):
+        with pytest.raises(Unsupported, match=why):
+            classify(spec(name, expr))

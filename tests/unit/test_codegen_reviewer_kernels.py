@@ -1490,6 +1490,122 @@ extern "C" __global__ void row_pick_scale(scalar_t* out, const scalar_t* probs, 
 }
 '''
 
+# Position ids of a padded batch: a running count of the mask along each row (a prefix sum).
+POSITIONS_FROM_MASK = '''from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    b, s = shape["batch"], shape["seq"]
+    lengths = torch.randint(0, s + 1, (b, 1), generator=generator, device=device)
+    mask = torch.arange(s, device=device)[None, :] >= s - lengths  # left padding
+    if case == "holes":
+        mask = torch.rand(b, s, generator=generator, device=device) < 0.7
+    return {"positions": torch.empty(b, s, device=device, dtype=torch.int64), "mask": mask.to(torch.int32)}
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    mask = inputs["mask"]
+    positions = torch.cumsum(mask, dim=-1) - 1
+    return {"positions": positions.masked_fill(mask == 0, 1)}
+
+
+SPEC = KernelSpec(
+    name="positions_from_mask",
+    description=(
+        "Position ids of a padded batch: positions[b, i] = (number of ones in mask[b, :i+1]) - 1 where "
+        "mask[b, i] is 1, and 1 where it is 0. mask is int32 [batch, seq] of zeros and ones, positions int64."
+    ),
+    args=(Arg("positions", "tensor", role="out", dtype="int64"), Arg("mask", "tensor", dtype="int32"),
+          Arg("batch", "int"), Arg("seq", "int")),
+    search_shapes=({"batch": 64, "seq": 4096},),
+    heldout_shapes=({"batch": 7, "seq": 1000},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: s["batch"] * s["seq"] * 12,
+    flops=lambda s: s["batch"] * s["seq"],
+    dtypes=("float32",),
+    edge_cases=("holes",),
+)
+'''
+
+POSITIONS_FROM_MASK_CU = '''// launch: grid=(cdiv(batch, 64),) block=(64,) smem=0
+extern "C" __global__ void positions_from_mask(long long* positions, const int* mask, int batch, int seq) {
+    const long long b = blockIdx.x * 64LL + threadIdx.x;
+    if (b >= batch) return;
+    long long run = 0;
+    for (int i = 0; i < seq; ++i) {
+        const int m = mask[b * seq + i];
+        run += m;
+        positions[b * seq + i] = m == 0 ? 1 : run - 1;
+    }
+}
+'''
+
+# A weighted running sum along each row (a cumulative distribution), scaled per row.
+WEIGHTED_CUMSUM_ROWS = '''from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, n = shape["num_tokens"], shape["cols"]
+    x = torch.rand(t, n, generator=generator, device=device)
+    if case == "sparse":
+        x = torch.where(x < 0.9, torch.zeros_like(x), x)
+    return {
+        "out": torch.empty(t, n, device=device, dtype=dtype),
+        "x": x.to(dtype),
+        "w": torch.rand(n, generator=generator, device=device) + 0.5,
+        "scale": torch.rand(t, generator=generator, device=device) + 0.5,
+    }
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    weighted = inputs["x"].float() * inputs["w"][None, :]
+    return {"out": torch.cumsum(weighted, dim=-1) * inputs["scale"][:, None]}
+
+
+SPEC = KernelSpec(
+    name="weighted_cumsum_rows",
+    description=(
+        "out[t, i] = scale[t] * sum over j <= i of x[t, j] * w[j], summed in fp32, rounded once. x and out are "
+        "[num_tokens, cols], w fp32 [cols], scale fp32 [num_tokens]; x is non-negative."
+    ),
+    args=(Arg("out", "tensor", role="out"), Arg("x", "tensor"), Arg("w", "tensor", dtype="float32"),
+          Arg("scale", "tensor", dtype="float32"), Arg("num_tokens", "int"), Arg("cols", "int")),
+    search_shapes=({"num_tokens": 256, "cols": 4096},),
+    heldout_shapes=({"num_tokens": 7, "cols": 1000},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: 2 * s["num_tokens"] * s["cols"] * (4 if dt == "float32" else 2) + 4 * s["cols"],
+    flops=lambda s: 3 * s["num_tokens"] * s["cols"],
+    dtypes=("float16", "bfloat16", "float32"),
+    edge_cases=("sparse",),
+    # Sums of thousands of fp32 terms in another order than torch's differ by more than 2e-5.
+    tolerances={"float32": (1e-4, 1e-5)},
+)
+'''
+
+WEIGHTED_CUMSUM_ROWS_CU = '''// launch: grid=(num_tokens,) block=(32,) smem=0
+extern "C" __global__ void weighted_cumsum_rows(scalar_t* out, const scalar_t* x, const float* w, const float* scale,
+                                                int num_tokens, int cols) {
+    // One row per block, one thread walking it: the running sum is sequential.
+    if (threadIdx.x != 0) return;
+    const long long t = blockIdx.x;
+    float run = 0.0f;
+    for (int i = 0; i < cols; ++i) {
+        run += static_cast<float>(x[t * cols + i]) * w[i];
+        out[t * cols + i] = static_cast<scalar_t>(run * scale[t]);
+    }
+}
+'''
+
 FOLDERS = {
     "silu_scale_shift": (SILU_SCALE_SHIFT, SILU_SCALE_SHIFT_CU),
     "softmax_temperature": (SOFTMAX_TEMPERATURE, SOFTMAX_TEMPERATURE_CU),
@@ -1514,11 +1630,16 @@ FOLDERS = {
     "rope_rotate_half": (ROPE_ROTATE_HALF, ROPE_ROTATE_HALF_CU),
     "concat_rows_scale": (CONCAT_ROWS_SCALE, CONCAT_ROWS_SCALE_CU),
     "row_pick_scale": (ROW_PICK_SCALE, ROW_PICK_SCALE_CU),
+    "positions_from_mask": (POSITIONS_FROM_MASK, POSITIONS_FROM_MASK_CU),
+    "weighted_cumsum_rows": (WEIGHTED_CUMSUM_ROWS, WEIGHTED_CUMSUM_ROWS_CU),
 }
 
 # Small shapes: one row and up to 40, row lengths on and off 8-element (16-byte) vectors, a
 # row longer than a block's registers hold for the row kernels.
 SHAPES: dict[str, list[dict[str, int]]] = {
+    "positions_from_mask": [{"batch": 3, "seq": 100}, {"batch": 1, "seq": 7}, {"batch": 2, "seq": 2500}],
+    "weighted_cumsum_rows": [{"num_tokens": 3, "cols": 100}, {"num_tokens": 1, "cols": 9},
+                             {"num_tokens": 2, "cols": 2500}],
     "row_pick_scale": [{"num_tokens": 3, "num_experts": 64, "top_k": 8}, {"num_tokens": 1, "num_experts": 8, "top_k": 2},
                        {"num_tokens": 5, "num_experts": 100, "top_k": 37}],
     "rope_rotate_half": [{"num_tokens": 3, "heads": 4, "head_dim": 64}, {"num_tokens": 1, "heads": 2, "head_dim": 8},
@@ -1564,6 +1685,8 @@ SHAPES: dict[str, list[dict[str, int]]] = {
 
 # What the generator is expected to make of each kernel: its kind and every schedule's name.
 EXPECTED: dict[str, tuple[str, set[str]]] = {
+    "positions_from_mask": ("scan", {"codegen:scan/block"}),
+    "weighted_cumsum_rows": ("scan", {"codegen:scan/block"}),
     "row_pick_scale": ("elementwise", {"codegen:elementwise/rows"}),
     "rope_rotate_half": ("elementwise", {"codegen:elementwise/rows"}),
     "concat_rows_scale": ("elementwise", {"codegen:elementwise/rows"}),

@@ -32,6 +32,7 @@ from agents.embedded.codegen.ir import (
     Program,
     Reduce,
     RowOf,
+    Scan,
     ctype_of,
     walk,
 )
@@ -97,6 +98,7 @@ class Emitter:
         self.out_base: dict[str, str] = {}  # output -> its row's first element, where not cg_obase
         self.at_cols: dict[int, str] = {}  # AtColumn -> the name of its column
         self.preloaded: dict[tuple[int, int], str] = {}  # (AtColumn, its Load) -> the value read early
+        self.scan_text: dict[int, str] = {}  # Scan -> the name of its value at the current column
 
     # ---- types
     def c_type(self, arg: str) -> str:
@@ -123,7 +125,7 @@ class Emitter:
         if key not in self._row_only:
             if isinstance(node, Load):
                 res = node.access in ("row", "scalar")
-            elif isinstance(node, ColumnIndex):
+            elif isinstance(node, ColumnIndex | Scan):
                 res = False
             elif isinstance(node, Reduce | AtColumn | Const | Param):
                 res = True
@@ -230,6 +232,8 @@ class Emitter:
             return self.row_expr(node)
         if isinstance(node, ColumnIndex):
             return f"static_cast<float>({col})"
+        if isinstance(node, Scan):
+            return self.scan_text[id(node)]  # the scan schedule's running value at this column
         if isinstance(node, Load):
             if at is not None and (id(at), id(node)) in self.preloaded:
                 return self.preloaded[(id(at), id(node))]

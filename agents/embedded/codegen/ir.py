@@ -108,6 +108,16 @@ class Reduce:
 
 
 @dataclass(frozen=True, eq=False)
+class Scan:
+    """The inclusive prefix sum of ``body`` along the row, at the element's column
+    (``cumsum(x, dim=-1)``), accumulated in fp32 for floats and in 64 bits for integers and
+    bools (``ctype``)."""
+
+    body: Any
+    ctype: str
+
+
+@dataclass(frozen=True, eq=False)
 class ColumnIndex:
     """The element's own column in its row, as a float (exact below 2^24 columns): what an
     argmax reads to name the first column holding the row's maximum."""
@@ -148,7 +158,8 @@ class Program:
     """What the emitter needs.
 
     Attributes:
-        kind: ``elementwise``, ``rowwise`` or ``transpose``.
+        kind: ``elementwise``, ``rowwise``, ``scan`` (prefix sums along the row, then maps)
+            or ``transpose``.
         rows, cols: R and C as launch expressions over the shape symbols.
         outputs: written argument -> (space, expression); space ``scatter`` holds a
             :class:`Scatter`.
@@ -184,7 +195,7 @@ def walk(roots: list[Any]) -> list[Any]:
         seen[id(node)] = node
         if isinstance(node, Op):
             stack.extend(node.args)
-        elif isinstance(node, Reduce):
+        elif isinstance(node, Reduce | Scan):
             stack.append(node.body)
         elif isinstance(node, AtColumn):
             stack.extend((node.body, node.column))
@@ -390,12 +401,46 @@ class _Reader:
                     if space in ("col", "bcast") or (space == "scalar" and math.prod(self.full[:-1]) != 1):
                         raise Unsupported(f"output {name} is not one value per element or per row")
                     outputs[name] = (space, self.read(v))
+        if any(isinstance(n, Scan) for n in walk([e for _, e in outputs.values()])):
+            return self.scan_program(rows, cols, outputs)
         kind = "rowwise" if self.reductions or _has_at_column(outputs) else "elementwise"
         if kind == "elementwise" and any(s not in ("full", "scatter", "row") for s, _ in outputs.values()):
             raise Unsupported("an elementwise graph with a single-value output")
         if kind == "rowwise" and any(s == "scatter" for s, _ in outputs.values()):
             raise Unsupported("a scatter after row reductions")
         return Program(kind, rows, cols, outputs, self.reductions, self.dtypes)
+
+    def scan_program(self, rows: str, cols: str, outputs: dict[str, tuple[str, Any]]) -> Program:
+        """A program whose outputs hold prefix sums along the row: every output one value per
+        element, and nothing a scan schedule's single pass over the row cannot give (row
+        reductions, gathers at a column, column reads by scalars, scatters, scans of scans)."""
+        if self.reductions or _has_at_column(outputs):
+            raise Unsupported("a scan beside row reductions")
+        if any(space != "full" for space, _ in outputs.values()):
+            raise Unsupported("a scan program with an output that is not one value per element")
+        nodes = walk([e for _, e in outputs.values()])
+        if any(isinstance(n, Load) and n.access in ("colgather", "colshift") for n in nodes):
+            raise Unsupported("a scan program reading columns by index or by cat")
+        if any(isinstance(n, Scan) for s in nodes if isinstance(s, Scan) for n in walk([s.body]) if n is not s):
+            raise Unsupported("a scan of a scan")
+        return Program("scan", rows, cols, outputs, [], self.dtypes)
+
+    def scan(self, first: _Val | None, na: Any, shape: tuple[int, ...], shape_b: tuple[int, ...], dtype: Any) -> _Val:
+        """``cumsum(x, dim=-1)`` of a value with the iteration space's rows and columns."""
+        import torch
+
+        dim = na.args[1] if len(na.args) > 1 else na.kwargs.get("dim")
+        if first is None or dim not in (-1, len(shape) - 1):
+            raise Unsupported("a cumsum along another dimension than the row")
+        if self.space(shape) != "full" or len(shape) != len(self.full):
+            raise Unsupported("a cumsum of something other than the iteration space's rows")
+        kind = _kind_of_dtype(dtype)
+        body = self.read(first)
+        if kind == FLOAT:
+            # torch sums in fp32 and rounds each prefix once to a narrower output type.
+            scan = _cast(Scan(_cast(body, torch.float32), FLOAT), dtype, self.trace.element_casts)
+            return _Val(scan, shape, shape_b, dtype=dtype)
+        return _Val(Scan(body, INT), shape, shape_b, dtype=dtype)
 
     def node(self, env: dict[Any, _Val], na: Any, nb: Any) -> _Val:
         import torch
@@ -525,6 +570,8 @@ class _Reader:
             return out(self.reduction(name, first, na))
         if name == "gather":
             return self.at_column(env, na, first, shape, shape_b)
+        if name == "cumsum":
+            return self.scan(first, na, shape, shape_b, val.dtype)
         raise Unsupported(f"aten op {name} is not supported")
 
     def slice(self, first: _Val | None, na: Any, nb: Any, shape: tuple[int, ...], shape_b: tuple[int, ...]) -> _Val:

@@ -1,0 +1,94 @@
+"""Scan schedule: prefix sums along the row (``cumsum(x, dim=-1)``), then maps.
+
+- ``scan/block``: one row per block (blocks take further rows in turn), the row walked in
+  tiles of BLOCK * ITEMS columns. Each thread sums its ITEMS consecutive elements (the scan's
+  body computed at each, scalar loads), the block scans the threads' totals in shared memory
+  (Hillis-Steele, log2(BLOCK) steps), and each element's prefix is the carry of the earlier
+  tiles plus the threads before it plus its own running sum; the outputs' maps are computed
+  there and stored. fp32 sums for floats (as torch accumulates them), 64-bit for integers.
+
+A row is one block's work, so few long rows leave most SMs idle; the evaluator times it
+against the other proposals like any kernel.
+"""
+
+from __future__ import annotations
+
+from agents.embedded.codegen.cuda_text import PRELUDE
+from agents.embedded.codegen.emit import Emitter, Schedule, entry_args, entry_params, header
+from agents.embedded.codegen.ir import FLOAT, Program, Scan, walk
+from kernels.spec import KernelSpec
+
+
+def scan(spec: KernelSpec, program: Program) -> Schedule:
+    em = Emitter(spec, program)
+    scans = [n for n in walk(program.all_roots()) if isinstance(n, Scan)]
+    bases = em.leaf_bases("cg_row")
+    bases = em.take_row_lines() + bases  # a gathered row's index is a row value: defined first
+    types = ["float" if s.ctype == FLOAT else "long long" for s in scans]
+    shared, carries, sums, block_scan, prefixes = [], [], [], [], []
+    for k, (s, t) in enumerate(zip(scans, types, strict=True)):
+        shared.append(f"__shared__ {t} cg_s{k}[BLOCK];")
+        carries.append(f"{t} cg_carry{k} = 0;")
+        body = em.scalar_expr(s.body, "cg_c")
+        sums.append((f"{t} cg_v{k}[ITEMS];", f"{t} cg_run{k} = 0;",
+                     f"if (cg_c < cg_cols) cg_run{k} += static_cast<{t}>({body});", f"cg_v{k}[cg_i] = cg_run{k};"))
+        block_scan.append((f"cg_s{k}[threadIdx.x] = cg_run{k};",
+                           f"const {t} cg_a{k} = threadIdx.x >= cg_off ? cg_s{k}[threadIdx.x - cg_off] : static_cast<{t}>(0);",
+                           f"cg_s{k}[threadIdx.x] += cg_a{k};",
+                           f"const {t} cg_excl{k} = cg_carry{k} + (threadIdx.x > 0 ? cg_s{k}[threadIdx.x - 1] : static_cast<{t}>(0));",
+                           f"cg_carry{k} += cg_s{k}[BLOCK - 1];"))
+        prefixes.append(f"const {t} cg_x{k} = cg_excl{k} + cg_v{k}[cg_i];")
+        em.scan_text[id(s)] = f"cg_x{k}"
+    stores = [f"{name}[cg_obase + cg_c] = {em.store_value(name, em.scalar_expr(e, 'cg_c'), em.kind(e))};"
+              for name, (_, e) in program.outputs.items()]
+    row_defs = em.take_row_lines()
+    text = [
+        PRELUDE,
+        f"__device__ __forceinline__ void cg_run({entry_params(spec)}) {{",
+        "    using cg_idx = long long;",
+        f"    const cg_idx cg_cols = {em.cols};",
+        *("    " + x for x in shared),
+        f"    for (cg_idx cg_row = blockIdx.x; cg_row < {em.rows}; cg_row += gridDim.x) {{",
+        "        const cg_idx cg_obase = cg_row * cg_cols;",
+        *("        " + x for x in bases + row_defs + carries),
+        "        for (cg_idx cg_t = 0; cg_t < cg_cols; cg_t += static_cast<cg_idx>(BLOCK) * ITEMS) {",
+        "            const cg_idx cg_c0 = cg_t + static_cast<cg_idx>(threadIdx.x) * ITEMS;",
+        "            // This thread's running sums over its ITEMS consecutive columns.",
+        *("            " + x for s in sums for x in s[:2]),
+        "            #pragma unroll",
+        "            for (int cg_i = 0; cg_i < ITEMS; ++cg_i) {",
+        "                const cg_idx cg_c = cg_c0 + cg_i;",
+        *("                " + x for s in sums for x in s[2:]),
+        "            }",
+        "            // The threads' totals scanned across the block (inclusive).",
+        *("            " + b[0] for b in block_scan),
+        "            __syncthreads();",
+        "            for (int cg_off = 1; cg_off < BLOCK; cg_off <<= 1) {",
+        *("                " + b[1] for b in block_scan),
+        "                __syncthreads();",
+        *("                " + b[2] for b in block_scan),
+        "                __syncthreads();",
+        "            }",
+        *("            " + b[3] for b in block_scan),
+        *("            " + b[4] for b in block_scan),
+        "            __syncthreads();  // the next tile's totals overwrite the shared sums",
+        "            #pragma unroll",
+        "            for (int cg_i = 0; cg_i < ITEMS; ++cg_i) {",
+        "                const cg_idx cg_c = cg_c0 + cg_i;",
+        "                if (cg_c < cg_cols) {",
+        *("                    " + x for x in prefixes + stores),
+        "                }",
+        "            }",
+        "        }",
+        "    }",
+        "}",
+        "",
+        f'extern "C" __global__ void __launch_bounds__(BLOCK) {spec.name}({entry_params(spec)}) {{',
+        f"    cg_run({entry_args(spec)});",
+        "}",
+    ]
+    tune = {"BLOCK": (256, 512, 1024, 128), "ITEMS": (4, 1, 2, 8)}
+    grid = f"(max(1, min({program.rows}, 1048576)),)"
+    head = header(grid, "(BLOCK,)", tune, "scan/block: a row per block in tiles of BLOCK * ITEMS columns, "
+                  "running sums per thread, the threads' totals scanned in shared memory", spec)
+    return Schedule("codegen:scan/block", head + "\n".join(text) + "\n")
