@@ -732,7 +732,7 @@ def test_a_clamp_takes_tensor_bounds_and_refuses_numbers_made_from_the_shape(tmp
         classify(made_from_shape)
 
 
-_SCAN_SPEC = """
+_PROBE_SPEC = """
 from kernels.spec import Arg, KernelSpec
 
 
@@ -752,7 +752,7 @@ def reference(inputs, shape, constants):
 
 
 SPEC = KernelSpec(
-    name="scan_probe",
+    name="probe",
     description="y = EXPR",
     args=(Arg("y", "tensor", role="out"), Arg("a", "tensor"), Arg("n", "int"), Arg("width", "int")),
     search_shapes=({"n": 64, "width": 1024},),
@@ -763,8 +763,8 @@ SPEC = KernelSpec(
     flops=lambda s: s["n"] * s["width"],
 )
 """
-_SCAN_BASELINE = """// launch: grid=(n,) block=(1,) smem=0
-extern "C" __global__ void scan_probe(scalar_t* y, const scalar_t* a, int n, int width) {}
+_PROBE_BASELINE = """// launch: grid=(n,) block=(1,) smem=0
+extern "C" __global__ void probe(scalar_t* y, const scalar_t* a, int n, int width) {}
 """
 
 
@@ -773,7 +773,7 @@ def test_a_prefix_sum_along_the_row_is_a_scan_and_what_one_pass_cannot_give_is_r
     the reference); along the other dimension, of another scan, or beside a row reduction
     (which a second pass would need) it is refused."""
     def spec(name: str, expr: str) -> KernelSpec:
-        return _kernel_here(tmp_path, name, _SCAN_SPEC.replace("EXPR", expr), _SCAN_BASELINE)
+        return _kernel_here(tmp_path, name, _PROBE_SPEC.replace("EXPR", expr), _PROBE_BASELINE)
 
     mapped = spec("mapped", "torch.cumsum(a * 2.0, dim=-1) * 0.5 - a")
     program = classify(mapped)
@@ -783,5 +783,27 @@ def test_a_prefix_sum_along_the_row_is_a_scan_and_what_one_pass_cannot_give_is_r
     for name, expr, why in (("columns", "torch.cumsum(a, dim=0)", "another dimension"),
                             ("twice", "torch.cumsum(torch.cumsum(a, dim=-1), dim=-1)", "scan of a scan"),
                             ("normalised", "torch.cumsum(a, dim=-1) / a.sum(dim=-1, keepdim=True)", "row reductions")):
+        with pytest.raises(Unsupported, match=why):
+            classify(spec(name, expr))
+
+
+def test_an_arange_is_placed_along_the_dimension_a_view_gives_it(tmp_path):
+    """torch.arange as the column's index (a mask by position) or a row's (placed by
+    ``[:, None]``), with a start and a step, in int or float; one that runs along no single
+    dimension of the iteration space, or starts at a number made from the shape, is refused."""
+    def spec(name: str, expr: str) -> KernelSpec:
+        return _kernel_here(tmp_path, name, _PROBE_SPEC.replace("EXPR", expr), _PROBE_BASELINE)
+
+    ar = "torch.arange({}, device=a.device{})"
+    for name, expr in (("columns", f"torch.where({ar.format('a.shape[-1]', '')} < 5, a, -a)"),
+                       ("rows", f"a * {ar.format('1, 2 * a.shape[0] + 1, 2', '')}[:, None]"),
+                       ("float", f"a * {ar.format('a.shape[-1]', ', dtype=torch.float32')} * 0.5"),
+                       ("both", f"a.masked_fill({ar.format('a.shape[0]', '')}[:, None] > {ar.format('a.shape[1]', '')}, 0.0)")):
+        probe = spec(name, expr)
+        assert classify(probe).kind == "elementwise"
+        _check_against_reference(probe)
+        assert [s.name for s in generate(probe)] == ["codegen:elementwise/rows"]  # no flat: it tests the row or column
+    for name, expr, why in (("flat", f"a + {ar.format('a.shape[0] * a.shape[1]', '')}.view(a.shape)", "one dimension"),
+                            ("shifted", f"a * {ar.format('a.shape[0], 2 * a.shape[0]', '')}[:, None]", "made from the shape")):
         with pytest.raises(Unsupported, match=why):
             classify(spec(name, expr))

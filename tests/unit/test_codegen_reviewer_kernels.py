@@ -1606,6 +1606,118 @@ extern "C" __global__ void weighted_cumsum_rows(scalar_t* out, const scalar_t* x
 }
 '''
 
+# A causal mask over attention scores: a column past the row is -inf (two aranges compared).
+CAUSAL_MASK_SCALE = '''from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    h, s = shape["heads"], shape["seq"]
+    return {
+        "out": torch.empty(h, s, s, device=device, dtype=dtype),
+        "scores": (torch.randn(h, s, s, generator=generator, device=device) * 3.0).to(dtype),
+    }
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    scores = inputs["scores"].float() * constants["scale"]
+    s = scores.shape[-1]
+    rows = torch.arange(s, device=scores.device)[:, None]
+    cols = torch.arange(s, device=scores.device)[None, :]
+    return {"out": scores.masked_fill(cols > rows, float("-inf"))}
+
+
+SPEC = KernelSpec(
+    name="causal_mask_scale",
+    description=(
+        "out[h, i, j] = scores[h, i, j] * scale where j <= i, and -inf where j > i, in fp32, rounded once. "
+        "scores and out are [heads, seq, seq]."
+    ),
+    args=(Arg("out", "tensor", role="out"), Arg("scores", "tensor"), Arg("heads", "int"), Arg("seq", "int"),
+          Arg("scale", "float")),
+    search_shapes=({"heads": 32, "seq": 512},),
+    heldout_shapes=({"heads": 3, "seq": 37},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: 2 * s["heads"] * s["seq"] * s["seq"] * (4 if dt == "float32" else 2),
+    flops=lambda s: s["heads"] * s["seq"] * s["seq"],
+    dtypes=("float16", "bfloat16", "float32"),
+    constants={"scale": 0.125},
+)
+'''
+
+CAUSAL_MASK_SCALE_CU = '''// launch: grid=(heads * seq,) block=(128,) smem=0
+extern "C" __global__ void causal_mask_scale(scalar_t* out, const scalar_t* scores, int heads, int seq, float scale) {
+    const long long row = blockIdx.x;
+    const int i = static_cast<int>(row % seq);
+    for (int j = threadIdx.x; j < seq; j += blockDim.x) {
+        const float v = static_cast<float>(scores[row * seq + j]) * scale;
+        out[row * seq + j] = static_cast<scalar_t>(j > i ? -INFINITY : v);
+    }
+}
+'''
+
+# Padding past each row's length zeroed, the rest scaled (positions from an arange).
+LENGTH_MASK_ROWS = '''from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, n = shape["num_tokens"], shape["cols"]
+    lengths = torch.randint(0, n + 1, (t,), generator=generator, device=device)
+    if case == "ends":  # empty and full rows, alternately
+        lengths = torch.where(torch.arange(t, device=device) % 2 == 0, 0, n)
+    return {
+        "out": torch.empty(t, n, device=device, dtype=dtype),
+        "x": torch.randn(t, n, generator=generator, device=device).to(dtype),
+        "lengths": lengths.to(torch.int32),
+    }
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    x = inputs["x"].float()
+    positions = torch.arange(x.shape[-1], device=x.device)
+    keep = positions[None, :] < inputs["lengths"][:, None]
+    return {"out": torch.where(keep, x * constants["gain"], 0.0)}
+
+
+SPEC = KernelSpec(
+    name="length_mask_rows",
+    description=(
+        "out[t, i] = x[t, i] * gain for i < lengths[t], else 0, in fp32, rounded once. x and out are "
+        "[num_tokens, cols], lengths int32 [num_tokens] in [0, cols]."
+    ),
+    args=(Arg("out", "tensor", role="out"), Arg("x", "tensor"), Arg("lengths", "tensor", dtype="int32"),
+          Arg("num_tokens", "int"), Arg("cols", "int"), Arg("gain", "float")),
+    search_shapes=({"num_tokens": 256, "cols": 4096},),
+    heldout_shapes=({"num_tokens": 7, "cols": 1000},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: 2 * s["num_tokens"] * s["cols"] * (4 if dt == "float32" else 2) + 4 * s["num_tokens"],
+    flops=lambda s: s["num_tokens"] * s["cols"],
+    dtypes=("float16", "bfloat16", "float32"),
+    edge_cases=("ends",),
+    constants={"gain": 1.5},
+)
+'''
+
+LENGTH_MASK_ROWS_CU = '''// launch: grid=(num_tokens,) block=(128,) smem=0
+extern "C" __global__ void length_mask_rows(scalar_t* out, const scalar_t* x, const int* lengths, int num_tokens,
+                                            int cols, float gain) {
+    const long long t = blockIdx.x;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        const float v = static_cast<float>(x[t * cols + i]) * gain;
+        out[t * cols + i] = static_cast<scalar_t>(i < lengths[t] ? v : 0.0f);
+    }
+}
+'''
+
 FOLDERS = {
     "silu_scale_shift": (SILU_SCALE_SHIFT, SILU_SCALE_SHIFT_CU),
     "softmax_temperature": (SOFTMAX_TEMPERATURE, SOFTMAX_TEMPERATURE_CU),
@@ -1632,11 +1744,16 @@ FOLDERS = {
     "row_pick_scale": (ROW_PICK_SCALE, ROW_PICK_SCALE_CU),
     "positions_from_mask": (POSITIONS_FROM_MASK, POSITIONS_FROM_MASK_CU),
     "weighted_cumsum_rows": (WEIGHTED_CUMSUM_ROWS, WEIGHTED_CUMSUM_ROWS_CU),
+    "causal_mask_scale": (CAUSAL_MASK_SCALE, CAUSAL_MASK_SCALE_CU),
+    "length_mask_rows": (LENGTH_MASK_ROWS, LENGTH_MASK_ROWS_CU),
 }
 
 # Small shapes: one row and up to 40, row lengths on and off 8-element (16-byte) vectors, a
 # row longer than a block's registers hold for the row kernels.
 SHAPES: dict[str, list[dict[str, int]]] = {
+    "causal_mask_scale": [{"heads": 2, "seq": 40}, {"heads": 1, "seq": 7}, {"heads": 3, "seq": 100}],
+    "length_mask_rows": [{"num_tokens": 3, "cols": 100}, {"num_tokens": 1, "cols": 9},
+                         {"num_tokens": 6, "cols": 1000}],
     "positions_from_mask": [{"batch": 3, "seq": 100}, {"batch": 1, "seq": 7}, {"batch": 2, "seq": 2500}],
     "weighted_cumsum_rows": [{"num_tokens": 3, "cols": 100}, {"num_tokens": 1, "cols": 9},
                              {"num_tokens": 2, "cols": 2500}],
@@ -1685,6 +1802,8 @@ SHAPES: dict[str, list[dict[str, int]]] = {
 
 # What the generator is expected to make of each kernel: its kind and every schedule's name.
 EXPECTED: dict[str, tuple[str, set[str]]] = {
+    "causal_mask_scale": ("elementwise", {"codegen:elementwise/rows"}),
+    "length_mask_rows": ("elementwise", {"codegen:elementwise/rows"}),
     "positions_from_mask": ("scan", {"codegen:scan/block"}),
     "weighted_cumsum_rows": ("scan", {"codegen:scan/block"}),
     "row_pick_scale": ("elementwise", {"codegen:elementwise/rows"}),

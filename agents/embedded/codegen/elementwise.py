@@ -21,7 +21,7 @@ from agents.embedded.codegen.emit import (
     entry_params,
     header,
 )
-from agents.embedded.codegen.ir import ColumnIndex, Program, walk
+from agents.embedded.codegen.ir import ColumnIndex, Program, RowOf, walk
 from agents.embedded.codegen.trace import Unsupported
 from agents.embedded.launch_fill import FILL_BLOCKS, fill_threads
 from kernels.spec import KernelSpec
@@ -37,8 +37,8 @@ def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
     if flat:
         if any(leaf.access == "gather" or leaf.row_stride != "C" or leaf.offset != "0" for leaf in em.full_leaves) \
                 or em.col_leaves() or any(n.access == "row" for n in em.row_loads) \
-                or any(isinstance(n, ColumnIndex) for n in walk(program.all_roots())):
-            # (one flat row of R*C elements has no column of the kernel's rows to test)
+                or any(isinstance(n, ColumnIndex | RowOf) for n in walk(program.all_roots())):
+            # (one flat row of R*C elements has no column or row of the kernel's to test)
             raise Unsupported("the flat schedule needs contiguous accesses only")
         em.cols = f"({em.rows} * {em.cols})"
         rows_launch, cols_launch = "1", f"{program.rows} * {program.cols}"

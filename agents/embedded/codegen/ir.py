@@ -5,8 +5,9 @@ rows and the columns: the shape of the largest computed value, collapsed to [R, 
 last dimension), ``row`` (one value per row: [rows..., 1] or [rows...]), ``col`` (one value per
 column, broadcast over rows: [C]) or ``scalar``. A value is an expression tree over the
 element (r, c): loads of tensor arguments (contiguous, a slice of the last dimension, or a row
-picked by an index), constants, the kernel's float arguments, elementwise ops, per-row
-reductions over the columns, and the value of a full expression at one column per row
+picked by an index), constants, the kernel's float arguments, positions along a dimension
+(``arange``), elementwise ops, per-row reductions over the columns, prefix sums along the row
+(``cumsum``), and the value of a full expression at one column per row
 (``gather`` by index). An output may be written by rows at an index (``target[index] =
 values`` into an inout argument: a scatter). A 2-D permuted copy is read as a transpose instead.
 
@@ -228,6 +229,15 @@ def _kind_of_dtype(dtype: Any) -> str:
     return FLOAT if dtype.is_floating_point else INT
 
 
+@dataclass(frozen=True)
+class _Arange:
+    """An arange not yet placed along a dimension: ``start + step * i``, of kind ``kind``."""
+
+    start: int | float
+    step: int | float
+    kind: str
+
+
 @dataclass
 class _Val:
     """A graph value: its expression (None for an argument not yet read) and shapes at both probes."""
@@ -299,6 +309,8 @@ class _Reader:
 
     # ---- reading arguments
     def read(self, v: _Val) -> Any:
+        if isinstance(v.expr, _Arange):
+            return self.place(v.expr, v.shape, v.shape_b)
         if v.expr is not None:
             return v.expr
         assert v.arg is not None
@@ -442,6 +454,40 @@ class _Reader:
             return _Val(scan, shape, shape_b, dtype=dtype)
         return _Val(Scan(body, INT), shape, shape_b, dtype=dtype)
 
+    def arange(self, na: Any, nb: Any, shape: tuple[int, ...], shape_b: tuple[int, ...], dtype: Any) -> _Val:
+        """``torch.arange(start, end, step)``: kept as a :class:`_Arange` until the dimension it
+        runs along is known (:meth:`place`)."""
+        ends = (na.args, nb.args)
+        starts = [a[0] if len(a) > 1 else 0 for a in ends]
+        steps = [a[2] if len(a) > 2 else 1 for a in ends]
+        if starts[0] != starts[1] or steps[0] != steps[1]:
+            raise Unsupported("an arange whose start or step is made from the shape")
+        return _Val(_Arange(starts[0], steps[0], _kind_of_dtype(dtype)), shape, shape_b, dtype=dtype)
+
+    def place(self, r: _Arange, shape: tuple[int, ...], shape_b: tuple[int, ...]) -> Any:
+        """An arange seen at ``shape`` (itself, or a view of it such as ``[:, None]``), aligned
+        from the right against the iteration space: its one dimension longer than 1 must be one
+        of the space's, at both probes. Along the row it is the column's index; along a row
+        dimension, that dimension's digit of the row (a mask by length, a causal mask's rows and
+        columns); times ``step`` plus ``start``."""
+        pad = len(self.full) - len(shape)
+        dims = list(zip(self.full, self.full_b, strict=True))
+        mine = [(1, 1)] * pad + list(zip(shape, shape_b, strict=True)) if pad >= 0 else []
+        at = [j for j, d in enumerate(mine) if d != (1, 1)]
+        if len(at) != 1 or mine[at[0]] != dims[at[0]]:
+            raise Unsupported("an arange that does not run along one dimension of the iteration space")
+        if at[0] == len(dims) - 1:
+            index: Any = ColumnIndex() if r.kind == FLOAT else Op("toint", (ColumnIndex(),), INT, ("long long",))
+        else:
+            sizes = tuple(self.size_expr(a, b) for a, b in dims[:-1])
+            index = RowOf(sizes, tuple(j == at[0] for j in range(len(sizes))))
+            index = Op("tofloat", (index,), FLOAT) if r.kind == FLOAT else index
+        if r.step != 1:
+            index = Op("mul", (index, _as_kind(self.constant(r.step), r.kind)), r.kind)
+        if r.start != 0:
+            index = Op("add", (index, _as_kind(self.constant(r.start), r.kind)), r.kind)
+        return index
+
     def node(self, env: dict[Any, _Val], na: Any, nb: Any) -> _Val:
         import torch
 
@@ -479,6 +525,8 @@ class _Reader:
             name = "squeeze"  # x[:, 0] of a dimension of one: the same elements, that dimension dropped
         if name in _VIEWS:
             assert first is not None
+            if isinstance(first.expr, _Arange):  # a view places it (arange(n)[:, None])
+                return out(self.place(first.expr, shape, shape_b))
             if first.expr is None and name == "expand":
                 # Explicit broadcasting: the argument's memory has its own shape, not the
                 # expanded one, so it is read by its own shape (a row, a column...) and broadcast.
@@ -572,6 +620,8 @@ class _Reader:
             return self.at_column(env, na, first, shape, shape_b)
         if name == "cumsum":
             return self.scan(first, na, shape, shape_b, val.dtype)
+        if name == "arange":
+            return self.arange(na, nb, shape, shape_b, val.dtype)
         raise Unsupported(f"aten op {name} is not supported")
 
     def slice(self, first: _Val | None, na: Any, nb: Any, shape: tuple[int, ...], shape_b: tuple[int, ...]) -> _Val:
