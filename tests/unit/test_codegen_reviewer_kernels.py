@@ -1718,6 +1718,79 @@ extern "C" __global__ void length_mask_rows(scalar_t* out, const scalar_t* x, co
 }
 '''
 
+# Rotary embedding as a model's Python writes it: cos and sin rows picked by each token's
+# position from caches and broadcast over the heads, the row's halves swapped by ``cat``.
+ROPE_CACHED_POSITIONS = '''from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, h, d, p = shape["num_tokens"], shape["heads"], shape["head_dim"], shape["max_pos"]
+    angle = torch.rand(p, d, generator=generator, device=device) * 6.3
+    positions = torch.randint(0, p, (t,), generator=generator, device=device)
+    if case == "ends":  # the caches' first and last rows
+        positions = torch.where(torch.arange(t, device=device) % 2 == 0, 0, p - 1)
+    return {
+        "out": torch.empty(t, h, d, device=device, dtype=dtype),
+        "x": (torch.randn(t, h, d, generator=generator, device=device) * 2.0).to(dtype),
+        "positions": positions,
+        "cos_cache": torch.cos(angle),
+        "sin_cache": torch.sin(angle),
+    }
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    x = inputs["x"].float()
+    cos = inputs["cos_cache"][inputs["positions"]].unsqueeze(1)
+    sin = inputs["sin_cache"][inputs["positions"]].unsqueeze(1)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return {"out": x * cos + rotated * sin}
+
+
+SPEC = KernelSpec(
+    name="rope_cached_positions",
+    description=(
+        "Rotary embedding with cos and sin rows picked by position: out = x * cos_cache[positions[t]] + "
+        "cat(-x2, x1) * sin_cache[positions[t]] per head, in fp32, rounded once. x and out are "
+        "[num_tokens, heads, head_dim]; positions int64 [num_tokens] in [0, max_pos); the caches fp32 "
+        "[max_pos, head_dim]."
+    ),
+    args=(Arg("out", "tensor", role="out"), Arg("x", "tensor"), Arg("positions", "tensor", dtype="int64"),
+          Arg("cos_cache", "tensor", dtype="float32"), Arg("sin_cache", "tensor", dtype="float32"),
+          Arg("num_tokens", "int"), Arg("heads", "int"), Arg("head_dim", "int", multiple_of=2),
+          Arg("max_pos", "int")),
+    search_shapes=({"num_tokens": 64, "heads": 32, "head_dim": 128, "max_pos": 4096},),
+    heldout_shapes=({"num_tokens": 7, "heads": 5, "head_dim": 72, "max_pos": 100},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: (2 * s["num_tokens"] * s["heads"] * s["head_dim"] * (4 if dt == "float32" else 2)
+                               + s["num_tokens"] * (8 + 8 * s["head_dim"])),
+    flops=lambda s: 3 * s["num_tokens"] * s["heads"] * s["head_dim"],
+    dtypes=("float16", "bfloat16", "float32"),
+    edge_cases=("ends",),
+)
+'''
+
+ROPE_CACHED_POSITIONS_CU = '''// launch: grid=(num_tokens * heads,) block=(64,) smem=0
+extern "C" __global__ void rope_cached_positions(scalar_t* out, const scalar_t* x, const long long* positions,
+                                                 const float* cos_cache, const float* sin_cache, int num_tokens,
+                                                 int heads, int head_dim, int max_pos) {
+    const long long row = blockIdx.x;
+    const long long p = positions[row / heads];
+    const int half = head_dim / 2;
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+        const float v = static_cast<float>(x[row * head_dim + i]);
+        const float r = i < half ? -static_cast<float>(x[row * head_dim + i + half])
+                                 : static_cast<float>(x[row * head_dim + i - half]);
+        out[row * head_dim + i] = static_cast<scalar_t>(v * cos_cache[p * head_dim + i] + r * sin_cache[p * head_dim + i]);
+    }
+}
+'''
+
 FOLDERS = {
     "silu_scale_shift": (SILU_SCALE_SHIFT, SILU_SCALE_SHIFT_CU),
     "softmax_temperature": (SOFTMAX_TEMPERATURE, SOFTMAX_TEMPERATURE_CU),
@@ -1746,11 +1819,15 @@ FOLDERS = {
     "weighted_cumsum_rows": (WEIGHTED_CUMSUM_ROWS, WEIGHTED_CUMSUM_ROWS_CU),
     "causal_mask_scale": (CAUSAL_MASK_SCALE, CAUSAL_MASK_SCALE_CU),
     "length_mask_rows": (LENGTH_MASK_ROWS, LENGTH_MASK_ROWS_CU),
+    "rope_cached_positions": (ROPE_CACHED_POSITIONS, ROPE_CACHED_POSITIONS_CU),
 }
 
 # Small shapes: one row and up to 40, row lengths on and off 8-element (16-byte) vectors, a
 # row longer than a block's registers hold for the row kernels.
 SHAPES: dict[str, list[dict[str, int]]] = {
+    "rope_cached_positions": [{"num_tokens": 3, "heads": 4, "head_dim": 64, "max_pos": 50},
+                              {"num_tokens": 1, "heads": 2, "head_dim": 8, "max_pos": 3},
+                              {"num_tokens": 5, "heads": 3, "head_dim": 136, "max_pos": 7}],
     "causal_mask_scale": [{"heads": 2, "seq": 40}, {"heads": 1, "seq": 7}, {"heads": 3, "seq": 100}],
     "length_mask_rows": [{"num_tokens": 3, "cols": 100}, {"num_tokens": 1, "cols": 9},
                          {"num_tokens": 6, "cols": 1000}],
@@ -1802,6 +1879,7 @@ SHAPES: dict[str, list[dict[str, int]]] = {
 
 # What the generator is expected to make of each kernel: its kind and every schedule's name.
 EXPECTED: dict[str, tuple[str, set[str]]] = {
+    "rope_cached_positions": ("elementwise", {"codegen:elementwise/rows"}),
     "causal_mask_scale": ("elementwise", {"codegen:elementwise/rows"}),
     "length_mask_rows": ("elementwise", {"codegen:elementwise/rows"}),
     "positions_from_mask": ("scan", {"codegen:scan/block"}),

@@ -238,6 +238,17 @@ class _Arange:
     kind: str
 
 
+@dataclass(frozen=True)
+class _Gathered:
+    """Rows of the 2-D argument ``table`` picked by the index argument ``index``, not yet
+    placed against the iteration space (see :meth:`_Reader.place_gather`)."""
+
+    table: str
+    row_stride: str
+    rows: str
+    index: str
+
+
 @dataclass
 class _Val:
     """A graph value: its expression (None for an argument not yet read) and shapes at both probes."""
@@ -311,6 +322,8 @@ class _Reader:
     def read(self, v: _Val) -> Any:
         if isinstance(v.expr, _Arange):
             return self.place(v.expr, v.shape, v.shape_b)
+        if isinstance(v.expr, _Gathered):
+            return self.place_gather(v.expr, v.shape, v.shape_b)
         if v.expr is not None:
             return v.expr
         assert v.arg is not None
@@ -527,6 +540,8 @@ class _Reader:
             assert first is not None
             if isinstance(first.expr, _Arange):  # a view places it (arange(n)[:, None])
                 return out(self.place(first.expr, shape, shape_b))
+            if isinstance(first.expr, _Gathered):  # and a gathered row (table[ids][:, None, :])
+                return out(self.place_gather(first.expr, shape, shape_b))
             if first.expr is None and name == "expand":
                 # Explicit broadcasting: the argument's memory has its own shape, not the
                 # expanded one, so it is read by its own shape (a row, a column...) and broadcast.
@@ -727,13 +742,29 @@ class _Reader:
         t = env[table]
         if t.expr is not None or len(t.shape) != 2:
             raise Unsupported("a gather from something other than a 2-D argument")
-        index = self.read(env[idx])
-        if self.space(shape) != "full" or self.space(env[idx].shape) != "row":
-            raise Unsupported("a gather whose rows are not the iteration space's rows")
         stride = self.size_expr(t.shape[-1], t.shape_b[-1])
         rows = self.size_expr(t.shape[0], t.shape_b[0])
+        i = env[idx]
+        if i.expr is None and i.arg is not None and len(shape) < len(self.full):
+            # Rows picked for a value that a view broadcasts over other dimensions next
+            # (``cos_cache[positions][:, None, :]`` against [T, H, D]): placed by that view.
+            return _Val(_Gathered(t.arg or "", stride, rows, i.arg), shape, shape_b, dtype=t.dtype)
+        index = self.read(i)
+        if self.space(shape) != "full" or self.space(i.shape) != "row":
+            raise Unsupported("a gather whose rows are not the iteration space's rows")
         return _Val(Load(t.arg or "", "gather", row_stride=stride, index=index, rows=rows), shape, shape_b,
                     dtype=t.dtype)
+
+    def place_gather(self, g: _Gathered, shape: tuple[int, ...], shape_b: tuple[int, ...]) -> Load:
+        """Rows of a table picked by an index argument, seen at ``shape``: the row dimensions it
+        keeps (:meth:`broadcast_keep`) are the index's, so the iteration space's row r reads the
+        index at r's digits of those dimensions, and the table's row there."""
+        keep = self.broadcast_keep(shape, shape_b)
+        if keep is None or (shape[-1], shape_b[-1]) != (self.full[-1], self.full_b[-1]):
+            raise Unsupported("a gathered row that does not broadcast against the iteration space")
+        dims = tuple(self.size_expr(a, b) for a, b in zip(self.full[:-1], self.full_b[:-1], strict=True))
+        at = Load(g.index, "row", index=RowOf(dims, keep))
+        return Load(g.table, "gather", row_stride=g.row_stride, index=at, rows=g.rows)
 
     def index_load(self, expr: Any) -> Load | None:
         """The integer argument an index reads, through widenings (``perm.long()``), else None."""
