@@ -229,18 +229,13 @@ def _ratio(e: dict[str, Any], peer: str, median: float | None) -> str:
 
 def _spread_of(e: dict[str, Any], peer: str, median: float | None) -> spread.Spread | None:
     """A kernel's ratio over ``peer`` as a spread: over the loops, else the one figure there is."""
-    ranged = spread.from_dict(e.get("spreads", {}).get(peer))
-    if ranged is not None:
-        return ranged
-    return None if median is None else spread.single(median)
+    return spread.figure(e.get("spreads", {}).get(peer), median)
 
 
 def _strongest_flashinfer(e: dict[str, Any]) -> tuple[str, spread.Spread | None]:
     """The kernel's ratio over FlashInfer at its best: where FlashInfer offers the op through
     several APIs (merge_state and merge_state_in_place), the one we lead by the least."""
-    found = {name: s for name, v in e["speedup_vs_production"].items() if (s := _spread_of(e, name, v)) is not None}
-    least = spread.least_lead(found, "flashinfer")
-    return least if least else ("flashinfer", None)
+    return spread.least_lead(e["speedup_vs_production"], e.get("spreads", {}), "flashinfer")
 
 
 def check_targets(entries: list[dict[str, Any]]) -> dict[str, Any]:

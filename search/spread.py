@@ -92,12 +92,26 @@ def single(value: float) -> Spread:
     return Spread(value, value, value, 1)
 
 
-def least_lead(ratios: Mapping[str, Spread], prefix: str) -> tuple[str, Spread] | None:
+def figure(ranged: Mapping[str, Any] | None, median: float | None) -> Spread | None:
+    """A ratio as a spread: its range over the loops (:meth:`Spread.to_dict`), else the one
+    figure there is, else None."""
+    found = from_dict(ranged)
+    if found is not None:
+        return found
+    return None if median is None else single(median)
+
+
+def least_lead(medians: Mapping[str, float | None], ranges: Mapping[str, Any], prefix: str) -> tuple[str, Spread | None]:
     """Of our ratios over the implementations named ``prefix...`` (one library's several APIs
-    for the op, e.g. ``flashinfer`` and ``flashinfer_in_place``), the one we lead by the least:
-    the library at its best. None when there is none."""
-    found = sorted((s.median, name, s) for name, s in ratios.items() if name.startswith(prefix))
-    return (found[0][1], found[0][2]) if found else None
+    for the op, e.g. ``flashinfer`` and ``flashinfer_in_place``; ``ranges``: their spreads by
+    name), the one we lead by the least: the library at its best. ``(prefix, None)`` when none
+    was timed."""
+    found = {name: s for name, m in medians.items() if name.startswith(prefix)
+             if (s := figure(ranges.get(name), m)) is not None}
+    if not found:
+        return prefix, None
+    name = min(found, key=lambda n: (found[n].median, n))
+    return name, found[name]
 
 
 def median_times(runs: Sequence[Times]) -> dict[str, dict[str, float]]:

@@ -318,6 +318,10 @@ class _Reader:
     def size_expr(self, a: int, b: int) -> str:
         return fit_size(a, b, self.trace.probes)
 
+    def row_sizes(self) -> tuple[str, ...]:
+        """The iteration space's row dimensions as size expressions, outermost first."""
+        return tuple(self.size_expr(a, b) for a, b in zip(self.full[:-1], self.full_b[:-1], strict=True))
+
     # ---- reading arguments
     def read(self, v: _Val) -> Any:
         if isinstance(v.expr, _Arange):
@@ -337,7 +341,7 @@ class _Reader:
         keep = self.broadcast_keep(v.shape, v.shape_b)
         if keep is None:
             raise Unsupported(f"a value of shapes {list(v.shape)} and {list(v.shape_b)} at the two probes")
-        dims = tuple(self.size_expr(a, b) for a, b in zip(self.full[:-1], self.full_b[:-1], strict=True))
+        dims = self.row_sizes()
         index = RowOf(dims, keep)
         if v.shape[-1] == 1 and self.full[-1] != 1:
             return Load(v.arg, "row", index=index)
@@ -446,14 +450,12 @@ class _Reader:
         nodes = walk([e for _, e in outputs.values()])
         if any(isinstance(n, Load) and n.access in ("colgather", "colshift") for n in nodes):
             raise Unsupported("a scan program reading columns by index or by cat")
-        if any(isinstance(n, Scan) for s in nodes if isinstance(s, Scan) for n in walk([s.body]) if n is not s):
+        if any(isinstance(n, Scan) for s in nodes if isinstance(s, Scan) for n in walk([s.body])):
             raise Unsupported("a scan of a scan")
         return Program("scan", rows, cols, outputs, [], self.dtypes)
 
     def scan(self, first: _Val | None, na: Any, shape: tuple[int, ...], shape_b: tuple[int, ...], dtype: Any) -> _Val:
         """``cumsum(x, dim=-1)`` of a value with the iteration space's rows and columns."""
-        import torch
-
         dim = na.args[1] if len(na.args) > 1 else na.kwargs.get("dim")
         if first is None or dim not in (-1, len(shape) - 1):
             raise Unsupported("a cumsum along another dimension than the row")
@@ -463,7 +465,7 @@ class _Reader:
         body = self.read(first)
         if kind == FLOAT:
             # torch sums in fp32 and rounds each prefix once to a narrower output type.
-            scan = _cast(Scan(_cast(body, torch.float32), FLOAT), dtype, self.trace.element_casts)
+            scan = _cast(Scan(Op("tofloat", (body,), FLOAT), FLOAT), dtype, self.trace.element_casts)
             return _Val(scan, shape, shape_b, dtype=dtype)
         return _Val(Scan(body, INT), shape, shape_b, dtype=dtype)
 
@@ -492,7 +494,7 @@ class _Reader:
         if at[0] == len(dims) - 1:
             index: Any = ColumnIndex() if r.kind == FLOAT else Op("toint", (ColumnIndex(),), INT, ("long long",))
         else:
-            sizes = tuple(self.size_expr(a, b) for a, b in dims[:-1])
+            sizes = self.row_sizes()
             index = RowOf(sizes, tuple(j == at[0] for j in range(len(sizes))))
             index = Op("tofloat", (index,), FLOAT) if r.kind == FLOAT else index
         if r.step != 1:
@@ -762,7 +764,7 @@ class _Reader:
         keep = self.broadcast_keep(shape, shape_b)
         if keep is None or (shape[-1], shape_b[-1]) != (self.full[-1], self.full_b[-1]):
             raise Unsupported("a gathered row that does not broadcast against the iteration space")
-        dims = tuple(self.size_expr(a, b) for a, b in zip(self.full[:-1], self.full_b[:-1], strict=True))
+        dims = self.row_sizes()
         at = Load(g.index, "row", index=RowOf(dims, keep))
         return Load(g.table, "gather", row_stride=g.row_stride, index=at, rows=g.rows)
 

@@ -25,20 +25,15 @@ def scan(spec: KernelSpec, program: Program) -> Schedule:
     bases = em.leaf_bases("cg_row")
     bases = em.take_row_lines() + bases  # a gathered row's index is a row value: defined first
     types = ["float" if s.ctype == FLOAT else "long long" for s in scans]
-    shared, carries, sums, block_scan, prefixes = [], [], [], [], []
-    for k, (s, t) in enumerate(zip(scans, types, strict=True)):
-        shared.append(f"__shared__ {t} cg_s{k}[BLOCK];")
-        carries.append(f"{t} cg_carry{k} = 0;")
-        body = em.scalar_expr(s.body, "cg_c")
-        sums.append((f"{t} cg_v{k}[ITEMS];", f"{t} cg_run{k} = 0;",
-                     f"if (cg_c < cg_cols) cg_run{k} += static_cast<{t}>({body});", f"cg_v{k}[cg_i] = cg_run{k};"))
-        block_scan.append((f"cg_s{k}[threadIdx.x] = cg_run{k};",
-                           f"const {t} cg_a{k} = threadIdx.x >= cg_off ? cg_s{k}[threadIdx.x - cg_off] : static_cast<{t}>(0);",
-                           f"cg_s{k}[threadIdx.x] += cg_a{k};",
-                           f"const {t} cg_excl{k} = cg_carry{k} + (threadIdx.x > 0 ? cg_s{k}[threadIdx.x - 1] : static_cast<{t}>(0));",
-                           f"cg_carry{k} += cg_s{k}[BLOCK - 1];"))
-        prefixes.append(f"const {t} cg_x{k} = cg_excl{k} + cg_v{k}[cg_i];")
+    bodies = [em.scalar_expr(s.body, "cg_c") for s in scans]
+    for k, s in enumerate(scans):
         em.scan_text[id(s)] = f"cg_x{k}"
+
+    def each(*templates: str) -> list[str]:
+        """For each scan k in turn, a line per template: {k} its index, {t} its C type, {b} its
+        body at column cg_c."""
+        return [tp.format(k=k, t=t, b=b) for k, (t, b) in enumerate(zip(types, bodies, strict=True)) for tp in templates]
+
     stores = [f"{name}[cg_obase + cg_c] = {em.store_value(name, em.scalar_expr(e, 'cg_c'), em.kind(e))};"
               for name, (_, e) in program.outputs.items()]
     row_defs = em.take_row_lines()
@@ -47,36 +42,37 @@ def scan(spec: KernelSpec, program: Program) -> Schedule:
         f"__device__ __forceinline__ void cg_run({entry_params(spec)}) {{",
         "    using cg_idx = long long;",
         f"    const cg_idx cg_cols = {em.cols};",
-        *("    " + x for x in shared),
+        *("    " + x for x in each("__shared__ {t} cg_s{k}[BLOCK];")),
         f"    for (cg_idx cg_row = blockIdx.x; cg_row < {em.rows}; cg_row += gridDim.x) {{",
         "        const cg_idx cg_obase = cg_row * cg_cols;",
-        *("        " + x for x in bases + row_defs + carries),
+        *("        " + x for x in bases + row_defs + each("{t} cg_carry{k} = 0;")),
         "        for (cg_idx cg_t = 0; cg_t < cg_cols; cg_t += static_cast<cg_idx>(BLOCK) * ITEMS) {",
         "            const cg_idx cg_c0 = cg_t + static_cast<cg_idx>(threadIdx.x) * ITEMS;",
         "            // This thread's running sums over its ITEMS consecutive columns.",
-        *("            " + x for s in sums for x in s[:2]),
+        *("            " + x for x in each("{t} cg_v{k}[ITEMS];", "{t} cg_run{k} = 0;")),
         "            #pragma unroll",
         "            for (int cg_i = 0; cg_i < ITEMS; ++cg_i) {",
         "                const cg_idx cg_c = cg_c0 + cg_i;",
-        *("                " + x for s in sums for x in s[2:]),
+        *("                " + x for x in each("if (cg_c < cg_cols) cg_run{k} += static_cast<{t}>({b});",
+                                                 "cg_v{k}[cg_i] = cg_run{k};")),
         "            }",
         "            // The threads' totals scanned across the block (inclusive).",
-        *("            " + b[0] for b in block_scan),
+        *("            " + x for x in each("cg_s{k}[threadIdx.x] = cg_run{k};")),
         "            __syncthreads();",
         "            for (int cg_off = 1; cg_off < BLOCK; cg_off <<= 1) {",
-        *("                " + b[1] for b in block_scan),
+        *("                " + x for x in each("const {t} cg_a{k} = threadIdx.x >= cg_off ? cg_s{k}[threadIdx.x - cg_off] : static_cast<{t}>(0);")),
         "                __syncthreads();",
-        *("                " + b[2] for b in block_scan),
+        *("                " + x for x in each("cg_s{k}[threadIdx.x] += cg_a{k};")),
         "                __syncthreads();",
         "            }",
-        *("            " + b[3] for b in block_scan),
-        *("            " + b[4] for b in block_scan),
+        *("            " + x for x in each("const {t} cg_excl{k} = cg_carry{k} + (threadIdx.x > 0 ? cg_s{k}[threadIdx.x - 1] : static_cast<{t}>(0));")),
+        *("            " + x for x in each("cg_carry{k} += cg_s{k}[BLOCK - 1];")),
         "            __syncthreads();  // the next tile's totals overwrite the shared sums",
         "            #pragma unroll",
         "            for (int cg_i = 0; cg_i < ITEMS; ++cg_i) {",
         "                const cg_idx cg_c = cg_c0 + cg_i;",
         "                if (cg_c < cg_cols) {",
-        *("                    " + x for x in prefixes + stores),
+        *("                    " + x for x in each("const {t} cg_x{k} = cg_excl{k} + cg_v{k}[cg_i];") + stores),
         "                }",
         "            }",
         "        }",
