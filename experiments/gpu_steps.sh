@@ -7,7 +7,9 @@
 # commands: everything a step needs to go on lives under runs/ (sweep directories, probe
 # outputs, and runs/.done/<step> once a step has finished), runs/state.tgz is unpacked first
 # when present, and the end of every call packs runs/ into $OUT/state.tgz. Hand that archive
-# back as runs/state.tgz and the next call skips what is done and resumes what was cut.
+# back as runs/state.tgz and the next call skips what is done and resumes what was cut. The
+# archive is also refreshed every PACK_EVERY seconds (default 60), so a call cut from outside
+# before the end still hands back what it had done up to the last refresh.
 # Logs: $OUT/logs/<step>.log.
 #
 # Steps (run in the order STEPS names them; a step cut by the limit ends the call):
@@ -44,9 +46,26 @@ fi
 
 left() { echo $(( LIMIT - RESERVE - ($(date +%s) - start) )); }
 
-pack() {
-  tar czf "$OUT/state.tgz" -C runs --exclude=./state.tgz . 2>/dev/null
+# snapshot: runs/ into $OUT/state.tgz through a temporary file, so that a kill in the middle of
+# packing leaves the previous snapshot whole rather than an empty archive. tar's status 1 ("a
+# file changed as we read it": a record appended meanwhile) still gives a usable archive: the
+# readers of the records drop a torn last line.
+snapshot() {
+  tar czf "$OUT/state.tgz.part" -C runs --exclude=./state.tgz . 2>/dev/null
+  [ $? -le 1 ] && mv -f "$OUT/state.tgz.part" "$OUT/state.tgz"
   ls runs/.done > "$OUT/done.txt"
+}
+
+# A snapshot every PACK_EVERY seconds as well as at the end: the machine's own limit can cut
+# the whole command (a call whose device time ran short gets less than LIMIT), and what ran
+# until the last snapshot then still comes back.
+PACK_EVERY=${PACK_EVERY:-60}
+( while sleep "$PACK_EVERY"; do snapshot; done ) &
+snapshots=$!
+
+pack() {
+  kill "$snapshots" 2>/dev/null; wait "$snapshots" 2>/dev/null
+  snapshot
   echo "[steps] packed $(du -h "$OUT/state.tgz" | cut -f1) after $(( $(date +%s) - start )) s; done: $(ls runs/.done | tr '\n' ' ')"
 }
 trap pack EXIT
