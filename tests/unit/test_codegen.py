@@ -37,7 +37,7 @@ from agents.embedded.codegen.ir import (
 from evaluators.admit import Refusal, admit
 from evaluators.compile import compile_variant
 from kernels.launch import parse_launch_header
-from kernels.spec import KernelSpec, load_kernel
+from kernels.spec import Arg, KernelSpec, load_kernel
 from kernels.variant import Variant
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,10 +81,12 @@ def _evaluate(program: Program, spec: KernelSpec, inputs: dict[str, Any], shape:
         flat = flat.float() if flat.is_floating_point() else flat.long()
         if node.access == "full":
             return flat[r * size(node.row_stride) + size(node.offset) + c]
+        # A gathered row starts at its index's row of the table; a piece of one at its offset there.
+        row = ev(node.index).long() if node.access in ("gather", "colshift") and node.index is not None else r
         if node.access == "gather":
-            return flat[ev(node.index).long() * size(node.row_stride) + c]
+            return flat[row * size(node.row_stride) + size(node.offset) + c]
         if node.access == "colshift":  # a cat's piece: its column c - shift, clamped into it
-            return flat[r * size(node.row_stride) + size(node.offset) + (c - size(node.shift)).clamp(0, size(node.rows) - 1)]
+            return flat[row * size(node.row_stride) + size(node.offset) + (c - size(node.shift)).clamp(0, size(node.width) - 1)]
         if node.access == "row" and node.index is not None:
             return flat[ev(node.index).long()]
         return {"col": lambda: flat[c], "row": lambda: flat[r], "scalar": lambda: flat[0]}[node.access]()
@@ -701,6 +703,39 @@ def test_a_size_may_divide_a_symbol_by_a_constant_that_divides_it_at_both_probes
         fit_size(128, 128 * 11 // 5 + 1, probes)
 
 
+def test_a_size_may_be_the_difference_of_two_symbols():
+    """What a partial rotary passes through, ``head_dim - rot_dim``: after products and sums."""
+    from agents.embedded.codegen.trace import fit_size
+
+    probes = ({"head_dim": 2 * 13, "rot_dim": 2 * 5}, {"head_dim": 2 * 29, "rot_dim": 2 * 23})
+    assert fit_size(16, 12, probes) == "(head_dim - rot_dim)"
+    assert fit_size(36, 104, probes) == "(head_dim + rot_dim)"
+    with pytest.raises(Unsupported):
+        fit_size(17, 12, probes)
+
+
+def test_probes_keep_the_order_the_spec_shapes_keep():
+    """A symbol at most another in every shape the spec lists, and below it in one, is below
+    it at both probes (with primes no other symbol uses); a spec without such a pair keeps
+    the plain probes."""
+    from agents.embedded.codegen.trace import probe_shapes
+
+    def spec_with(shapes: tuple[dict[str, int], ...]) -> KernelSpec:
+        return KernelSpec(name="probe", description="", args=(Arg("out", "tensor", role="out"), Arg("x", "tensor"),
+                          Arg("tokens", "int"), Arg("head_dim", "int", multiple_of=2), Arg("rot_dim", "int", multiple_of=2)),
+                          search_shapes=shapes[:1], heldout_shapes=shapes[1:], make_inputs=lambda *a: {},
+                          reference=lambda *a: {}, bytes_moved=lambda s, dt: 1, flops=lambda s: 1)
+
+    a, b = probe_shapes(spec_with(({"tokens": 4096, "head_dim": 128, "rot_dim": 32},
+                                   {"tokens": 1, "head_dim": 64, "rot_dim": 64})))
+    assert a["rot_dim"] < a["head_dim"] and b["rot_dim"] < b["head_dim"]
+    values = [v // m for v, m in zip([*a.values(), *b.values()], [1, 2, 2, 1, 2, 2], strict=True)]
+    assert len(set(values)) == len(values)  # six distinct primes
+    plain = probe_shapes(spec_with(({"tokens": 4096, "head_dim": 128, "rot_dim": 128},
+                                    {"tokens": 7, "head_dim": 64, "rot_dim": 64})))
+    assert plain == ({"tokens": 3, "head_dim": 10, "rot_dim": 14}, {"tokens": 23, "head_dim": 58, "rot_dim": 62})
+
+
 def test_a_piece_narrower_than_the_row_is_read_by_elementwise_ops_and_cat_only(tmp_path):
     """A slice narrower than the iteration space's row means its own columns: a cat places it
     (here the row's halves swapped), and a reduction over it, which the row's schedules would
@@ -714,6 +749,10 @@ def test_a_piece_narrower_than_the_row_is_read_by_elementwise_ops_and_cat_only(t
                               "a[:, : a.shape[-1] // 2].mean(dim=-1, keepdim=True)")
     with pytest.raises(Unsupported, match="narrower than the row"):
         classify(half_mean)
+    half_max = _written_here(tmp_path, "half_max", "a.mean(dim=-1, keepdim=True)",
+                             "a[:, : a.shape[-1] // 2].max(dim=-1, keepdim=True).values")
+    with pytest.raises(Unsupported, match="narrower than the row"):
+        classify(half_max)
     along_rows = _written_here(tmp_path, "along_rows", "torch.clamp(a, min=0.0)",
                                "torch.clamp(torch.cat((a[a.shape[0] // 2:], a[: a.shape[0] // 2]), dim=0), min=0.0)")
     with pytest.raises(Unsupported):

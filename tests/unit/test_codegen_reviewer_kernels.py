@@ -27,7 +27,10 @@ confidence (a softmax's max with its index, and an argmin, NaN and ties as torch
 columns gathered by an index row (``x[:, perm]``, negative entries from the end), a rotary
 embedding written with ``rotate_half`` (``cat`` of a row's negated second half and its first, with
 cos and sin broadcast over the heads), two inputs of different widths joined by ``cat``, and routing weights picked from each row by
-that row's own indices (``torch.gather`` along the row by an index matrix), scaled per row. Each
+that row's own indices (``torch.gather`` along the row by an index matrix), scaled per row, and
+two rotary embeddings as serving engines write them natively (one cache row of cos then sin,
+picked by position and split with ``chunk``; over the heads of a flat query, and on one head),
+and a partial rotary (the first ``rot_dim`` of each head rotated, the rest passed through). Each
 folder's baseline is also run, so that a spec and its baseline agree before the generator is
 judged against the spec.
 """
@@ -1791,6 +1794,224 @@ extern "C" __global__ void rope_cached_positions(scalar_t* out, const scalar_t* 
 }
 '''
 
+# A rotary embedding as serving engines write it natively: one cache of [max_pos, rot_dim]
+# holding cos in its first half and sin in its second, the row picked by position and split
+# with chunk, the query kept flat as [tokens, heads * head_dim] and viewed as heads inside.
+ROPE_COS_SIN_CACHE = '''from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, h, d, p = shape["num_tokens"], shape["heads"], shape["head_dim"], shape["max_pos"]
+    angle = torch.rand(p, d // 2, generator=generator, device=device) * 6.3
+    positions = torch.randint(0, p, (t,), generator=generator, device=device)
+    if case == "ends":  # the cache's first and last rows
+        positions = torch.where(torch.arange(t, device=device) % 2 == 0, 0, p - 1)
+    return {
+        "out": torch.empty(t, h * d, device=device, dtype=dtype),
+        "query": (torch.randn(t, h * d, generator=generator, device=device) * 2.0).to(dtype),
+        "positions": positions,
+        "cos_sin_cache": torch.cat((torch.cos(angle), torch.sin(angle)), dim=-1),
+    }
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    t, h, d = shape["num_tokens"], shape["heads"], shape["head_dim"]
+    cos, sin = inputs["cos_sin_cache"][inputs["positions"]].chunk(2, dim=-1)
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    x1, x2 = torch.chunk(inputs["query"].view(t, h, d).float(), 2, dim=-1)
+    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return {"out": rotated.reshape(t, h * d)}
+
+
+SPEC = KernelSpec(
+    name="rope_cos_sin_cache",
+    description=(
+        "Rotary embedding (neox halves) with cos and sin in one cache: row positions[t] of "
+        "cos_sin_cache [max_pos, head_dim] holds cos in its first half and sin in its second; per "
+        "head, out = (x1 * cos - x2 * sin, x2 * cos + x1 * sin) for the query's halves x1, x2, in fp32, "
+        "rounded once. query and out are [num_tokens, heads * head_dim]; positions int64 [num_tokens] "
+        "in [0, max_pos); the cache fp32."
+    ),
+    args=(Arg("out", "tensor", role="out"), Arg("query", "tensor"), Arg("positions", "tensor", dtype="int64"),
+          Arg("cos_sin_cache", "tensor", dtype="float32"), Arg("num_tokens", "int"), Arg("heads", "int"),
+          Arg("head_dim", "int", multiple_of=2), Arg("max_pos", "int")),
+    search_shapes=({"num_tokens": 64, "heads": 32, "head_dim": 128, "max_pos": 4096},),
+    heldout_shapes=({"num_tokens": 7, "heads": 5, "head_dim": 72, "max_pos": 100},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: (2 * s["num_tokens"] * s["heads"] * s["head_dim"] * (4 if dt == "float32" else 2)
+                               + s["num_tokens"] * (8 + 4 * s["head_dim"])),
+    flops=lambda s: 3 * s["num_tokens"] * s["heads"] * s["head_dim"],
+    dtypes=("float16", "bfloat16", "float32"),
+    edge_cases=("ends",),
+)
+'''
+
+ROPE_COS_SIN_CACHE_CU = '''// launch: grid=(num_tokens * heads,) block=(64,) smem=0
+extern "C" __global__ void rope_cos_sin_cache(scalar_t* out, const scalar_t* query, const long long* positions,
+                                              const float* cos_sin_cache, int num_tokens, int heads, int head_dim,
+                                              int max_pos) {
+    const long long row = blockIdx.x;
+    const float* cs = cos_sin_cache + positions[row / heads] * head_dim;
+    const int half = head_dim / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const float x1 = static_cast<float>(query[row * head_dim + i]);
+        const float x2 = static_cast<float>(query[row * head_dim + i + half]);
+        out[row * head_dim + i] = static_cast<scalar_t>(x1 * cs[i] - x2 * cs[half + i]);
+        out[row * head_dim + i + half] = static_cast<scalar_t>(x2 * cs[i] + x1 * cs[half + i]);
+    }
+}
+'''
+
+# The same rotary on one head ([tokens, rot_dim], as a shared rope key is): the gathered row is
+# the iteration space's own row, and chunk splits it in place.
+ROPE_ONE_HEAD_CACHE = '''from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, d, p = shape["num_tokens"], shape["rot_dim"], shape["max_pos"]
+    angle = torch.rand(p, d // 2, generator=generator, device=device) * 6.3
+    positions = torch.randint(0, p, (t,), generator=generator, device=device)
+    if case == "ends":  # the cache's first and last rows, by negative positions for the last
+        positions = torch.where(torch.arange(t, device=device) % 2 == 0, 0, -1)
+    return {
+        "out": torch.empty(t, d, device=device, dtype=dtype),
+        "key": (torch.randn(t, d, generator=generator, device=device) * 2.0).to(dtype),
+        "positions": positions,
+        "cos_sin_cache": torch.cat((torch.cos(angle), torch.sin(angle)), dim=-1),
+    }
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    cos, sin = inputs["cos_sin_cache"][inputs["positions"]].chunk(2, dim=-1)
+    x1, x2 = inputs["key"].float().chunk(2, dim=-1)
+    return {"out": torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)}
+
+
+SPEC = KernelSpec(
+    name="rope_one_head_cache",
+    description=(
+        "Rotary embedding (neox halves) of one head per token with cos and sin in one cache: row "
+        "positions[t] of cos_sin_cache [max_pos, rot_dim] (a negative position counts from the end) holds "
+        "cos in its first half and sin in its second; out = (x1 * cos - x2 * sin, x2 * cos + x1 * sin) for "
+        "the key's halves, in fp32, rounded once. key and out are [num_tokens, rot_dim]; positions int64."
+    ),
+    args=(Arg("out", "tensor", role="out"), Arg("key", "tensor"), Arg("positions", "tensor", dtype="int64"),
+          Arg("cos_sin_cache", "tensor", dtype="float32"), Arg("num_tokens", "int"),
+          Arg("rot_dim", "int", multiple_of=2), Arg("max_pos", "int")),
+    search_shapes=({"num_tokens": 4096, "rot_dim": 64, "max_pos": 4096},),
+    heldout_shapes=({"num_tokens": 7, "rot_dim": 72, "max_pos": 100},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: (2 * s["num_tokens"] * s["rot_dim"] * (4 if dt == "float32" else 2)
+                               + s["num_tokens"] * (8 + 4 * s["rot_dim"])),
+    flops=lambda s: 3 * s["num_tokens"] * s["rot_dim"],
+    dtypes=("float16", "bfloat16", "float32"),
+    edge_cases=("ends",),
+)
+'''
+
+ROPE_ONE_HEAD_CACHE_CU = '''// launch: grid=(num_tokens,) block=(64,) smem=0
+extern "C" __global__ void rope_one_head_cache(scalar_t* out, const scalar_t* key, const long long* positions,
+                                               const float* cos_sin_cache, int num_tokens, int rot_dim, int max_pos) {
+    const long long row = blockIdx.x;
+    const long long p = positions[row] < 0 ? positions[row] + max_pos : positions[row];
+    const float* cs = cos_sin_cache + p * rot_dim;
+    const int half = rot_dim / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const float x1 = static_cast<float>(key[row * rot_dim + i]);
+        const float x2 = static_cast<float>(key[row * rot_dim + i + half]);
+        out[row * rot_dim + i] = static_cast<scalar_t>(x1 * cs[i] - x2 * cs[half + i]);
+        out[row * rot_dim + i + half] = static_cast<scalar_t>(x2 * cs[i] + x1 * cs[half + i]);
+    }
+}
+'''
+
+# A partial rotary (rot_dim of each head rotated, the rest passed through, as some models
+# rotate a quarter of the head): pieces sliced out of a slice, a cat of three, a width that is
+# the difference of two symbols, and a spec whose rot_dim is below head_dim in every shape.
+ROPE_PARTIAL = '''from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, h, d, r, p = shape["num_tokens"], shape["heads"], shape["head_dim"], shape["rot_dim"], shape["max_pos"]
+    angle = torch.rand(p, r // 2, generator=generator, device=device) * 6.3
+    positions = torch.randint(0, p, (t,), generator=generator, device=device)
+    if case == "ends":
+        positions = torch.where(torch.arange(t, device=device) % 2 == 0, 0, p - 1)
+    return {
+        "out": torch.empty(t, h, d, device=device, dtype=dtype),
+        "x": (torch.randn(t, h, d, generator=generator, device=device) * 2.0).to(dtype),
+        "positions": positions,
+        "cos_sin_cache": torch.cat((torch.cos(angle), torch.sin(angle)), dim=-1),
+    }
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    r = shape["rot_dim"]
+    cos, sin = inputs["cos_sin_cache"][inputs["positions"]].chunk(2, dim=-1)
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    x = inputs["x"].float()
+    rot, rest = x[..., :r], x[..., r:]
+    x1, x2 = rot.chunk(2, dim=-1)
+    return {"out": torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest), dim=-1)}
+
+
+SPEC = KernelSpec(
+    name="rope_partial",
+    description=(
+        "Partial rotary embedding: the first rot_dim of each head's head_dim rotated in neox halves by "
+        "cos and sin from row positions[t] of cos_sin_cache [max_pos, rot_dim] (cos in its first half, "
+        "sin in its second), the other head_dim - rot_dim values passed through; fp32 math, rounded once. "
+        "x and out are [num_tokens, heads, head_dim]; rot_dim < head_dim."
+    ),
+    args=(Arg("out", "tensor", role="out"), Arg("x", "tensor"), Arg("positions", "tensor", dtype="int64"),
+          Arg("cos_sin_cache", "tensor", dtype="float32"), Arg("num_tokens", "int"), Arg("heads", "int"),
+          Arg("head_dim", "int", multiple_of=2), Arg("rot_dim", "int", multiple_of=2), Arg("max_pos", "int")),
+    search_shapes=({"num_tokens": 64, "heads": 32, "head_dim": 128, "rot_dim": 32, "max_pos": 4096},),
+    heldout_shapes=({"num_tokens": 7, "heads": 5, "head_dim": 72, "rot_dim": 18, "max_pos": 100},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: (2 * s["num_tokens"] * s["heads"] * s["head_dim"] * (4 if dt == "float32" else 2)
+                               + s["num_tokens"] * (8 + 4 * s["rot_dim"])),
+    flops=lambda s: 3 * s["num_tokens"] * s["heads"] * s["rot_dim"],
+    dtypes=("float16", "bfloat16", "float32"),
+    edge_cases=("ends",),
+)
+'''
+
+ROPE_PARTIAL_CU = '''// launch: grid=(num_tokens * heads,) block=(64,) smem=0
+extern "C" __global__ void rope_partial(scalar_t* out, const scalar_t* x, const long long* positions,
+                                        const float* cos_sin_cache, int num_tokens, int heads, int head_dim,
+                                        int rot_dim, int max_pos) {
+    const long long row = blockIdx.x;
+    const float* cs = cos_sin_cache + positions[row / heads] * rot_dim;
+    const int half = rot_dim / 2;
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+        const float v = static_cast<float>(x[row * head_dim + i]);
+        float o = v;
+        if (i < half) {
+            o = v * cs[i] - static_cast<float>(x[row * head_dim + i + half]) * cs[half + i];
+        } else if (i < rot_dim) {
+            o = v * cs[i - half] + static_cast<float>(x[row * head_dim + i - half]) * cs[i];
+        }
+        out[row * head_dim + i] = static_cast<scalar_t>(o);
+    }
+}
+'''
+
 FOLDERS = {
     "silu_scale_shift": (SILU_SCALE_SHIFT, SILU_SCALE_SHIFT_CU),
     "softmax_temperature": (SOFTMAX_TEMPERATURE, SOFTMAX_TEMPERATURE_CU),
@@ -1820,11 +2041,23 @@ FOLDERS = {
     "causal_mask_scale": (CAUSAL_MASK_SCALE, CAUSAL_MASK_SCALE_CU),
     "length_mask_rows": (LENGTH_MASK_ROWS, LENGTH_MASK_ROWS_CU),
     "rope_cached_positions": (ROPE_CACHED_POSITIONS, ROPE_CACHED_POSITIONS_CU),
+    "rope_cos_sin_cache": (ROPE_COS_SIN_CACHE, ROPE_COS_SIN_CACHE_CU),
+    "rope_one_head_cache": (ROPE_ONE_HEAD_CACHE, ROPE_ONE_HEAD_CACHE_CU),
+    "rope_partial": (ROPE_PARTIAL, ROPE_PARTIAL_CU),
 }
 
 # Small shapes: one row and up to 40, row lengths on and off 8-element (16-byte) vectors, a
 # row longer than a block's registers hold for the row kernels.
 SHAPES: dict[str, list[dict[str, int]]] = {
+    "rope_partial": [{"num_tokens": 3, "heads": 4, "head_dim": 64, "rot_dim": 16, "max_pos": 50},
+                     {"num_tokens": 1, "heads": 2, "head_dim": 10, "rot_dim": 4, "max_pos": 3},
+                     {"num_tokens": 5, "heads": 3, "head_dim": 136, "rot_dim": 34, "max_pos": 7}],
+    "rope_one_head_cache": [{"num_tokens": 3, "rot_dim": 64, "max_pos": 50}, {"num_tokens": 1, "rot_dim": 8, "max_pos": 3},
+                            {"num_tokens": 5, "rot_dim": 136, "max_pos": 7}, {"num_tokens": 4, "rot_dim": 10, "max_pos": 4}],
+    "rope_cos_sin_cache": [{"num_tokens": 3, "heads": 4, "head_dim": 64, "max_pos": 50},
+                           {"num_tokens": 1, "heads": 2, "head_dim": 8, "max_pos": 3},
+                           {"num_tokens": 5, "heads": 3, "head_dim": 136, "max_pos": 7},
+                           {"num_tokens": 2, "heads": 2, "head_dim": 10, "max_pos": 4}],
     "rope_cached_positions": [{"num_tokens": 3, "heads": 4, "head_dim": 64, "max_pos": 50},
                               {"num_tokens": 1, "heads": 2, "head_dim": 8, "max_pos": 3},
                               {"num_tokens": 5, "heads": 3, "head_dim": 136, "max_pos": 7}],
@@ -1879,6 +2112,9 @@ SHAPES: dict[str, list[dict[str, int]]] = {
 
 # What the generator is expected to make of each kernel: its kind and every schedule's name.
 EXPECTED: dict[str, tuple[str, set[str]]] = {
+    "rope_partial": ("elementwise", {"codegen:elementwise/rows"}),
+    "rope_one_head_cache": ("elementwise", {"codegen:elementwise/rows"}),
+    "rope_cos_sin_cache": ("elementwise", {"codegen:elementwise/rows"}),
     "rope_cached_positions": ("elementwise", {"codegen:elementwise/rows"}),
     "causal_mask_scale": ("elementwise", {"codegen:elementwise/rows"}),
     "length_mask_rows": ("elementwise", {"codegen:elementwise/rows"}),

@@ -21,7 +21,7 @@ from agents.embedded.codegen.emit import (
     entry_params,
     header,
 )
-from agents.embedded.codegen.ir import ColumnIndex, Program, RowOf, walk
+from agents.embedded.codegen.ir import ColumnIndex, Program, RowOf, by_index, walk
 from agents.embedded.codegen.trace import Unsupported
 from agents.embedded.launch_fill import FILL_BLOCKS, fill_threads
 from kernels.spec import KernelSpec
@@ -35,7 +35,7 @@ def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
     if flat and (scattered or per_row):
         raise Unsupported("the flat schedule has no rows to scatter or to write once")
     if flat:
-        if any(leaf.access == "gather" or leaf.row_stride != "C" or leaf.offset != "0" for leaf in em.full_leaves) \
+        if any(by_index(leaf) or leaf.row_stride != "C" or leaf.offset != "0" for leaf in em.full_leaves) \
                 or em.col_leaves() or any(n.access == "row" for n in em.row_loads) \
                 or any(isinstance(n, ColumnIndex | RowOf) for n in walk(program.all_roots())):
             # (one flat row of R*C elements has no column or row of the kernel's to test)
@@ -141,7 +141,7 @@ def _call(em: Emitter, args: str, rows: str, cols: str, scattered: bool) -> str:
     """The entry's call of cg_run: the 32-bit copy when every tensor's last element sits below
     INT32_LIMIT (decided at launch from the sizes), else the 64-bit one. A gathered or scattered
     row is an index read from memory, with no size to bound it by: those programs are 64-bit."""
-    if scattered or any(leaf.access == "gather" for leaf in em.full_leaves):
+    if scattered or any(by_index(leaf) for leaf in em.full_leaves):
         return "cg_run<{v}, long long>(" + args + ")"
     wide = [f"{c_size(rows, 'long long')} * {c_size(cols, 'long long')}"]  # outputs, row-major
     for leaf in em.full_leaves:

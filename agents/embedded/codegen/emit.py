@@ -33,6 +33,7 @@ from agents.embedded.codegen.ir import (
     Reduce,
     RowOf,
     Scan,
+    by_index,
     ctype_of,
     walk,
 )
@@ -160,11 +161,12 @@ class Emitter:
         out = []
         for i, leaf in enumerate(self.full_leaves):
             stride = self.cols if leaf.row_stride == "C" else c_size(leaf.row_stride)
-            if leaf.access == "gather":
+            if by_index(leaf):
                 idx = self.row_expr(leaf.index)
                 if leaf.rows:  # a given index: a negative one counts from the end, as in torch
                     idx = f"({idx} < 0 ? {idx} + {c_size(leaf.rows)} : {idx})"
-                out.append(f"const cg_idx cg_base{i} = static_cast<cg_idx>({idx}) * {stride};")
+                at = "" if leaf.offset == "0" else f" + {c_size(leaf.offset)}"
+                out.append(f"const cg_idx cg_base{i} = static_cast<cg_idx>({idx}) * {stride}{at};")
             else:
                 out.append(f"const cg_idx cg_base{i} = {row} * {stride} + {c_size(leaf.offset)};")
         return out
@@ -484,14 +486,15 @@ class Emitter:
         """Column ``col`` of a cat's piece: one scalar load at the piece's column col - shift,
         clamped into the piece (the other pieces' columns read it too; a where drops them)."""
         i = self.full_leaves.index(leaf)
-        at = f"cg_clamp_col<cg_idx>({col} - {c_size(leaf.shift)}, {c_size(leaf.rows)})"
+        at = f"cg_clamp_col<cg_idx>({col} - {c_size(leaf.shift)}, {c_size(leaf.width)})"
         return self.convert_load(leaf.arg, f"{leaf.arg}[cg_base{i} + {at}]")
 
     def _leaf_code(self, leaf: Load, col0: str, lines: list[str], leaf_text: dict[int, str]) -> None:
         """Loads one leaf's V elements and names element e."""
         pack = f"Pack<{self.c_type(leaf.arg)}, V>"
         if leaf.access in SCALAR_READ:
-            known = {leaf.index: leaf_text[id(leaf.index)]} if leaf.index is not None else {}
+            # (a column gather's index is a per-element load, read first; a gathered piece's is its row's)
+            known = {leaf.index: leaf_text[id(leaf.index)]} if leaf.access == "colgather" else {}
             leaf_text[id(leaf)] = self._scalar_read(leaf, col0, known)
             return
         if leaf.access == "col":

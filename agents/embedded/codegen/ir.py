@@ -18,7 +18,7 @@ ops not listed in :data:`UNARY` / :data:`BINARY`) raises :class:`Unsupported`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agents.embedded.codegen.trace import Trace, Unsupported, fit_size
@@ -62,10 +62,12 @@ class Load:
     ``index`` a row expression (``gather``), or at ``r * row_stride + index`` with ``index`` a
     column's load (``colgather``: column c reads the argument's column index[c]). A gather by an
     index the kernel is given has the count it wraps by in ``rows`` (the table's rows, the
-    argument's columns): a negative index counts from the end, as in torch. ``colshift``: a
-    piece of a row ``rows`` wide that a ``cat`` puts at column ``shift``; column c reads the
-    piece's column c - shift, clamped into the piece, so that the columns of the other pieces
-    (whose value a ``where`` on the column drops) read inside it too."""
+    argument's columns): a negative index counts from the end, as in torch. A gather's
+    ``offset`` is where its piece starts in the table's row (a ``chunk`` of a gathered row).
+    ``colshift``: a piece of a row ``width`` wide that a ``cat`` puts at column ``shift``; column
+    c reads the piece's column c - shift, clamped into the piece, so that the columns of the
+    other pieces (whose value a ``where`` on the column drops) read inside it too; with an
+    ``index``, the piece is in a gathered row (as for ``gather``)."""
 
     arg: str
     access: str
@@ -74,6 +76,12 @@ class Load:
     index: Any = None
     rows: str = ""
     shift: str = ""
+    width: str = ""
+
+
+def by_index(leaf: Load) -> bool:
+    """Whether a load's row is one an index picks (a gathered row, or a cat's piece of one)."""
+    return leaf.access == "gather" or (leaf.access == "colshift" and leaf.index is not None)
 
 
 @dataclass(frozen=True)
@@ -179,7 +187,7 @@ class Program:
 
     @property
     def has_gather(self) -> bool:
-        return any(isinstance(n, Load) and n.access == "gather" for n in walk(self.all_roots()))
+        return any(isinstance(n, Load) and by_index(n) for n in walk(self.all_roots()))
 
     def all_roots(self) -> list[Any]:
         return [e for _, e in self.outputs.values()] + [r.body for r in self.reductions]
@@ -241,12 +249,14 @@ class _Arange:
 @dataclass(frozen=True)
 class _Gathered:
     """Rows of the 2-D argument ``table`` picked by the index argument ``index``, not yet
-    placed against the iteration space (see :meth:`_Reader.place_gather`)."""
+    placed against the iteration space (see :meth:`_Reader.place_gather`); ``start``: where
+    the value begins in the table's row at the two probes (a ``chunk`` of the gathered rows)."""
 
     table: str
     row_stride: str
     rows: str
     index: str
+    start: tuple[int, int] = (0, 0)
 
 
 @dataclass
@@ -292,10 +302,12 @@ class _Reader:
             return "bcast"
         raise Unsupported(f"a value of shape {list(shape)} does not broadcast simply against {list(self.full)}")
 
-    def broadcast_keep(self, shape: tuple[int, ...], shape_b: tuple[int, ...] | None = None) -> tuple[bool, ...] | None:
+    def broadcast_keep(self, shape: tuple[int, ...], shape_b: tuple[int, ...] | None = None,
+                       any_width: bool = False) -> tuple[bool, ...] | None:
         """For a shape broadcast against the full one (aligned from the right, each dimension
         the full one's or 1, the last the row's length or 1): per row dimension, whether the
-        value has it; None for any other shape. Without ``shape_b`` only probe A is compared."""
+        value has it; None for any other shape. Without ``shape_b`` only probe A is compared;
+        ``any_width``: the last dimension may be of any length (a piece of the row)."""
         pad = len(self.full) - len(shape)
         if pad < 0:
             return None
@@ -311,7 +323,7 @@ class _Reader:
                 keep.append(True)
             else:
                 return None
-        if mine[-1] not in (full[-1], (1, 1)):
+        if mine[-1] not in (full[-1], (1, 1)) and not any_width:
             return None
         return tuple(keep)
 
@@ -511,6 +523,8 @@ class _Reader:
         if name in _SPLITS:
             return self.split(env, na, nb)
         if name in ("max", "min") and isinstance(val, tuple | list):
+            if self.narrow(env[na.args[0]]):  # as for any reduction (below)
+                raise Unsupported(f"{name} of a piece narrower than the row")
             return self.extreme_pair(env, na, nb)
         if not isinstance(val, torch.Tensor):
             raise Unsupported(f"{name} returns no single tensor")
@@ -529,7 +543,8 @@ class _Reader:
             return first  # a view that changes nothing (an expand to the argument's own shape)
         # A gather's table is read at its index, by its own width, whatever the row's.
         table = args[0] if name in ("gather", "index_select", "index", "embedding") and args and args[0] in env else None
-        if name != "cat" and name not in _NARROW_OK \
+        piece = name == "getitem" and args[0] in self.splits  # a split's piece: a narrower range of it
+        if name != "cat" and name not in _NARROW_OK and not piece \
                 and any(self.narrow(env[x]) for x in args if x in env and x is not table):
             # A piece narrower than the row means its own columns to elementwise ops and to cat
             # only: a reduction or a view would read it as if it were the whole row.
@@ -716,8 +731,22 @@ class _Reader:
     def row_range(self, first: _Val, dim: int, step: int, start_a: int, start_b: int, shape: tuple[int, ...],
                   shape_b: tuple[int, ...]) -> _Val:
         """The elements ``start`` onwards of an argument's rows (last dimension), in the
-        iteration space's row."""
-        if first.expr is not None or step != 1 or dim not in (-1, len(first.shape) - 1):
+        iteration space's row; or of rows gathered from a table (the same piece of each)."""
+        last = dim in (-1, len(first.shape) - 1)
+        if isinstance(first.expr, _Gathered) and step == 1 and last:  # placed later, by a view
+            g = first.expr
+            return _Val(_Gathered(g.table, g.row_stride, g.rows, g.index, (g.start[0] + start_a, g.start[1] + start_b)),
+                        shape, shape_b, dtype=first.dtype)
+        if isinstance(first.expr, Load) and first.expr.access == "gather" and first.expr.offset == "0" \
+                and step == 1 and last and self.narrow(_Val(None, shape, shape_b)):
+            return _Val(replace(first.expr, offset=self.size_expr(start_a, start_b)), shape, shape_b, dtype=first.dtype)
+        if isinstance(first.expr, Load) and first.expr.access == "full" and step == 1 and last \
+                and self.narrow(_Val(None, shape, shape_b)):
+            # A range of a range of an argument's row (a chunk of x[..., :rot]): the offsets add up.
+            at_a, at_b = self.at_probes(first.expr.offset)
+            return _Val(replace(first.expr, offset=self.size_expr(at_a + start_a, at_b + start_b)), shape, shape_b,
+                        dtype=first.dtype)
+        if first.expr is not None or step != 1 or not last:
             raise Unsupported("a slice other than a contiguous range of an argument's last dimension")
         parent = self.size_expr(first.shape[-1], first.shape_b[-1])
         piece = _Val(None, shape, shape_b)
@@ -725,6 +754,10 @@ class _Reader:
             raise Unsupported("a slice that is not the iteration space's row or a piece of it")
         expr = Load(first.arg or "", "full", row_stride=parent, offset=self.size_expr(start_a, start_b))
         return _Val(expr, shape, shape_b, dtype=first.dtype)
+
+    def at_probes(self, size: str) -> tuple[int, int]:
+        """A size expression (made by :func:`fit_size`) at the two probes."""
+        return tuple(int(eval(size, {}, dict(p))) for p in self.trace.probes)  # type: ignore[return-value]  # noqa: S307
 
     def gather_rows(self, env: dict[Any, _Val], na: Any, name: str, shape: tuple[int, ...], shape_b: tuple[int, ...]) -> _Val:
         """``table[idx]``, ``embedding(table, idx)`` or ``table.index_select(0, idx)``: row r of
@@ -761,12 +794,17 @@ class _Reader:
         """Rows of a table picked by an index argument, seen at ``shape``: the row dimensions it
         keeps (:meth:`broadcast_keep`) are the index's, so the iteration space's row r reads the
         index at r's digits of those dimensions, and the table's row there."""
-        keep = self.broadcast_keep(shape, shape_b)
-        if keep is None or (shape[-1], shape_b[-1]) != (self.full[-1], self.full_b[-1]):
+        whole = (shape[-1], shape_b[-1]) == (self.full[-1], self.full_b[-1])
+        # A piece of the row (a chunk of the gathered rows) meets other pieces of its width only:
+        # torch's broadcasting has checked that against the values it is combined with.
+        piece = self.narrow(_Val(None, (*self.full[:-1], shape[-1]), (*self.full_b[:-1], shape_b[-1])))
+        keep = self.broadcast_keep(shape, shape_b, any_width=piece)
+        if keep is None or not (whole or piece):
             raise Unsupported("a gathered row that does not broadcast against the iteration space")
         dims = self.row_sizes()
         at = Load(g.index, "row", index=RowOf(dims, keep))
-        return Load(g.table, "gather", row_stride=g.row_stride, index=at, rows=g.rows)
+        offset = "0" if g.start == (0, 0) else self.size_expr(*g.start)
+        return Load(g.table, "gather", row_stride=g.row_stride, index=at, rows=g.rows, offset=offset)
 
     def index_load(self, expr: Any) -> Load | None:
         """The integer argument an index reads, through widenings (``perm.long()``), else None."""
@@ -966,9 +1004,10 @@ def _shifted(node: Any, start: str, width: str, memo: dict[int, Any]) -> Any:
     if id(node) in memo:
         return memo[id(node)]
     if isinstance(node, Load):
-        if node.access == "full":
-            out: Any = Load(node.arg, "colshift", row_stride=node.row_stride, offset=node.offset, rows=width,
-                            shift=start)
+        if node.access in ("full", "gather"):
+            # (a gathered row keeps its index and its table's row count, which a negative index wraps by)
+            out: Any = Load(node.arg, "colshift", row_stride=node.row_stride, offset=node.offset, width=width,
+                            shift=start, index=node.index, rows=node.rows)
         elif node.access in ("row", "scalar"):
             out = node
         else:

@@ -58,7 +58,11 @@ HALF_TYPES = ("float16", "bfloat16")
 
 
 def probe_shapes(spec: KernelSpec) -> tuple[dict[str, int], dict[str, int]]:
-    """Two shapes with every symbol at its multiple times a distinct odd prime.
+    """Two shapes with every symbol at its multiple times a distinct odd prime, in the order
+    the spec's own shapes keep: where one symbol is at most another in every search and
+    held-out shape, and below it in some (a rotary's ``rot_dim`` and ``head_dim``, a top-k's
+    ``k`` and its row), it is below it at both probes too; a reference slicing one by the
+    other would not trace otherwise.
 
     Raises:
         Unsupported: a symbol may be 0 (a flag): a branch on it would be traced one way only.
@@ -70,7 +74,41 @@ def probe_shapes(spec: KernelSpec) -> tuple[dict[str, int], dict[str, int]]:
         raise Unsupported("a shape symbol may be 0 (a flag): the graph may branch on it")
     a = {arg.name: arg.multiple_of * p for arg, p in zip(ints, _PRIMES_A, strict=False)}
     b = {arg.name: arg.multiple_of * p for arg, p in zip(ints, _PRIMES_B, strict=False)}
-    return a, b
+    below = _kept_below(spec, [arg.name for arg in ints])
+    if all(a[x] < a[y] and b[x] < b[y] for y, xs in below.items() for x in xs):
+        return a, b
+    multiple = {arg.name: arg.multiple_of for arg in ints}
+    # Smallest first (a symbol after every symbol kept below it), each at the smallest unused
+    # prime that puts it above them; probe B's primes are none of probe A's, so that no size
+    # has the same ratio to a symbol at both probes by chance (see fit_size).
+    order = sorted(below, key=lambda y: len(below[y]))
+    used: set[int] = set()
+    probes = []
+    for _ in range(2):
+        probe: dict[str, int] = {}
+        for y in order:
+            floor = max((probe[x] for x in below[y]), default=0)
+            p = next(p for p in _primes() if p not in used and multiple[y] * p > floor)
+            used.add(p)
+            probe[y] = multiple[y] * p
+        probes.append(probe)
+    return probes[0], probes[1]
+
+
+def _kept_below(spec: KernelSpec, names: list[str]) -> dict[str, list[str]]:
+    """Per symbol, the symbols at most it in every shape the spec lists and below it in one."""
+    known = [*spec.search_shapes, *spec.heldout_shapes]
+    return {y: [x for x in names if x != y and known and all(s[x] <= s[y] for s in known)
+                and any(s[x] < s[y] for s in known)] for y in names}
+
+
+def _primes() -> Iterator[int]:
+    """The odd primes, from 3."""
+    n = 3
+    while True:
+        if all(n % d for d in range(3, math.isqrt(n) + 1, 2)):
+            yield n
+        n += 2
 
 
 def _decompositions() -> dict[Any, Any]:
@@ -162,7 +200,8 @@ def fit_size(value_a: int, value_b: int, probes: tuple[dict[str, int], dict[str,
     of a row, as ``x.view(t, h // 128, 128)`` makes them): a probe is an odd prime times the
     symbol's ``multiple_of``, so such a constant divides every size the spec allows.
 
-    Else the sum of two symbols, ``(dim_a + dim_b)`` (a row joined by a cat).
+    Else the sum of two symbols, ``(dim_a + dim_b)`` (a row joined by a cat), or their
+    difference, ``(head_dim - rot_dim)``.
 
     Raises:
         Unsupported: no such product of at most three symbols, nor such a sum.
@@ -189,9 +228,13 @@ def fit_size(value_a: int, value_b: int, probes: tuple[dict[str, int], dict[str,
                         terms = ([str(c)] if c != 1 else []) + [f"({s} // {d})" if s == split else s for s in combo]
                         return " * ".join(terms)
     # A row that a cat joins from pieces of two sizes: their sum, parenthesised (one term of a
-    # product to c_size and the launch header).
+    # product to c_size and the launch header); or what is left of one past the other (the
+    # columns a partial rotary passes through, head_dim - rot_dim).
     for first, second in itertools.combinations(names, 2):
         if probes[0][first] + probes[0][second] == value_a and probes[1][first] + probes[1][second] == value_b:
             return f"({first} + {second})"
+    for first, second in itertools.permutations(names, 2):
+        if probes[0][first] - probes[0][second] == value_a and probes[1][first] - probes[1][second] == value_b:
+            return f"({first} - {second})"
     raise Unsupported(f"a size ({value_a} / {value_b} at the probes) is neither a product of shape symbols "
-                      "nor the sum of two")
+                      "nor the sum or difference of two")
