@@ -24,6 +24,8 @@
 #   search  search.run, population 8, 5 rounds, one GPU (resumed when cut)
 #   diag    experiments.timing_truth --per-peer (the baseline beside each peer alone) into
 #           runs/diag/timing-truth.json
+#   fisetup experiments.flashinfer_setup (FlashInfer's set-up per fresh process: import, each op's
+#           first call per shape, modules built or rebuilt) into runs/diag/flashinfer-setup.json
 #   neighbours  experiments.timing_neighbours (what a neighbour in the loop does to the baseline's
 #           time: event window, kernel duration, gap) into runs/diag/neighbours.json
 #   h2h     experiments.head_to_head --old $H2H_OLD --new $H2H_NEW (default: the committed sweep's
@@ -124,6 +126,9 @@ step() {
     diag)
       mkdir -p runs/diag
       run diag "$PY" -m experiments.timing_truth --per-peer --out runs/diag/timing-truth.json ;;
+    fisetup)
+      mkdir -p runs/diag
+      run fisetup "$PY" -m experiments.flashinfer_setup --out runs/diag/flashinfer-setup.json ;;
     neighbours)
       mkdir -p runs/diag
       run neighbours "$PY" -m experiments.timing_neighbours --out runs/diag/neighbours.json ;;
