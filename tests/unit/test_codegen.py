@@ -846,3 +846,32 @@ def test_an_arange_is_placed_along_the_dimension_a_view_gives_it(tmp_path):
                             ("shifted", f"a * {ar.format('a.shape[0], 2 * a.shape[0]', '')}[:, None]", "made from the shape")):
         with pytest.raises(Unsupported, match=why):
             classify(spec(name, expr))
+
+
+def test_a_gathered_row_may_be_a_whole_width_piece_at_an_offset(tmp_path):
+    """cos and sin as the two halves of one cache row twice the head's width: each half is as
+    wide as the iteration space's row, read at its offset in the gathered row."""
+    from tests.unit.test_codegen_reviewer_kernels import (
+        ROPE_CACHED_POSITIONS,
+        ROPE_CACHED_POSITIONS_CU,
+    )
+
+    text = ROPE_CACHED_POSITIONS.replace(
+        '''        "cos_cache": torch.cos(angle),
+        "sin_cache": torch.sin(angle),''', '''        "cos_sin_cache": torch.cat((torch.cos(angle), torch.sin(angle)), dim=-1),''').replace(
+        '''    cos = inputs["cos_cache"][inputs["positions"]].unsqueeze(1)
+    sin = inputs["sin_cache"][inputs["positions"]].unsqueeze(1)''', '''    d = x.shape[-1]
+    cos = inputs["cos_sin_cache"][inputs["positions"]][:, None, :d]
+    sin = inputs["cos_sin_cache"][inputs["positions"]][:, None, d:]''').replace(
+        '''Arg("cos_cache", "tensor", dtype="float32"), Arg("sin_cache", "tensor", dtype="float32"),''',
+        '''Arg("cos_sin_cache", "tensor", dtype="float32"),''')
+    assert "inputs[\"sin_cache\"]" not in text and "\"cos_cache\"" not in text
+    baseline = ROPE_CACHED_POSITIONS_CU.replace("const float* cos_cache, const float* sin_cache",
+                                                "const float* cos_sin_cache").replace(
+        "cos_cache[p * head_dim + i]", "cos_sin_cache[2 * p * head_dim + i]").replace(
+        "sin_cache[p * head_dim + i]", "cos_sin_cache[2 * p * head_dim + head_dim + i]")
+    spec = _kernel_here(tmp_path, "rope_cached_positions", text, baseline)
+    program = classify(spec)
+    offsets = {n.offset for n in walk(program.all_roots()) if isinstance(n, Load) and n.arg == "cos_sin_cache"}
+    assert offsets == {"0", "head_dim"}
+    _check_against_reference(spec, output_tolerance=True)

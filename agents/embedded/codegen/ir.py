@@ -280,6 +280,7 @@ class _Reader:
         self.full_b: tuple[int, ...] = ()
         self.splits: dict[Any, tuple[int, list[int], list[int]]] = {}  # split node -> dim, sizes at A and B
         self.pairs: dict[Any, tuple[_Val, _Val]] = {}  # max.dim node -> its values and indices
+        self.placed: dict[tuple[Any, ...], Load] = {}  # (gathered rows, shape at A, at B) -> their load
 
     # ---- spaces
     def space(self, shape: tuple[int, ...]) -> str:
@@ -557,8 +558,10 @@ class _Reader:
             assert first is not None
             if isinstance(first.expr, _Arange):  # a view places it (arange(n)[:, None])
                 return out(self.place(first.expr, shape, shape_b))
-            if isinstance(first.expr, _Gathered):  # and a gathered row (table[ids][:, None, :])
-                return out(self.place_gather(first.expr, shape, shape_b))
+            if isinstance(first.expr, _Gathered):
+                # A gathered row seen through a view (table[ids][:, None, :]) is placed where it
+                # is read (see read), at its last shape: a slice may still take a piece of it.
+                return _Val(first.expr, shape, shape_b, dtype=first.dtype)
             if first.expr is None and name == "expand":
                 # Explicit broadcasting: the argument's memory has its own shape, not the
                 # expanded one, so it is read by its own shape (a row, a column...) and broadcast.
@@ -793,7 +796,14 @@ class _Reader:
     def place_gather(self, g: _Gathered, shape: tuple[int, ...], shape_b: tuple[int, ...]) -> Load:
         """Rows of a table picked by an index argument, seen at ``shape``: the row dimensions it
         keeps (:meth:`broadcast_keep`) are the index's, so the iteration space's row r reads the
-        index at r's digits of those dimensions, and the table's row there."""
+        index at r's digits of those dimensions, and the table's row there. One load per
+        placement, however often it is read (each read of a value places it again)."""
+        key = (g, shape, shape_b)
+        if key not in self.placed:
+            self.placed[key] = self._place_gather(g, shape, shape_b)
+        return self.placed[key]
+
+    def _place_gather(self, g: _Gathered, shape: tuple[int, ...], shape_b: tuple[int, ...]) -> Load:
         whole = (shape[-1], shape_b[-1]) == (self.full[-1], self.full_b[-1])
         # A piece of the row (a chunk of the gathered rows) meets other pieces of its width only:
         # torch's broadcasting has checked that against the values it is combined with.
