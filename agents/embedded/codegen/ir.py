@@ -736,16 +736,14 @@ class _Reader:
         """The elements ``start`` onwards of an argument's rows (last dimension), in the
         iteration space's row; or of rows gathered from a table (the same piece of each)."""
         last = dim in (-1, len(first.shape) - 1)
-        if isinstance(first.expr, _Gathered) and step == 1 and last:  # placed later, by a view
+        if isinstance(first.expr, _Gathered) and step == 1 and last:  # placed where it is read
             g = first.expr
             return _Val(_Gathered(g.table, g.row_stride, g.rows, g.index, (g.start[0] + start_a, g.start[1] + start_b)),
                         shape, shape_b, dtype=first.dtype)
-        if isinstance(first.expr, Load) and first.expr.access == "gather" and first.expr.offset == "0" \
-                and step == 1 and last and self.narrow(_Val(None, shape, shape_b)):
-            return _Val(replace(first.expr, offset=self.size_expr(start_a, start_b)), shape, shape_b, dtype=first.dtype)
-        if isinstance(first.expr, Load) and first.expr.access == "full" and step == 1 and last \
+        if isinstance(first.expr, Load) and first.expr.access in ("full", "gather") and step == 1 and last \
                 and self.narrow(_Val(None, shape, shape_b)):
-            # A range of a range of an argument's row (a chunk of x[..., :rot]): the offsets add up.
+            # A range of a range of an argument's row (a chunk of x[..., :rot]) or of a gathered
+            # row (cache[positions].chunk(2, -1)): the offsets add up.
             at_a, at_b = self.at_probes(first.expr.offset)
             return _Val(replace(first.expr, offset=self.size_expr(at_a + start_a, at_b + start_b)), shape, shape_b,
                         dtype=first.dtype)
