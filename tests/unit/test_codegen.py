@@ -875,3 +875,16 @@ def test_a_gathered_row_may_be_a_whole_width_piece_at_an_offset(tmp_path):
     offsets = {n.offset for n in walk(program.all_roots()) if isinstance(n, Load) and n.arg == "cos_sin_cache"}
     assert offsets == {"0", "head_dim"}
     _check_against_reference(spec, output_tolerance=True)
+
+
+def test_a_finer_iteration_space_splits_the_rows_in_order():
+    """[T, KVH, REP, D] refines [T, KVH * REP, D] (kv heads repeated over their group, then
+    merged): consecutive factors of each row dimension, the last dimension the same; dimensions
+    of one do not count, and neither a different row nor a different last dimension is a split."""
+    from agents.embedded.codegen.ir import _splits
+
+    assert _splits((3, 5, 7, 11), (3, 35, 11))
+    assert _splits((3, 5, 1, 7, 11), (3, 35, 11)) and _splits((3, 5, 7, 11), (105, 11))
+    assert not _splits((3, 5, 7, 11), (5, 21, 11))  # 3 * 5 * 7 rows, but 21 is not 7 * 5 in order
+    assert not _splits((3, 5, 7, 11), (3, 5, 77))
+    assert not _splits((3, 5, 7, 11), (3, 36, 11))

@@ -30,7 +30,8 @@ cos and sin broadcast over the heads), two inputs of different widths joined by 
 that row's own indices (``torch.gather`` along the row by an index matrix), scaled per row, and
 two rotary embeddings as serving engines write them natively (one cache row of cos then sin,
 picked by position and split with ``chunk``; over the heads of a flat query, and on one head),
-and a partial rotary (the first ``rot_dim`` of each head rotated, the rest passed through). Each
+a partial rotary (the first ``rot_dim`` of each head rotated, the rest passed through), and key
+heads repeated over their query group (``repeat_interleave``) and RMS-normalised per head. Each
 folder's baseline is also run, so that a spec and its baseline agree before the generator is
 judged against the spec.
 """
@@ -2012,6 +2013,69 @@ extern "C" __global__ void rope_partial(scalar_t* out, const scalar_t* x, const 
 }
 '''
 
+# Key heads repeated over their query group (grouped-query attention) and RMS-normalised per
+# head, scaled by a per-column weight: the repeat makes a [T, KVH, REP, D] value that a reshape
+# merges into [T, H, D].
+KV_REPEAT_NORM = '''from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, g, r, d = shape["num_tokens"], shape["kv_heads"], shape["group"], shape["head_dim"]
+    return {
+        "out": torch.empty(t, g * r, d, device=device, dtype=dtype),
+        "k": torch.randn(t, g, d, generator=generator, device=device).to(dtype),
+        "weight": (1.0 + 0.1 * torch.randn(d, generator=generator, device=device)).to(dtype),
+    }
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    k = inputs["k"].float().repeat_interleave(shape["group"], dim=1)
+    return {"out": k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + 1e-6) * inputs["weight"].float()}
+
+
+SPEC = KernelSpec(
+    name="kv_repeat_norm",
+    description=(
+        "Key heads repeated over their query group and RMS-normalised per head: out[t, h] = "
+        "k[t, h // group] * rsqrt(mean(k[t, h // group]^2) + 1e-6) * weight, in fp32, rounded once. k is "
+        "[num_tokens, kv_heads, head_dim], out [num_tokens, kv_heads * group, head_dim], weight [head_dim]."
+    ),
+    args=(Arg("out", "tensor", role="out"), Arg("k", "tensor"), Arg("weight", "tensor"), Arg("num_tokens", "int"),
+          Arg("kv_heads", "int"), Arg("group", "int"), Arg("head_dim", "int")),
+    search_shapes=({"num_tokens": 64, "kv_heads": 8, "group": 4, "head_dim": 128},),
+    heldout_shapes=({"num_tokens": 7, "kv_heads": 2, "group": 3, "head_dim": 72},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: (s["num_tokens"] * s["kv_heads"] * s["head_dim"] * (1 + s["group"])
+                               * (4 if dt == "float32" else 2)),
+    flops=lambda s: 4 * s["num_tokens"] * s["kv_heads"] * s["group"] * s["head_dim"],
+    dtypes=("float16", "bfloat16", "float32"),
+)
+'''
+
+KV_REPEAT_NORM_CU = '''// launch: grid=(num_tokens * kv_heads * group,) block=(1,) smem=0
+extern "C" __global__ void kv_repeat_norm(scalar_t* out, const scalar_t* k, const scalar_t* weight, int num_tokens,
+                                          int kv_heads, int group, int head_dim) {
+    const long long row = blockIdx.x;  // (t, h) with h = kv * group + j
+    const long long src = (row / (static_cast<long long>(kv_heads) * group)) * kv_heads
+                          + (row % (static_cast<long long>(kv_heads) * group)) / group;
+    double ss = 0.0;
+    for (int i = 0; i < head_dim; ++i) {
+        const double v = static_cast<float>(k[src * head_dim + i]);
+        ss += v * v;
+    }
+    const float inv = rsqrtf(static_cast<float>(ss / head_dim) + 1e-6f);
+    for (int i = 0; i < head_dim; ++i) {
+        out[row * head_dim + i] = static_cast<scalar_t>(static_cast<float>(k[src * head_dim + i]) * inv
+                                                        * static_cast<float>(weight[i]));
+    }
+}
+'''
+
 FOLDERS = {
     "silu_scale_shift": (SILU_SCALE_SHIFT, SILU_SCALE_SHIFT_CU),
     "softmax_temperature": (SOFTMAX_TEMPERATURE, SOFTMAX_TEMPERATURE_CU),
@@ -2044,11 +2108,15 @@ FOLDERS = {
     "rope_cos_sin_cache": (ROPE_COS_SIN_CACHE, ROPE_COS_SIN_CACHE_CU),
     "rope_one_head_cache": (ROPE_ONE_HEAD_CACHE, ROPE_ONE_HEAD_CACHE_CU),
     "rope_partial": (ROPE_PARTIAL, ROPE_PARTIAL_CU),
+    "kv_repeat_norm": (KV_REPEAT_NORM, KV_REPEAT_NORM_CU),
 }
 
 # Small shapes: one row and up to 40, row lengths on and off 8-element (16-byte) vectors, a
 # row longer than a block's registers hold for the row kernels.
 SHAPES: dict[str, list[dict[str, int]]] = {
+    "kv_repeat_norm": [{"num_tokens": 3, "kv_heads": 2, "group": 4, "head_dim": 64},
+                       {"num_tokens": 1, "kv_heads": 1, "group": 2, "head_dim": 10},
+                       {"num_tokens": 2, "kv_heads": 3, "group": 3, "head_dim": 136}],
     "rope_partial": [{"num_tokens": 3, "heads": 4, "head_dim": 64, "rot_dim": 16, "max_pos": 50},
                      {"num_tokens": 1, "heads": 2, "head_dim": 10, "rot_dim": 4, "max_pos": 3},
                      {"num_tokens": 5, "heads": 3, "head_dim": 136, "rot_dim": 34, "max_pos": 7}],
@@ -2112,6 +2180,7 @@ SHAPES: dict[str, list[dict[str, int]]] = {
 
 # What the generator is expected to make of each kernel: its kind and every schedule's name.
 EXPECTED: dict[str, tuple[str, set[str]]] = {
+    "kv_repeat_norm": ("rowwise", {"codegen:rows/block", "codegen:rows/warp", "codegen:rows/cluster"}),
     "rope_partial": ("elementwise", {"codegen:elementwise/rows"}),
     "rope_one_head_cache": ("elementwise", {"codegen:elementwise/rows"}),
     "rope_cos_sin_cache": ("elementwise", {"codegen:elementwise/rows"}),

@@ -290,9 +290,9 @@ class _Reader:
         if math.prod(s) == 1:
             return "scalar"
         rows = list(self.full[:-1])
-        if s == list(self.full):
+        if s == list(self.full) or self.coarser(tuple(s)):
             return "full"
-        if s == rows + [1] or (s == rows and rows):
+        if s == rows + [1] or (s == rows and rows) or (rows and self.coarser((*s, 1) if s[-1:] != [1] else tuple(s), rows=True)):
             return "row"
         stripped = list(s)
         while stripped and stripped[0] == 1:
@@ -409,6 +409,7 @@ class _Reader:
         big = max(range(len(nodes_a)), key=lambda i: _numel(nodes_a[i]) if nodes_a[i] in work else -1)
         self.full = tuple(nodes_a[big].meta["val"].shape)
         self.full_b = tuple(nodes_b[big].meta["val"].shape)
+        self.refine(nodes_a, nodes_b, computed)
         scatters = [i for i, n in enumerate(nodes_a) if n in computed and _opname(n) in _VALUES_AT]
         if scatters:
             # What a scatter writes is the iteration space (its values' rows), not its target.
@@ -451,6 +452,24 @@ class _Reader:
         if kind == "rowwise" and any(s == "scatter" for s, _ in outputs.values()):
             raise Unsupported("a scatter after row reductions")
         return Program(kind, rows, cols, outputs, self.reductions, self.dtypes)
+
+    def refine(self, nodes_a: list[Any], nodes_b: list[Any], computed: list[Any]) -> None:
+        """Takes as the iteration space a computed value of the same elements whose row
+        dimensions split the chosen one's (kv heads expanded over their group before a reshape
+        merges them, [T, KVH, REP, D] for [T, H, D]): the rows keep their row-major order, and a
+        value broadcast over the finer dimensions can then be read (:meth:`coarser`)."""
+        for na, nb in zip(nodes_a, nodes_b, strict=True):
+            if na not in computed:
+                continue
+            sa, sb = tuple(na.meta["val"].shape), tuple(nb.meta["val"].shape)
+            if len(sa) > len(self.full) and _splits(sa, self.full) and _splits(sb, self.full_b):
+                self.full, self.full_b = sa, sb
+
+    def coarser(self, shape: tuple[int, ...], rows: bool = False) -> bool:
+        """Whether ``shape`` is the iteration space (``rows``: one value per row, [..., 1]) with
+        some of its row dimensions merged."""
+        whole = (*self.full[:-1], 1) if rows else self.full
+        return len(shape) < len(whole) and _splits(whole, tuple(shape))
 
     def scan_program(self, rows: str, cols: str, outputs: dict[str, tuple[str, Any]]) -> Program:
         """A program whose outputs hold prefix sums along the row: every output one value per
@@ -1041,6 +1060,21 @@ def _opname(node: Any) -> str:
     target = node.target
     name = getattr(target, "__name__", str(target)).split(".")[0]
     return name[:-1] if name.endswith("_") and not name.startswith("_") else name
+
+
+def _splits(fine: tuple[int, ...], coarse: tuple[int, ...]) -> bool:
+    """Whether ``fine`` has ``coarse``'s last dimension and its row dimensions are
+    ``coarse``'s, each split into consecutive factors (dimensions of one aside)."""
+    if not fine or not coarse or fine[-1] != coarse[-1] or math.prod(fine) != math.prod(coarse):
+        return False
+    rows = [d for d in fine[:-1] if d != 1]
+    for d in (d for d in coarse[:-1] if d != 1):
+        product = 1
+        while product < d and rows:
+            product *= rows.pop(0)
+        if product != d:
+            return False
+    return not rows
 
 
 def _numel(node: Any) -> int:
