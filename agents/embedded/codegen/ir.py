@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agents.embedded.codegen.trace import Trace, Unsupported, fit_size
+from kernels.launch import evaluate
 from kernels.spec import _C_TYPES, SCALAR, KernelSpec
 
 FLOAT, INT, BOOL = "float", "int", "bool"
@@ -777,7 +778,8 @@ class _Reader:
 
     def at_probes(self, size: str) -> tuple[int, int]:
         """A size expression (made by :func:`fit_size`) at the two probes."""
-        return tuple(int(eval(size, {}, dict(p))) for p in self.trace.probes)  # type: ignore[return-value]  # noqa: S307
+        at_a, at_b = (evaluate(size, p) for p in self.trace.probes)
+        return at_a, at_b
 
     def gather_rows(self, env: dict[Any, _Val], na: Any, name: str, shape: tuple[int, ...], shape_b: tuple[int, ...]) -> _Val:
         """``table[idx]``, ``embedding(table, idx)`` or ``table.index_select(0, idx)``: row r of
