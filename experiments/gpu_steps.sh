@@ -61,8 +61,14 @@ snapshot() {
 # A snapshot every PACK_EVERY seconds as well as at the end: the machine's own limit can cut
 # the whole command (a call whose device time ran short gets less than LIMIT), and what ran
 # until the last snapshot then still comes back.
+# Stopped by TERM, the loop lets a snapshot under way finish first (bash runs a trap once the
+# command in the foreground is done), so the last snapshot never races it for the temporary
+# file; the sleep runs in the background, where the trap interrupts the wait at once and ends
+# it. The loop's output goes nowhere: a sleep left holding the caller's pipe would keep a
+# caller reading it waiting.
 PACK_EVERY=${PACK_EVERY:-60}
-( while sleep "$PACK_EVERY"; do snapshot; done ) &
+( trap 'kill "$nap" 2>/dev/null; exit 0' TERM
+  while :; do sleep "$PACK_EVERY" & nap=$!; wait "$nap"; snapshot; done ) >/dev/null 2>&1 &
 snapshots=$!
 
 pack() {
