@@ -16,6 +16,7 @@ Nothing is timed against anything: these are wall-clock seconds of set-up, for a
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import subprocess
@@ -23,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from experiments.bench_baselines import git_commit
 
 # One op of each kind the loops showed: slow every time (an activation, merge_state) and fast (a norm).
 DEFAULT_KERNELS = ("silu_and_mul", "merge_attn_states_lse", "fused_add_rmsnorm")
@@ -72,7 +75,7 @@ def probe_once(kernel: str, dtype: str) -> dict[str, Any]:
             calls.append({"peer": name, "shape": shape_label(shape), "s": time.perf_counter() - t0, "error": error})
     after = _modules(jit_dir)
     return {
-        "kernel": kernel, "pid": os.getpid(), "import_s": import_s, "workspace": str(jit_env.FLASHINFER_WORKSPACE_DIR),
+        "kernel": kernel, "gpu": torch.cuda.get_device_name(device), "pid": os.getpid(), "import_s": import_s, "workspace": str(jit_env.FLASHINFER_WORKSPACE_DIR),
         "home": os.environ.get("HOME", ""), "calls": calls,
         "modules_before": len(before), "modules_built": sorted(k for k in after if k not in before),
         "modules_rebuilt": sorted(k for k in after if k in before and after[k] != before[k]),
@@ -108,7 +111,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"built {row.get('modules_built', '?')}, rebuilt {row.get('modules_rebuilt', '?')}"
                   + (f"; error {row['error'][-300:]}" if "error" in row else ""), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"command": " ".join(sys.argv), "results": results}, indent=1) + "\n")
+    # What a results file carries: the command, the commit, the GPU (from the children) and the date.
+    gpus = sorted({row["gpu"] for row in results if "gpu" in row})
+    meta = {"command": " ".join(sys.argv), "git_commit": git_commit(), "gpu": ", ".join(gpus) or "unknown",
+            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
+    args.out.write_text(json.dumps({**meta, "results": results}, indent=1) + "\n")
     return 0
 
 
