@@ -59,6 +59,15 @@ def find_summary(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 PART_KEYS = ("git_commit", "gpu", "evaluator", "n_gpus")
 
 
+def _same(key: str, a: object, b: object) -> bool:
+    """Whether two parts agree on ``key``: a commit given short in one part and in full in the
+    other (KERNEL_SEARCH_COMMIT is whatever the caller set) is the same commit when one is a
+    prefix of the other, at least 7 hex digits long."""
+    if key == "git_commit" and isinstance(a, str) and isinstance(b, str) and min(len(a), len(b)) >= 7:
+        return a.startswith(b) or b.startswith(a)
+    return a == b
+
+
 def merge_parts(parts: list[tuple[Path, dict[str, Any], dict[str, Any]]]) -> tuple[dict[str, Any], dict[str, Any]]:
     """One (summary, meta) from the sweeps of one library split by ``--kernel`` into parts, run
     one after the other (a sweep too long for one sitting): the parts must share the commit, the
@@ -74,7 +83,7 @@ def merge_parts(parts: list[tuple[Path, dict[str, Any], dict[str, Any]]]) -> tup
     first_path, first, first_meta = parts[0]
     seen: dict[str, Path] = {}
     for path, summary, meta in parts:
-        differ = [k for k in PART_KEYS if summary.get(k) != first.get(k)]
+        differ = [k for k in PART_KEYS if not _same(k, summary.get(k), first.get(k))]
         if (meta.get("library") or None) != (first_meta.get("library") or None):  # "" and None: the built-in one
             differ.append("library")
         if differ:

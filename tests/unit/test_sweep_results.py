@@ -209,6 +209,20 @@ def test_parts_of_different_code_or_sharing_a_kernel_are_refused(tmp_path: Path,
     assert not out.with_suffix(".json").exists()
 
 
+def test_a_commit_given_short_in_one_part_and_in_full_in_another_is_one_commit(tmp_path: Path, capsys):
+    full = "750c6702e4f08171f9cea5f57203c01eea74bdfc"
+    a = _sweep_dir(tmp_path, "p1", [_kernel("silu_and_mul", 2.0, 1.2)], commit="750c670")
+    b = _sweep_dir(tmp_path, "p2", [_kernel("rmsnorm", 2.0, 1.2)], commit=full)
+    out = tmp_path / "res" / "x"
+    assert main([str(a), str(b), "--out", str(out), "--no-plots"]) == 0
+    # a prefix shorter than 7 digits, or another commit's, is not enough
+    c = _sweep_dir(tmp_path, "p3", [_kernel("layernorm", 2.0, 1.2)], commit="750c")
+    d = _sweep_dir(tmp_path, "p4", [_kernel("layernorm", 2.0, 1.2)], commit="750c671")
+    for other in (c, d):
+        assert main([str(b), str(other), "--out", str(out), "--no-plots"]) == 2
+        assert "differ in git_commit" in capsys.readouterr().err
+
+
 def test_an_earlier_report_is_pooled_with_later_parts_as_it_was_reported(tmp_path: Path, capsys):
     """Parts whose directories are gone come back through the report written for them: their
     kernels as reported, their parts named, the commit checked like any part's."""
