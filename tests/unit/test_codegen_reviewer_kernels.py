@@ -31,7 +31,10 @@ that row's own indices (``torch.gather`` along the row by an index matrix), scal
 two rotary embeddings as serving engines write them natively (one cache row of cos then sin,
 picked by position and split with ``chunk``; over the heads of a flat query, and on one head),
 a partial rotary (the first ``rot_dim`` of each head rotated, the rest passed through), and key
-heads repeated over their query group (``repeat_interleave``) and RMS-normalised per head. Each
+heads repeated over their query group (``repeat_interleave``) and RMS-normalised per head, a mixture
+of experts' combine (top-k expert outputs weighted by fp32 routing weights, summed over the
+experts) and a masked mean and a max over a sequence (reductions over the dimension next to the
+row's, one of them divided by a count of bools). Each
 folder's baseline is also run, so that a spec and its baseline agree before the generator is
 judged against the spec.
 """
@@ -2076,6 +2079,135 @@ extern "C" __global__ void kv_repeat_norm(scalar_t* out, const scalar_t* k, cons
 }
 '''
 
+# A mixture of experts' combine: each token's top_k expert outputs weighted by its routing
+# weights (fp32) and summed over the experts, plus the shared expert's output: a reduction over
+# the dimension next to the row's.
+MOE_COMBINE = '''from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, k, d = shape["num_tokens"], shape["top_k"], shape["hidden"]
+    w = torch.rand(t, k, generator=generator, device=device)
+    return {
+        "out": torch.empty(t, d, device=device, dtype=dtype),
+        "expert_out": torch.randn(t, k, d, generator=generator, device=device).to(dtype),
+        "weights": w / w.sum(-1, keepdim=True),
+        "shared": torch.randn(t, d, generator=generator, device=device).to(dtype),
+    }
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    x = inputs["expert_out"].float() * inputs["weights"].unsqueeze(-1)
+    return {"out": x.sum(dim=1) + inputs["shared"].float()}
+
+
+SPEC = KernelSpec(
+    name="moe_combine",
+    description=(
+        "out[t, i] = sum_j expert_out[t, j, i] * weights[t, j] + shared[t, i] in fp32, rounded once. "
+        "expert_out is [num_tokens, top_k, hidden], weights fp32 [num_tokens, top_k], shared and out "
+        "[num_tokens, hidden]."
+    ),
+    args=(Arg("out", "tensor", role="out"), Arg("expert_out", "tensor"), Arg("weights", "tensor", dtype="float32"),
+          Arg("shared", "tensor"), Arg("num_tokens", "int"), Arg("top_k", "int"), Arg("hidden", "int")),
+    search_shapes=({"num_tokens": 64, "top_k": 8, "hidden": 4096},),
+    heldout_shapes=({"num_tokens": 7, "top_k": 3, "hidden": 1000},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: (s["num_tokens"] * s["hidden"] * (s["top_k"] + 2) * (4 if dt == "float32" else 2)
+                               + 4 * s["num_tokens"] * s["top_k"]),
+    flops=lambda s: 2 * s["num_tokens"] * s["top_k"] * s["hidden"],
+    dtypes=("float16", "bfloat16", "float32"),
+)
+'''
+
+MOE_COMBINE_CU = '''// launch: grid=(num_tokens,) block=(128,) smem=0
+extern "C" __global__ void moe_combine(scalar_t* out, const scalar_t* expert_out, const float* weights,
+                                       const scalar_t* shared, int num_tokens, int top_k, int hidden) {
+    const long long t = blockIdx.x;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+        float acc = 0.0f;
+        for (int j = 0; j < top_k; ++j) {
+            acc += static_cast<float>(expert_out[(t * top_k + j) * hidden + i]) * weights[t * top_k + j];
+        }
+        out[t * hidden + i] = static_cast<scalar_t>(acc + static_cast<float>(shared[t * hidden + i]));
+    }
+}
+'''
+
+# A mean over each sequence's valid positions (a bool mask per position), and the largest value
+# over all of them: two reductions over the sequence, the dimension next to the row's; a
+# sequence with no valid position divides 0 by 0, NaN as in torch.
+MASKED_MEAN_MAX_POOL = '''from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    b, s, d = shape["batch"], shape["seq"], shape["hidden"]
+    mask = torch.rand(b, s, generator=generator, device=device) < 0.7
+    if case == "empty":
+        mask[0] = False
+    return {
+        "mean": torch.empty(b, d, device=device, dtype=dtype),
+        "peak": torch.empty(b, d, device=device, dtype=dtype),
+        "x": torch.randn(b, s, d, generator=generator, device=device).to(dtype),
+        "mask": mask,
+    }
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    x = inputs["x"].float()
+    m = inputs["mask"][:, :, None]
+    total = torch.where(m, x, 0.0).sum(dim=1)
+    count = m.sum(dim=1)
+    return {"mean": total / count, "peak": x.amax(dim=-2)}
+
+
+SPEC = KernelSpec(
+    name="masked_mean_max_pool",
+    description=(
+        "mean[b, i] = sum of x[b, s, i] over the positions s with mask[b, s], divided by their count (fp32; "
+        "NaN for none); peak[b, i] = max over every s of x[b, s, i]. x is [batch, seq, hidden], mask bool "
+        "[batch, seq], mean and peak [batch, hidden]."
+    ),
+    args=(Arg("mean", "tensor", role="out"), Arg("peak", "tensor", role="out"), Arg("x", "tensor"),
+          Arg("mask", "tensor", dtype="bool"), Arg("batch", "int"), Arg("seq", "int"), Arg("hidden", "int")),
+    search_shapes=({"batch": 8, "seq": 128, "hidden": 1024},),
+    heldout_shapes=({"batch": 3, "seq": 17, "hidden": 100},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: s["batch"] * s["hidden"] * (s["seq"] + 2) * (4 if dt == "float32" else 2),
+    flops=lambda s: 2 * s["batch"] * s["seq"] * s["hidden"],
+    dtypes=("float16", "bfloat16", "float32"),
+    edge_cases=("empty",),
+)
+'''
+
+MASKED_MEAN_MAX_POOL_CU = '''// launch: grid=(batch,) block=(128,) smem=0
+extern "C" __global__ void masked_mean_max_pool(scalar_t* mean, scalar_t* peak, const scalar_t* x, const bool* mask,
+                                                int batch, int seq, int hidden) {
+    const long long b = blockIdx.x;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+        float total = 0.0f, top = -INFINITY;
+        int count = 0;
+        for (int s = 0; s < seq; ++s) {
+            const float v = static_cast<float>(x[(b * seq + s) * hidden + i]);
+            if (mask[b * seq + s]) { total += v; ++count; }
+            top = fmaxf(top, v);
+        }
+        mean[b * hidden + i] = static_cast<scalar_t>(total / static_cast<float>(count));
+        peak[b * hidden + i] = static_cast<scalar_t>(top);
+    }
+}
+'''
+
 FOLDERS = {
     "silu_scale_shift": (SILU_SCALE_SHIFT, SILU_SCALE_SHIFT_CU),
     "softmax_temperature": (SOFTMAX_TEMPERATURE, SOFTMAX_TEMPERATURE_CU),
@@ -2109,11 +2241,17 @@ FOLDERS = {
     "rope_one_head_cache": (ROPE_ONE_HEAD_CACHE, ROPE_ONE_HEAD_CACHE_CU),
     "rope_partial": (ROPE_PARTIAL, ROPE_PARTIAL_CU),
     "kv_repeat_norm": (KV_REPEAT_NORM, KV_REPEAT_NORM_CU),
+    "moe_combine": (MOE_COMBINE, MOE_COMBINE_CU),
+    "masked_mean_max_pool": (MASKED_MEAN_MAX_POOL, MASKED_MEAN_MAX_POOL_CU),
 }
 
 # Small shapes: one row and up to 40, row lengths on and off 8-element (16-byte) vectors, a
 # row longer than a block's registers hold for the row kernels.
 SHAPES: dict[str, list[dict[str, int]]] = {
+    "moe_combine": [{"num_tokens": 3, "top_k": 4, "hidden": 64}, {"num_tokens": 1, "top_k": 1, "hidden": 10},
+                    {"num_tokens": 5, "top_k": 3, "hidden": 136}],
+    "masked_mean_max_pool": [{"batch": 2, "seq": 9, "hidden": 64}, {"batch": 1, "seq": 1, "hidden": 12},
+                             {"batch": 3, "seq": 5, "hidden": 1000}],
     "kv_repeat_norm": [{"num_tokens": 3, "kv_heads": 2, "group": 4, "head_dim": 64},
                        {"num_tokens": 1, "kv_heads": 1, "group": 2, "head_dim": 10},
                        {"num_tokens": 2, "kv_heads": 3, "group": 3, "head_dim": 136}],
@@ -2180,6 +2318,8 @@ SHAPES: dict[str, list[dict[str, int]]] = {
 
 # What the generator is expected to make of each kernel: its kind and every schedule's name.
 EXPECTED: dict[str, tuple[str, set[str]]] = {
+    "moe_combine": ("elementwise", {"codegen:elementwise/rows"}),
+    "masked_mean_max_pool": ("elementwise", {"codegen:elementwise/rows"}),
     "kv_repeat_norm": ("rowwise", {"codegen:rows/block", "codegen:rows/warp", "codegen:rows/cluster"}),
     "rope_partial": ("elementwise", {"codegen:elementwise/rows"}),
     "rope_one_head_cache": ("elementwise", {"codegen:elementwise/rows"}),

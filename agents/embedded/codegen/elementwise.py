@@ -21,7 +21,7 @@ from agents.embedded.codegen.emit import (
     entry_params,
     header,
 )
-from agents.embedded.codegen.ir import ColumnIndex, Program, RowOf, by_index, walk
+from agents.embedded.codegen.ir import ColumnIndex, Fold, Load, Program, RowOf, by_index, walk
 from agents.embedded.codegen.trace import Unsupported
 from agents.embedded.launch_fill import FILL_BLOCKS, fill_threads
 from kernels.spec import KernelSpec
@@ -34,6 +34,8 @@ def elementwise(spec: KernelSpec, program: Program, flat: bool) -> Schedule:
     per_row = {n: e for n, (space, e) in program.outputs.items() if space == "row"}
     if flat and (scattered or per_row):
         raise Unsupported("the flat schedule has no rows to scatter or to write once")
+    if flat and any(isinstance(n, Fold) for n in walk(program.all_roots())):
+        raise Unsupported("the flat schedule has no rows for a reduction over the next-to-last dimension")
     if flat:
         if any(by_index(leaf) or leaf.row_stride != "C" or leaf.offset != "0" for leaf in em.full_leaves) \
                 or em.col_leaves() or any(n.access == "row" for n in em.row_loads) \
@@ -148,6 +150,8 @@ def _call(em: Emitter, args: str, rows: str, cols: str, scattered: bool) -> str:
         stride = c_size(cols, "long long") if leaf.row_stride == "C" else c_size(leaf.row_stride, "long long")
         wide.append(f"{c_size(rows, 'long long')} * {stride} + {c_size(leaf.offset, 'long long')} + "
                     f"{c_size(cols, 'long long')}")
+    for leaf in (n for n in walk(em.p.all_roots()) if isinstance(n, Load) and n.access == "foldrow"):
+        wide.append(f"{c_size(rows, 'long long')} * {c_size(leaf.row_stride, 'long long')}")
     fits = " && ".join(f"{w} < {INT32_LIMIT}LL" for w in dict.fromkeys(wide))
     return f"if ({fits}) cg_run<{{v}}, int>({args}); else cg_run<{{v}}, long long>({args})"
 

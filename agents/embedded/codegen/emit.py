@@ -20,12 +20,14 @@ from agents.embedded.codegen.ir import (
     BOOL,
     COMPARE,
     FLOAT,
+    FOLD_READS,
     INT,
     TESTS,
     UNARY,
     AtColumn,
     ColumnIndex,
     Const,
+    Fold,
     Load,
     Op,
     Param,
@@ -92,7 +94,8 @@ class Emitter:
         self.element_col = "cg_c"  # the current chunk's first column (set by each element loop)
         self.full_leaves: list[Load] = []
         for node in walk(program.all_roots()):
-            if isinstance(node, Load) and node.access in ("full", "gather", *SCALAR_READ) and node not in self.full_leaves:
+            if isinstance(node, Load) and node.access in ("full", "gather", "fold", *SCALAR_READ) \
+                    and node not in self.full_leaves:
                 self.full_leaves.append(node)
         self.row_loads: list[Load] = [n for n in walk(program.all_roots()) if isinstance(n, Load) and n.access in ("row", "scalar")]
         self._row_only: dict[int, bool] = {}
@@ -100,6 +103,7 @@ class Emitter:
         self.at_cols: dict[int, str] = {}  # AtColumn -> the name of its column
         self.preloaded: dict[tuple[int, int], str] = {}  # (AtColumn, its Load) -> the value read early
         self.scan_text: dict[int, str] = {}  # Scan -> the name of its value at the current column
+        self.fold_text: dict[int, str] = {}  # Fold -> its accumulator at element e of the current chunk
 
     # ---- types
     def c_type(self, arg: str) -> str:
@@ -126,7 +130,7 @@ class Emitter:
         if key not in self._row_only:
             if isinstance(node, Load):
                 res = node.access in ("row", "scalar")
-            elif isinstance(node, ColumnIndex | Scan):
+            elif isinstance(node, ColumnIndex | Scan | Fold):
                 res = False
             elif isinstance(node, Reduce | AtColumn | Const | Param):
                 res = True
@@ -352,6 +356,8 @@ class Emitter:
             text = leaf[key]
         elif isinstance(node, ColumnIndex):
             text = f"static_cast<float>({self.element_col} + e)"
+        elif isinstance(node, Fold):
+            text = self.fold_text[key]
         else:
             assert isinstance(node, Op)
             args = [self.element_expr(a, leaf, lines, memo) for a in node.args]
@@ -463,8 +469,10 @@ class Emitter:
         return decls + (loop(loads) if loads else []) + list(between) + loop(work)
 
     def _needed(self, exprs: list[tuple[str, object]]) -> list[Load]:
-        """The per-element leaves of ``exprs``, column gathers last (they read their index's)."""
-        needed = [n for _, e in exprs for n in walk([e]) if isinstance(n, Load) and not self.row_only(n)]
+        """The per-element leaves of ``exprs``, column gathers last (they read their index's);
+        the loads a Fold reads at each of its positions are its own loop's (:meth:`fold_loop`)."""
+        needed = [n for _, e in exprs for n in walk([e])
+                  if isinstance(n, Load) and not self.row_only(n) and n.access not in FOLD_READS]
         return [n for n in needed if n.access != "colgather"] + [n for n in needed if n.access == "colgather"]
 
     def _column_gather(self, leaf: Load, by_value: Mapping[Load, str]) -> str:
@@ -509,6 +517,9 @@ class Emitter:
                       col0: str) -> list[str]:
         """The per-element loop over the chunk: reduction updates and output stores."""
         self.element_col = col0  # element e's column is col0 + e
+        folds = {id(n): n for _, e in exprs for n in walk([e]) if isinstance(n, Fold)}
+        for fold in folds.values():
+            lines += self.fold_loop(fold, leaf_text, col0)
         outs = [(what, e) for what, e in exprs if what.startswith("out:")]
         for what, _ in outs:
             arg = what[4:]
@@ -539,6 +550,44 @@ class Emitter:
             base = self.out_base.get(arg, "cg_obase")
             lines.append(f"cg_store<{self.c_type(arg)}, V>({arg} + {base} + {col0}, cg_o_{arg});")
         return lines
+
+
+    def fold_loop(self, fold: Fold, leaf_text: Mapping[int, str], col0: str) -> list[str]:
+        """The V accumulators of a Fold over the chunk at ``col0``, and its loop over k: at each
+        k the chunk's V-wide loads of the folded arguments and the row's value at k, then the
+        body per element. Unrolled by 4, so that four positions' loads are in flight together
+        (each one's address is known before any is used)."""
+        acc = self.fresh() + "_fold"
+        float_acc = fold.ctype == FLOAT
+        identity = IDENTITY[fold.kind] if float_acc else "0LL"
+        inner = dict(leaf_text)
+        by_value: dict[Load, str] = {}
+        body: list[str] = []
+        for leaf in (n for n in walk([fold.body]) if isinstance(n, Load) and n.access in FOLD_READS):
+            if leaf not in by_value:
+                name = self.fresh()
+                if leaf.access == "fold":
+                    pack = f"Pack<{self.c_type(leaf.arg)}, V>"
+                    src = f"{leaf.arg} + {self.leaf_base(leaf)} + cg_k * {self.cols} + {col0}"
+                    body.append(f"const {pack} {name} = *reinterpret_cast<const {pack}*>({src});")
+                    by_value[leaf] = self.convert_load(leaf.arg, f"{name}.v[e]")
+                else:
+                    at = f"cg_row * {c_size(leaf.row_stride)} + cg_k"
+                    body.append(f"const {self.c_kind(self.kind(leaf))} {name} = "
+                                f"{self.convert_load(leaf.arg, f'{leaf.arg}[{at}]')};")
+                    by_value[leaf] = name
+            inner[id(leaf)] = by_value[leaf]
+        stmts: list[str] = []
+        value = self.element_expr(fold.body, inner, stmts, {})
+        if float_acc:
+            update = f"{acc}[e] = cg_combine<{OPCODE[fold.kind]}>({acc}[e], static_cast<float>({value}));"
+        else:
+            update = f"{acc}[e] += static_cast<long long>({value});"
+        body += ["#pragma unroll", "for (int e = 0; e < V; ++e) {", *("    " + x for x in stmts), f"    {update}", "}"]
+        self.fold_text[id(fold)] = f"{acc}[e]"
+        return [f"{'float' if float_acc else 'long long'} {acc}[V];", "#pragma unroll",
+                f"for (int e = 0; e < V; ++e) {acc}[e] = {identity};", "#pragma unroll 4",
+                f"for (cg_idx cg_k = 0; cg_k < {c_size(fold.count)}; ++cg_k) {{", *("    " + x for x in body), "}"]
 
 
 def entry_params(spec: KernelSpec) -> str:

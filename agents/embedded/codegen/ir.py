@@ -7,11 +7,12 @@ column, broadcast over rows: [C]) or ``scalar``. A value is an expression tree o
 element (r, c): loads of tensor arguments (contiguous, a slice of the last dimension, or a row
 picked by an index), constants, the kernel's float arguments, positions along a dimension
 (``arange``), elementwise ops, per-row reductions over the columns, prefix sums along the row
-(``cumsum``), and the value of a full expression at one column per row
-(``gather`` by index). An output may be written by rows at an index (``target[index] =
+(``cumsum``), the value of a full expression at one column per row (``gather`` by index), and
+reductions over the dimension next to the row's (``x.sum(dim=-2)``: the iteration space is then
+the reduced shape, and each element loops over that dimension itself, see :class:`Fold`). An output may be written by rows at an index (``target[index] =
 values`` into an inout argument: a scatter). A 2-D permuted copy is read as a transpose instead.
 
-Anything else (reductions over other dimensions, partial broadcasts, data-dependent sizes,
+Anything else (reductions over other dimensions, or over the next-to-last beside row reductions, partial broadcasts, data-dependent sizes,
 ops not listed in :data:`UNARY` / :data:`BINARY`) raises :class:`Unsupported`.
 """
 
@@ -51,6 +52,10 @@ _VALUES_AT = {"index_put": 2, "scatter": 3}
 _SPLITS = {"split_with_sizes", "split"}
 _VIEWS = {"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "expand", "clone", "alias",
           "contiguous", "lift_fresh_copy", "detach", "broadcast_in_dim"}
+# Loads inside a Fold, read at each of its positions.
+FOLD_READS = ("fold", "foldrow")
+# Reductions that may run over the dimension next to the row's (a Fold), as the kind they fold by.
+_FOLDS = {"sum": "sum", "mean": "sum", "amax": "max", "amin": "min"}
 # The C type of a torch dtype named in a cast: the spec's argument types. Other integer casts
 # go through long long.
 _TORCH_TO_C = dict(_C_TYPES)
@@ -68,7 +73,10 @@ class Load:
     ``colshift``: a piece of a row ``width`` wide that a ``cat`` puts at column ``shift``; column
     c reads the piece's column c - shift, clamped into the piece, so that the columns of the
     other pieces (whose value a ``where`` on the column drops) read inside it too; with an
-    ``index``, the piece is in a gathered row (as for ``gather``)."""
+    ``index``, the piece is in a gathered row (as for ``gather``).
+    ``fold``: inside a :class:`Fold`, at ``r * row_stride + k * C + c`` for its position k (an
+    argument of the folded shape, ``row_stride`` its K * C); ``foldrow``: at ``r * row_stride
+    + k`` (one value per row and position, [..., K, 1]; ``row_stride`` is K)."""
 
     arg: str
     access: str
@@ -124,6 +132,22 @@ class Scan:
     bools (``ctype``)."""
 
     body: Any
+    ctype: str
+
+
+@dataclass(frozen=True, eq=False)
+class Fold:
+    """A reduction over the dimension next to the row's, ``count`` long (``x.sum(dim=-2)``: a
+    mixture of experts' weighted sum over each token's top-k, a mean over a sequence):
+    ``kind`` (``sum``, ``max`` or ``min``) of ``body``, accumulated in ``ctype`` (fp32 for
+    floats, 64 bits for integers). Each element of the reduced shape loops over k itself; the
+    body's ``fold`` and ``foldrow`` loads are read at each k, V-wide along the row as any other
+    load. An element's own loop keeps every read coalesced along the row, and needs no
+    second pass: the dimension is short (a top-k, a few heads) in the kernels it serves."""
+
+    kind: str
+    body: Any
+    count: str
     ctype: str
 
 
@@ -205,7 +229,7 @@ def walk(roots: list[Any]) -> list[Any]:
         seen[id(node)] = node
         if isinstance(node, Op):
             stack.extend(node.args)
-        elif isinstance(node, Reduce | Scan):
+        elif isinstance(node, Reduce | Scan | Fold):
             stack.append(node.body)
         elif isinstance(node, AtColumn):
             stack.extend((node.body, node.column))
@@ -282,9 +306,26 @@ class _Reader:
         self.splits: dict[Any, tuple[int, list[int], list[int]]] = {}  # split node -> dim, sizes at A and B
         self.pairs: dict[Any, tuple[_Val, _Val]] = {}  # max.dim node -> its values and indices
         self.placed: dict[tuple[Any, ...], Load] = {}  # (gathered rows, shape at A, at B) -> their load
+        # A reduction over the dimension next to the row's: that dimension's place, and the
+        # shape it is taken over at both probes (the iteration space is that shape without it).
+        self.fold: tuple[int, tuple[int, ...], tuple[int, ...]] | None = None
 
     # ---- spaces
     def space(self, shape: tuple[int, ...]) -> str:
+        if self.fold is not None and len(shape) == len(self.fold[1]):
+            # A value of the folded shape's rank: along the folded dimension it varies (``fold``
+            # for an element's, ``foldrow`` for a row's value at each k) or is broadcast (that
+            # dimension dropped, it is a value of the iteration space).
+            at, folded = self.fold[0], self.fold[1]
+            rest = (*shape[:at], *shape[at + 1:])
+            if shape[at] == folded[at]:
+                if rest == self.full:
+                    return "fold"
+                if rest == (*self.full[:-1], 1):
+                    return "foldrow"
+                raise Unsupported(f"a value of shape {list(shape)} does not broadcast simply against {list(folded)}")
+            if shape[at] == 1:
+                shape = rest
         s = list(shape)
         while s and s[0] == 1 and len(s) > len(self.full):
             s.pop(0)
@@ -348,6 +389,8 @@ class _Reader:
         if self.narrow(v):  # a whole argument a cat puts in a row (see concat)
             return Load(v.arg, "full", row_stride=self.size_expr(v.shape[-1], v.shape_b[-1]))
         space = self.space(v.shape)
+        if space in FOLD_READS:
+            return self.fold_load(v, space)
         if space != "bcast":
             return Load(v.arg, space)
         # Broadcast over some row dimensions ([H, D] or [T, 1, D] against [T, H, D]): the row
@@ -360,6 +403,62 @@ class _Reader:
         if v.shape[-1] == 1 and self.full[-1] != 1:
             return Load(v.arg, "row", index=index)
         return Load(v.arg, "gather", index=index)
+
+    def fold_load(self, v: _Val, space: str) -> Load:
+        """An argument of the folded shape (``fold``), or one value per row and position
+        (``foldrow``, [..., K, 1]), checked at probe B as well."""
+        assert self.fold is not None and v.arg is not None
+        at, folded, folded_b = self.fold
+        rest_b = (*v.shape_b[:at], *v.shape_b[at + 1:])
+        want = self.full_b if space == "fold" else (*self.full_b[:-1], 1)
+        if len(v.shape_b) != len(folded_b) or v.shape_b[at] != folded_b[at] or rest_b != want:
+            raise Unsupported(f"a value of shapes {list(v.shape)} and {list(v.shape_b)} at the two probes")
+        count = self.size_expr(folded[at], folded_b[at])
+        if space == "fold":
+            return Load(v.arg, "fold", row_stride=f"{count} * {self.size_expr(self.full[-1], self.full_b[-1])}")
+        return Load(v.arg, "foldrow", row_stride=count)
+
+    def choose_fold(self, computed: list[Any], nodes_a: list[Any], nodes_b: list[Any]) -> bool:
+        """Takes as the iteration space the shape that the graph's reductions over the dimension
+        next to the row's leave (all of them over the same shape); False when there are none."""
+        folds = [n for n in computed if _fold_dim(n) is not None]
+        if not folds:
+            return False
+        shapes = [(tuple(n.args[0].meta["val"].shape), tuple(nodes_b[nodes_a.index(n)].args[0].meta["val"].shape))
+                  for n in folds]
+        folded, folded_b = max(shapes, key=lambda ab: math.prod(ab[0]))
+        at = len(folded) - 2
+        for sa, sb in shapes:  # the others: the same, or broadcast along some dimensions ([B, S, 1])
+            for mine, whole in ((sa, folded), (sb, folded_b)):
+                if len(mine) != len(whole) or mine[at] != whole[at] \
+                        or any(m not in (w, 1) for m, w in zip(mine, whole, strict=True)):
+                    raise Unsupported("reductions over the next-to-last dimension of values of different shapes")
+        if 1 in (folded[at], folded_b[at]):
+            raise Unsupported("a reduction over a dimension of one")
+        self.fold = (at, folded, folded_b)
+        self.full = (*folded[:at], *folded[at + 1:])
+        self.full_b = (*folded_b[:at], *folded_b[at + 1:])
+        return True
+
+    def fold_reduction(self, name: str, first: _Val) -> Any:
+        """``sum``, ``mean``, ``amax`` or ``amin`` over the dimension next to the row's."""
+        assert self.fold is not None
+        if name not in _FOLDS:
+            raise Unsupported(f"{name} over the next-to-last dimension")
+        if self.space(first.shape) not in FOLD_READS:
+            raise Unsupported(f"{name} over the next-to-last dimension of a value broadcast along it")
+        body = self.read(first)
+        if any(isinstance(n, Fold) for n in walk([body])):
+            raise Unsupported("a reduction over the next-to-last dimension of another one")
+        at, folded, folded_b = self.fold
+        count = self.size_expr(folded[at], folded_b[at])
+        ctype = _kind_of_dtype(first.dtype) if first.dtype is not None else FLOAT
+        if ctype != FLOAT and name != "sum":
+            raise Unsupported(f"{name} of integers over the next-to-last dimension")
+        fold = Fold(_FOLDS[name], body, count, INT if ctype != FLOAT else FLOAT)
+        if name == "mean":
+            return Op("div", (fold, Param("__size", count)), FLOAT)
+        return fold
 
     def constant(self, x: Any) -> Any:
         if isinstance(x, bool):
@@ -407,11 +506,15 @@ class _Reader:
         # or sliced (a gated activation's input row is twice its output row).
         lazy = {"_to_copy", "slice", "getitem", *_VIEWS, *_VALUES_AT}
         work = [n for n in computed if _opname(n) not in lazy] or computed
-        big = max(range(len(nodes_a)), key=lambda i: _numel(nodes_a[i]) if nodes_a[i] in work else -1)
-        self.full = tuple(nodes_a[big].meta["val"].shape)
-        self.full_b = tuple(nodes_b[big].meta["val"].shape)
-        self.refine(nodes_a, nodes_b, computed)
+        folded = self.choose_fold(computed, nodes_a, nodes_b)
+        if not folded:
+            big = max(range(len(nodes_a)), key=lambda i: _numel(nodes_a[i]) if nodes_a[i] in work else -1)
+            self.full = tuple(nodes_a[big].meta["val"].shape)
+            self.full_b = tuple(nodes_b[big].meta["val"].shape)
+            self.refine(nodes_a, nodes_b, computed)
         scatters = [i for i, n in enumerate(nodes_a) if n in computed and _opname(n) in _VALUES_AT]
+        if scatters and folded:
+            raise Unsupported("a scatter beside a reduction over the next-to-last dimension")
         if scatters:
             # What a scatter writes is the iteration space (its values' rows), not its target.
             at = _VALUES_AT[_opname(nodes_a[scatters[0]])]
@@ -442,9 +545,12 @@ class _Reader:
                         outputs[name] = ("scatter", self.scatter_output(name, v.expr))
                         continue
                     space = self.space(v.shape)
-                    if space in ("col", "bcast") or (space == "scalar" and math.prod(self.full[:-1]) != 1):
+                    if space in ("col", "bcast", *FOLD_READS) or (space == "scalar" and math.prod(self.full[:-1]) != 1):
                         raise Unsupported(f"output {name} is not one value per element or per row")
                     outputs[name] = (space, self.read(v))
+        if folded and (self.reductions or _has_at_column(outputs)
+                       or any(isinstance(n, Scan) for n in walk([e for _, e in outputs.values()]))):
+            raise Unsupported("a reduction over the next-to-last dimension beside row reductions or scans")
         if any(isinstance(n, Scan) for n in walk([e for _, e in outputs.values()])):
             return self.scan_program(rows, cols, outputs)
         kind = "rowwise" if self.reductions or _has_at_column(outputs) else "elementwise"
@@ -715,7 +821,11 @@ class _Reader:
 
     def narrow(self, v: _Val) -> bool:
         """Whether a value is a piece of the iteration space's row: its rows, fewer columns
-        (more than one: a column of one is a row value)."""
+        (more than one: a column of one is a row value). Beside a reduction over the dimension
+        next to the row's, a value as wide as that dimension is one value per row and position
+        ([B, S] of a [B, S, D] value), seen through a view before it is read."""
+        if self.fold is not None and (v.shape[-1:], v.shape_b[-1:]) == ((self.fold[1][-2],), (self.fold[2][-2],)):
+            return False
         return (len(v.shape) == len(self.full) > 0 and v.shape[:-1] == self.full[:-1]
                 and v.shape_b[:-1] == self.full_b[:-1] and v.shape[-1] < self.full[-1] and v.shape_b[-1] < self.full_b[-1]
                 and (v.shape[-1], v.shape_b[-1]) != (1, 1))
@@ -921,6 +1031,9 @@ class _Reader:
             dims = na.args[1] if len(na.args) > 1 else None
         if isinstance(dims, int):
             dims = [dims]
+        if self.fold is not None and dims and len(dims) == 1 and len(first.shape) == len(self.fold[1]) \
+                and dims[0] % len(first.shape) == self.fold[0]:
+            return self.fold_reduction(name, first)
         if not dims or len(dims) != 1 or dims[0] not in (-1, len(first.shape) - 1):
             raise Unsupported(f"{name} over dimensions {dims}, not the last one")
         if self.space(first.shape) != "full":
@@ -1049,6 +1162,19 @@ def _shifted(node: Any, start: str, width: str, memo: dict[int, Any]) -> Any:
         raise Unsupported(f"a cat of a piece holding {type(node).__name__}")
     memo[id(node)] = out
     return out
+
+
+def _fold_dim(node: Any) -> int | None:
+    """The dimension a ``sum``, ``mean``, ``amax`` or ``amin`` node reduces over when it is the
+    one next to the row's (of a value of two or more dimensions), else None."""
+    if node.op != "call_function" or _opname(node) not in _FOLDS or not node.args or not hasattr(node.args[0], "meta"):
+        return None
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    dims = [dims] if isinstance(dims, int) else dims
+    rank = len(node.args[0].meta["val"].shape)
+    if not dims or len(dims) != 1 or rank < 2 or dims[0] % rank != rank - 2:
+        return None
+    return rank - 2
 
 
 def _has_at_column(outputs: dict[str, tuple[str, Any]]) -> bool:
