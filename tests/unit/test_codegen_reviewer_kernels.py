@@ -34,7 +34,9 @@ a partial rotary (the first ``rot_dim`` of each head rotated, the rest passed th
 heads repeated over their query group (``repeat_interleave``) and RMS-normalised per head, a mixture
 of experts' combine (top-k expert outputs weighted by fp32 routing weights, summed over the
 experts) and a masked mean and a max over a sequence (reductions over the dimension next to the
-row's, one of them divided by a count of bools). Each
+row's, one of them divided by a count of bools), a repetition penalty (logits at each row's
+generated ids, which repeat, gathered, penalised and scattered back in place) and a dense routing
+matrix (top-k weights scattered along the columns of a tensor of zeros the reference makes). Each
 folder's baseline is also run, so that a spec and its baseline agree before the generator is
 judged against the spec.
 """
@@ -2208,6 +2210,122 @@ extern "C" __global__ void masked_mean_max_pool(scalar_t* mean, scalar_t* peak, 
 }
 '''
 
+# A repetition penalty: each row's logits at the tokens already generated (ids, which repeat)
+# divided by the penalty where positive and multiplied where negative, written in place: a
+# gather and a scatter along the columns by one index matrix.
+REPETITION_PENALTY = '''from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    b, v, n = shape["batch"], shape["vocab"], shape["history"]
+    ids = torch.randint(0, v, (b, n), generator=generator, device=device)
+    if case == "repeats":
+        ids = ids % 3  # every id many times over
+    return {
+        "logits": (torch.randn(b, v, generator=generator, device=device) * 4).to(dtype),
+        "ids": ids,
+    }
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    logits = inputs["logits"].clone()
+    ids = inputs["ids"]
+    score = torch.gather(logits, 1, ids).float()
+    score = torch.where(score < 0, score * constants["penalty"], score / constants["penalty"])
+    logits.scatter_(1, ids, score.to(logits.dtype))
+    return {"logits": logits}
+
+
+SPEC = KernelSpec(
+    name="repetition_penalty",
+    description=(
+        "In place: logits[b, ids[b, j]] divided by penalty where positive, multiplied where negative, once per "
+        "distinct id of the row whatever its repeats. logits is [batch, vocab], ids int64 [batch, history]."
+    ),
+    args=(Arg("logits", "tensor", role="inout"), Arg("ids", "tensor", dtype="int64"), Arg("batch", "int"),
+          Arg("vocab", "int"), Arg("history", "int"), Arg("penalty", "float")),
+    search_shapes=({"batch": 64, "vocab": 32000, "history": 512},),
+    heldout_shapes=({"batch": 3, "vocab": 1000, "history": 5000},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: s["batch"] * s["history"] * (8 + 2 * (4 if dt == "float32" else 2)),
+    flops=lambda s: s["batch"] * s["history"],
+    dtypes=("float16", "bfloat16", "float32"),
+    constants={"penalty": 1.3},
+    edge_cases=("repeats",),
+)
+'''
+
+REPETITION_PENALTY_CU = '''// launch: grid=(batch,) block=(1,) smem=0
+extern "C" __global__ void repetition_penalty(scalar_t* logits, const long long* ids, int batch, int vocab,
+                                              int history, float penalty) {
+    const long long b = blockIdx.x;
+    for (int j = 0; j < history; ++j) {
+        const long long c = ids[b * history + j];
+        bool first = true;
+        for (int i = 0; i < j; ++i) first = first && ids[b * history + i] != c;
+        if (!first) continue;
+        const float s = static_cast<float>(logits[b * vocab + c]);
+        logits[b * vocab + c] = static_cast<scalar_t>(s < 0.0f ? s * penalty : s / penalty);
+    }
+}
+'''
+
+# A mixture of experts' dense routing matrix: each token's top_k weights at their experts'
+# columns, zeros elsewhere: a scatter along the columns into a tensor the reference makes.
+DENSE_ROUTING = '''from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, e, k = shape["num_tokens"], shape["num_experts"], shape["top_k"]
+    ids = torch.rand(t, e, generator=generator, device=device).topk(k, dim=-1).indices
+    return {
+        "out": torch.empty(t, e, device=device, dtype=dtype),
+        "ids": ids.to(torch.int32),
+        "weights": torch.rand(t, k, generator=generator, device=device),
+    }
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    out = torch.zeros(shape["num_tokens"], shape["num_experts"], device=inputs["ids"].device)
+    return {"out": out.scatter(1, inputs["ids"].long(), inputs["weights"])}
+
+
+SPEC = KernelSpec(
+    name="dense_routing",
+    description=(
+        "out[t, ids[t, j]] = weights[t, j] and 0 in every other column. ids int32 [num_tokens, top_k] "
+        "(distinct in a row), weights fp32 [num_tokens, top_k], out [num_tokens, num_experts]."
+    ),
+    args=(Arg("out", "tensor", role="out"), Arg("ids", "tensor", dtype="int32"), Arg("weights", "tensor", dtype="float32"),
+          Arg("num_tokens", "int"), Arg("num_experts", "int"), Arg("top_k", "int")),
+    search_shapes=({"num_tokens": 256, "num_experts": 64, "top_k": 8},),
+    heldout_shapes=({"num_tokens": 7, "num_experts": 10, "top_k": 3},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: s["num_tokens"] * (8 * s["top_k"] + s["num_experts"] * (4 if dt == "float32" else 2)),
+    flops=lambda s: 0,
+    dtypes=("float16", "bfloat16", "float32"),
+)
+'''
+
+DENSE_ROUTING_CU = '''// launch: grid=(num_tokens,) block=(1,) smem=0
+extern "C" __global__ void dense_routing(scalar_t* out, const int* ids, const float* weights, int num_tokens,
+                                         int num_experts, int top_k) {
+    const long long t = blockIdx.x;
+    for (int e = 0; e < num_experts; ++e) out[t * num_experts + e] = static_cast<scalar_t>(0.0f);
+    for (int j = 0; j < top_k; ++j) out[t * num_experts + ids[t * top_k + j]] = static_cast<scalar_t>(weights[t * top_k + j]);
+}
+'''
+
 FOLDERS = {
     "silu_scale_shift": (SILU_SCALE_SHIFT, SILU_SCALE_SHIFT_CU),
     "softmax_temperature": (SOFTMAX_TEMPERATURE, SOFTMAX_TEMPERATURE_CU),
@@ -2243,11 +2361,17 @@ FOLDERS = {
     "kv_repeat_norm": (KV_REPEAT_NORM, KV_REPEAT_NORM_CU),
     "moe_combine": (MOE_COMBINE, MOE_COMBINE_CU),
     "masked_mean_max_pool": (MASKED_MEAN_MAX_POOL, MASKED_MEAN_MAX_POOL_CU),
+    "repetition_penalty": (REPETITION_PENALTY, REPETITION_PENALTY_CU),
+    "dense_routing": (DENSE_ROUTING, DENSE_ROUTING_CU),
 }
 
 # Small shapes: one row and up to 40, row lengths on and off 8-element (16-byte) vectors, a
 # row longer than a block's registers hold for the row kernels.
 SHAPES: dict[str, list[dict[str, int]]] = {
+    "repetition_penalty": [{"batch": 3, "vocab": 100, "history": 20}, {"batch": 1, "vocab": 7, "history": 1},
+                           {"batch": 2, "vocab": 50, "history": 2100}],
+    "dense_routing": [{"num_tokens": 5, "num_experts": 64, "top_k": 8}, {"num_tokens": 1, "num_experts": 3, "top_k": 1},
+                      {"num_tokens": 3, "num_experts": 300, "top_k": 37}],
     "moe_combine": [{"num_tokens": 3, "top_k": 4, "hidden": 64}, {"num_tokens": 1, "top_k": 1, "hidden": 10},
                     {"num_tokens": 5, "top_k": 3, "hidden": 136}],
     "masked_mean_max_pool": [{"batch": 2, "seq": 9, "hidden": 64}, {"batch": 1, "seq": 1, "hidden": 12},
@@ -2318,6 +2442,8 @@ SHAPES: dict[str, list[dict[str, int]]] = {
 
 # What the generator is expected to make of each kernel: its kind and every schedule's name.
 EXPECTED: dict[str, tuple[str, set[str]]] = {
+    "repetition_penalty": ("elementwise", {"codegen:scatter/block"}),
+    "dense_routing": ("elementwise", {"codegen:scatter/block"}),
     "moe_combine": ("elementwise", {"codegen:elementwise/rows"}),
     "masked_mean_max_pool": ("elementwise", {"codegen:elementwise/rows"}),
     "kv_repeat_norm": ("rowwise", {"codegen:rows/block", "codegen:rows/warp", "codegen:rows/cluster"}),
@@ -2449,3 +2575,20 @@ def test_generated_schedules_pass_admission_and_compile(name: str, tmp_path: Pat
 
     spec = _spec(name, tmp_path)
     assert set(_admits_everywhere(spec, tmp_path / "cache")) == EXPECTED[name][1]
+
+
+@pytest.mark.parametrize(("changed", "why"), [
+    ('x.sum(dim=1) * torch.rsqrt(inputs["shared"].float().pow(2).mean(-1, keepdim=True))', "beside row reductions"),
+    ('torch.softmax(x, dim=1).sum(dim=1) + inputs["shared"].float()', "_softmax over the next-to-last dimension"),
+])
+def test_what_a_loop_over_the_next_to_last_dimension_cannot_give_is_refused(changed: str, why: str, tmp_path: Path):
+    """moe_combine's fold beside a row reduction (a second pass over the reduced row) or a
+    softmax over the experts (a reduction that its own loop would need twice) is refused."""
+    from agents.embedded.codegen import Unsupported
+
+    text, baseline = FOLDERS["moe_combine"]
+    original = 'x.sum(dim=1) + inputs["shared"].float()'
+    assert original in text
+    spec = _kernel_here(tmp_path, "moe_combine", text.replace(original, changed), baseline)
+    with pytest.raises(Unsupported, match=why):
+        classify(spec)

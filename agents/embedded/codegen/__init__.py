@@ -3,7 +3,7 @@ the op graph, emit CUDA from schedule templates.
 
 Nothing here knows a kernel by name: the graph alone decides (elementwise maps with
 broadcasting, row reductions followed by maps, prefix sums along the row followed by maps,
-rows or columns gathered by index, rows scattered by index into an argument, 2-D transposes). A graph outside these kinds gives no schedules, and the agent goes on as before.
+rows or columns gathered by index, rows or columns scattered by index, 2-D transposes). A graph outside these kinds gives no schedules, and the agent goes on as before.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from agents.embedded.codegen.emit import Schedule
 from agents.embedded.codegen.ir import Program, read_program
 from agents.embedded.codegen.rows import online_pairs, rowwise
 from agents.embedded.codegen.scan import scan
+from agents.embedded.codegen.scatter import column_scatter
 from agents.embedded.codegen.trace import Unsupported, trace_reference
 from agents.embedded.codegen.transpose import transpose, transpose_wide
 from kernels.spec import KernelSpec
@@ -41,6 +42,8 @@ def generate(spec: KernelSpec) -> list[Schedule]:
         return [transpose(spec, program), transpose_wide(spec, program)]
     if program.kind == "scan":
         return [scan(spec, program)]
+    if any(space == "colscatter" for space, _ in program.outputs.values()):
+        return [column_scatter(spec, program)]
     if program.kind == "elementwise":
         for flat in (True, False):
             try:

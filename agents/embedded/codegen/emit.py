@@ -245,6 +245,12 @@ class Emitter:
                 return self.preloaded[(id(at), id(node))]
             if node.access == "col":
                 return self.convert_load(node.arg, f"{node.arg}[{col}]")
+            if node.access == "colgather":  # its index's element at this column, wrapped as in torch
+                idx = f"static_cast<cg_idx>({self.scalar_expr(node.index, col, at)})"
+                return self.convert_load(node.arg, f"{node.arg}[{self.leaf_base(node)} + ({idx} < 0 ? {idx} + "
+                                                   f"{c_size(node.rows)} : {idx})]")
+            if node.access == "colshift":
+                return self._column_shift(node, col)
             return self.convert_load(node.arg, f"{node.arg}[{self.leaf_base(node)} + {col}]")
         assert isinstance(node, Op)
         return self.op_text(node, [self.scalar_expr(a, col, at) for a in node.args])

@@ -10,7 +10,8 @@ picked by an index), constants, the kernel's float arguments, positions along a 
 (``cumsum``), the value of a full expression at one column per row (``gather`` by index), and
 reductions over the dimension next to the row's (``x.sum(dim=-2)``: the iteration space is then
 the reduced shape, and each element loops over that dimension itself, see :class:`Fold`). An output may be written by rows at an index (``target[index] =
-values`` into an inout argument: a scatter). A 2-D permuted copy is read as a transpose instead.
+values`` into an inout argument: a scatter), or element by element at the columns an index
+matrix names (``target.scatter(1, index, values)``: a :class:`ColumnScatter`). A 2-D permuted copy is read as a transpose instead.
 
 Anything else (reductions over other dimensions, or over the next-to-last beside row reductions, partial broadcasts, data-dependent sizes,
 ops not listed in :data:`UNARY` / :data:`BINARY`) raises :class:`Unsupported`.
@@ -187,6 +188,22 @@ class Scatter:
     rows: str
 
 
+@dataclass(frozen=True)
+class ColumnScatter:
+    """An output written by columns: element (r, c) of ``value`` goes to column ``column`` (an
+    integer expression of the element: an index matrix's entry; negative counts from the end, as
+    in torch) of row r of the written argument ``arg``, ``width`` columns wide. The columns no
+    index names keep what the argument held (``fill`` None: an inout argument the reference
+    scatters into), or hold ``fill`` (a constant: the reference scattered into a tensor it made,
+    ``torch.zeros(...).scatter(1, ids, w)``)."""
+
+    arg: str
+    column: Any
+    value: Any
+    width: str
+    fill: Any = None
+
+
 @dataclass
 class Program:
     """What the emitter needs.
@@ -196,7 +213,7 @@ class Program:
             or ``transpose``.
         rows, cols: R and C as launch expressions over the shape symbols.
         outputs: written argument -> (space, expression); space ``scatter`` holds a
-            :class:`Scatter`.
+            :class:`Scatter`, space ``colscatter`` a :class:`ColumnScatter`.
         reductions: in dependency order.
         dtypes: tensor argument -> torch dtype name (``scalar`` for the run's type).
         transposed: for ``transpose``, the permuted argument and its [rows, cols] expressions.
@@ -237,6 +254,8 @@ def walk(roots: list[Any]) -> list[Any]:
             stack.append(node.index)
         elif isinstance(node, Scatter):
             stack.extend((node.index, node.value))
+        elif isinstance(node, ColumnScatter):
+            stack.extend((node.column, node.value))
     return list(seen.values())
 
 
@@ -518,6 +537,8 @@ class _Reader:
         if scatters:
             # What a scatter writes is the iteration space (its values' rows), not its target.
             at = _VALUES_AT[_opname(nodes_a[scatters[0]])]
+            if _along_columns(nodes_a[scatters[0]]):
+                at = 2  # a scatter along the columns writes one element per entry of its index
             values = [n.args[at] if len(n.args) > at else None for n in (nodes_a[scatters[0]], nodes_b[scatters[0]])]
             kept: list[Any] = [v for v in values if hasattr(v, "meta")]
             if len(kept) != 2:
@@ -544,6 +565,9 @@ class _Reader:
                     if isinstance(v.expr, Scatter):
                         outputs[name] = ("scatter", self.scatter_output(name, v.expr))
                         continue
+                    if isinstance(v.expr, ColumnScatter):
+                        outputs[name] = ("colscatter", self.column_scatter_output(name, v.expr))
+                        continue
                     space = self.space(v.shape)
                     if space in ("col", "bcast", *FOLD_READS) or (space == "scalar" and math.prod(self.full[:-1]) != 1):
                         raise Unsupported(f"output {name} is not one value per element or per row")
@@ -554,7 +578,9 @@ class _Reader:
         if any(isinstance(n, Scan) for n in walk([e for _, e in outputs.values()])):
             return self.scan_program(rows, cols, outputs)
         kind = "rowwise" if self.reductions or _has_at_column(outputs) else "elementwise"
-        if kind == "elementwise" and any(s not in ("full", "scatter", "row") for s, _ in outputs.values()):
+        if any(s == "colscatter" for s, _ in outputs.values()) and (kind != "elementwise" or len(outputs) != 1):
+            raise Unsupported("a scatter along the columns beside other outputs or row reductions")
+        if kind == "elementwise" and any(s not in ("full", "scatter", "row", "colscatter") for s, _ in outputs.values()):
             raise Unsupported("an elementwise graph with a single-value output")
         if kind == "rowwise" and any(s == "scatter" for s, _ in outputs.values()):
             raise Unsupported("a scatter after row reductions")
@@ -669,7 +695,9 @@ class _Reader:
         if name in _VIEWS and first is not None and first.expr is None and (shape, shape_b) == (first.shape, first.shape_b):
             return first  # a view that changes nothing (an expand to the argument's own shape)
         # A gather's table is read at its index, by its own width, whatever the row's.
-        table = args[0] if name in ("gather", "index_select", "index", "embedding") and args and args[0] in env else None
+        # So is a scatter's target along the columns, written at its index's columns.
+        table = args[0] if (name in ("gather", "index_select", "index", "embedding") or _along_columns(na)) \
+            and args and args[0] in env else None
         piece = name == "getitem" and args[0] in self.splits  # a split's piece: a narrower range of it
         if name != "cat" and name not in _NARROW_OK and not piece \
                 and any(self.narrow(env[x]) for x in args if x in env and x is not table):
@@ -720,9 +748,9 @@ class _Reader:
             return self.scatter_rows(env, na, shape, shape_b)
         if name == "scatter":
             return self.scatter_along_rows(env, na, shape, shape_b)
-        if name in ("scalar_tensor", "full", "full_like", "zeros_like", "ones_like"):
-            at = {"zeros_like": None, "ones_like": None, "scalar_tensor": 0}.get(name, 1)
-            value = {"zeros_like": 0, "ones_like": 1}.get(name, args[at] if at is not None and len(args) > at else 0)
+        if name in ("scalar_tensor", "full", "full_like", "zeros_like", "ones_like", "zeros", "ones"):
+            at = {"zeros_like": None, "ones_like": None, "zeros": None, "ones": None, "scalar_tensor": 0}.get(name, 1)
+            value = {"zeros_like": 0, "ones_like": 1, "zeros": 0, "ones": 1}.get(name, args[at] if at is not None and len(args) > at else 0)
             value_b = nb.args[at] if at is not None and len(nb.args) > at else value
             constant = self.shape_constant(value, value_b) if value != value_b and value == value else self.constant(value)
             return out(_as_kind(constant, kind))
@@ -1000,17 +1028,59 @@ class _Reader:
                            shape_b: tuple[int, ...]) -> _Val:
         """``target.scatter(0, index, values)`` whose index is one row index repeated along
         each row (``slots[:, None].expand(-1, h)``): ``target[slots] = values`` written another way."""
+        if _along_columns(na):
+            return self.scatter_columns(env, na, shape, shape_b)
         if len(na.args) != 4 or na.kwargs.get("reduce") or not hasattr(na.args[3], "op"):
             raise Unsupported("a scatter that reduces, or of a number")
         target, dim, index, values = na.args
         if dim not in (0, -2):
-            raise Unsupported("a scatter along the columns")
+            raise Unsupported("a scatter along the columns of a value computed per row")
         if self.space(env[values].shape) != "full" or self.space(env[index].shape) != "full":
             raise Unsupported("a scatter whose values are not the iteration space's rows")
         idx = self.read(env[index])
         if not (isinstance(idx, Load) and idx.access == "row"):
             raise Unsupported("a scatter whose index differs along a row")
         return self.scatter(env[target], idx, env[values], na, shape, shape_b)
+
+    def scatter_columns(self, env: dict[Any, _Val], na: Any, shape: tuple[int, ...],
+                        shape_b: tuple[int, ...]) -> _Val:
+        """``target.scatter(1, index, values)`` (or of one number): element (r, j) of the values
+        to column index[r, j] of row r of a 2-D target, an argument or a constant tensor."""
+        if len(na.args) != 4 or na.kwargs.get("reduce"):
+            raise Unsupported("a scatter along the columns that reduces")
+        target, _, index, values = na.args
+        t, idx = env[target], env[index]
+        if len(self.full) != 2 or len(t.shape) != 2 or (t.shape[0], t.shape_b[0]) != (self.full[0], self.full_b[0]):
+            raise Unsupported("a scatter along the columns of other than 2-D rows, one row of the index per row")
+        if self.space(idx.shape) != "full":
+            raise Unsupported("a scatter along the columns whose index is not one entry per element")
+        column = self.read(idx)
+        if self.index_load(column) is None:
+            raise Unsupported("a scatter along the columns by an index that is not integer")
+        if hasattr(values, "op"):
+            if self.space(env[values].shape) != "full":
+                raise Unsupported("a scatter along the columns of values not one per index entry")
+            value = self.read(env[values])
+        else:
+            value = self.constant(values)
+        width = self.size_expr(t.shape[-1], t.shape_b[-1])
+        if t.expr is None and t.arg is not None:
+            scatter = ColumnScatter(t.arg, column, value, width)
+        elif isinstance(t.expr, Const):
+            scatter = ColumnScatter("", column, value, width, fill=t.expr)
+        else:
+            raise Unsupported("a scatter along the columns into a computed tensor")
+        return _Val(scatter, shape, shape_b, dtype=na.meta["val"].dtype)
+
+    def column_scatter_output(self, name: str, scatter: ColumnScatter) -> ColumnScatter:
+        """The scatter an output is: into itself as an inout argument, or into a constant tensor
+        (then it writes every column of the output: the constant where no index names one)."""
+        role = next((a.role for a in self.spec.args if a.name == name), None)
+        if scatter.fill is not None:
+            return replace(scatter, arg=name)
+        if scatter.arg != name or role != "inout":
+            raise Unsupported(f"output {name} is a scatter into {scatter.arg}, not into itself as an inout argument")
+        return scatter
 
     def scatter_output(self, name: str, scatter: Scatter) -> Scatter:
         """The scatter an output is, if it writes into that same argument, which the kernel
@@ -1175,6 +1245,13 @@ def _fold_dim(node: Any) -> int | None:
     if not dims or len(dims) != 1 or rank < 2 or dims[0] % rank != rank - 2:
         return None
     return rank - 2
+
+
+def _along_columns(node: Any) -> bool:
+    """Whether a ``scatter`` node writes along the last dimension of a 2-D target."""
+    if _opname(node) != "scatter" or len(node.args) < 2 or not hasattr(node.args[0], "meta"):
+        return False
+    return len(node.args[0].meta["val"].shape) == 2 and node.args[1] in (1, -1)
 
 
 def _has_at_column(outputs: dict[str, tuple[str, Any]]) -> bool:
