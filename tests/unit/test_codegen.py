@@ -111,7 +111,8 @@ def _evaluate(program: Program, spec: KernelSpec, inputs: dict[str, Any], shape:
         elif isinstance(node, Const):
             out = torch.tensor(node.value, dtype={"float": torch.float32, "int": torch.int64, "bool": torch.bool}[node.ctype])
         elif isinstance(node, Param):
-            named = {"__cols": lambda: float(cols), "__size": lambda: float(size(node.size))}
+            named = {"__cols": lambda: float(cols), "__size": lambda: float(size(node.size)),
+                     "__isize": lambda: int(size(node.size))}
             out = torch.tensor(named[node.name]() if node.name in named else spec.constants[node.name])
         elif isinstance(node, ColumnIndex):
             out = c.float()
@@ -510,16 +511,20 @@ def _written_here(tmp_path: Path, name: str, old: str, new: str) -> KernelSpec:
     return _kernel_here(tmp_path, name, _NEW_SPEC.replace(old, new), _NEW_BASELINE)
 
 
-def test_numbers_made_from_the_shape_are_the_row_length_or_refused(tmp_path):
+def test_numbers_made_from_the_shape_are_sizes_or_refused(tmp_path):
     """A traced graph holds a Python number made from the shape as a constant of probe A;
-    the row's length (a hand-written mean) is read as the row length, any other is refused
-    rather than baked in."""
+    the row's length (a hand-written mean) is read as the row length, a size the shape symbols
+    make (the row count, its reciprocal) as that size, and a number that is no size (a square
+    root of one) is refused rather than baked in."""
     mean_by_hand = _written_here(tmp_path, "by_hand", 'a.mean(dim=-1, keepdim=True)',
                                  'a.sum(dim=-1, keepdim=True) / shape["width"]')
     _check_against_reference(mean_by_hand)
-    scaled_by_rows = _written_here(tmp_path, "by_rows", '* constants["alpha"]', '* shape["n"]')
+    for name, factor in (("by_rows", '* shape["n"]'), ("by_inverse", '* (1.0 / shape["n"])')):
+        scaled = _written_here(tmp_path, name, '* constants["alpha"]', factor)
+        _check_against_reference(scaled)
+    rooted = _written_here(tmp_path, "rooted", '* constants["alpha"]', '* shape["n"] ** 0.5')
     with pytest.raises(Unsupported, match="made from the shape"):
-        classify(scaled_by_rows)
+        classify(rooted)
 
 
 def test_fp8_outputs_are_generated(tmp_path):

@@ -2592,3 +2592,21 @@ def test_what_a_loop_over_the_next_to_last_dimension_cannot_give_is_refused(chan
     spec = _kernel_here(tmp_path, "moe_combine", text.replace(original, changed), baseline)
     with pytest.raises(Unsupported, match=why):
         classify(spec)
+
+
+@pytest.mark.parametrize("changed", [
+    '(x.sum(dim=1, keepdim=True) + inputs["shared"].float()[:, None]).squeeze(1)',
+    'x.mean(dim=-2) * shape["top_k"] + inputs["shared"].float()',
+    '(inputs["expert_out"] * inputs["weights"].unsqueeze(-1).to(inputs["expert_out"].dtype)).sum(1) + inputs["shared"]',
+], ids=["keepdim", "mean-times-a-size", "in-the-element-type"])
+def test_moe_combine_written_other_ways_gets_correct_schedules(changed: str, tmp_path: Path):
+    """The same combine with keepdim, as a mean times a shape symbol (a number made from the
+    shape), and computed in the element type throughout (each product and the sum rounded to
+    it, as torch does; a sum that cancels is made of those roundings)."""
+    text, baseline = FOLDERS["moe_combine"]
+    original = 'x.sum(dim=1) + inputs["shared"].float()'
+    spec = _kernel_here(tmp_path, "moe_combine", text.replace(original, changed), baseline)
+    schedules = generate(spec)
+    assert [s.name for s in schedules] == ["codegen:elementwise/rows"]
+    for dtype in _dtypes(spec):
+        assert _check(spec, schedules[0].source, dtype, {}, tmp_path / f"run-{dtype}")

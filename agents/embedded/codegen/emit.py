@@ -183,6 +183,8 @@ class Emitter:
         if isinstance(node, Param):
             if node.name in ("__cols", "__size"):
                 return "static_cast<float>(" + (self.cols if node.name == "__cols" else c_size(node.size)) + ")"
+            if node.name == "__isize":
+                return "static_cast<long long>(" + c_size(node.size, "long long") + ")"
             return node.name
         key = id(node)
         if key in self.row_done:

@@ -102,8 +102,9 @@ class Const:
 
 @dataclass(frozen=True)
 class Param:
-    """A float argument of the kernel by ``name``; ``__cols`` is the row's length, and
-    ``__size`` the size expression ``size`` (where a ``cat`` puts a piece)."""
+    """A float argument of the kernel by ``name``; ``__cols`` is the row's length, ``__size``
+    the size expression ``size`` as a float (where a ``cat`` puts a piece, a mean's divisor), and
+    ``__isize`` the same as a 64-bit integer (a size the reference computes with)."""
 
     name: str
     size: str = ""
@@ -264,7 +265,9 @@ def ctype_of(node: Any) -> str:
         return "load"
     if isinstance(node, Const):
         return node.ctype
-    if isinstance(node, Param | Reduce | ColumnIndex):
+    if isinstance(node, Param):
+        return INT if node.name == "__isize" else FLOAT
+    if isinstance(node, Reduce | ColumnIndex):
         return FLOAT
     if isinstance(node, RowOf):
         return INT
@@ -459,8 +462,10 @@ class _Reader:
         self.full_b = (*folded_b[:at], *folded_b[at + 1:])
         return True
 
-    def fold_reduction(self, name: str, first: _Val) -> Any:
-        """``sum``, ``mean``, ``amax`` or ``amin`` over the dimension next to the row's."""
+    def fold_reduction(self, name: str, first: _Val, dtype: Any) -> Any:
+        """``sum``, ``mean``, ``amax`` or ``amin`` over the dimension next to the row's, of
+        result type ``dtype`` (the input's for floats: a lazily widened argument's value keeps
+        the argument's own type, so the result's is the one to go by)."""
         assert self.fold is not None
         if name not in _FOLDS:
             raise Unsupported(f"{name} over the next-to-last dimension")
@@ -474,10 +479,17 @@ class _Reader:
         ctype = _kind_of_dtype(first.dtype) if first.dtype is not None else FLOAT
         if ctype != FLOAT and name != "sum":
             raise Unsupported(f"{name} of integers over the next-to-last dimension")
-        fold = Fold(_FOLDS[name], body, count, INT if ctype != FLOAT else FLOAT)
+        import torch
+
+        half = dtype in (torch.float16, torch.bfloat16)
+        if half:
+            # What torch sums is the half tensor: each position's value rounded to it, summed in
+            # fp32, the sum rounded to it again. A sum that cancels is made of those roundings.
+            body = _cast(body, dtype, self.trace.element_casts)
+        fold: Any = Fold(_FOLDS[name], body, count, INT if ctype != FLOAT else FLOAT)
         if name == "mean":
-            return Op("div", (fold, Param("__size", count)), FLOAT)
-        return fold
+            fold = Op("div", (fold, Param("__size", count)), FLOAT)
+        return _cast(fold, dtype, self.trace.element_casts) if half else fold
 
     def constant(self, x: Any) -> Any:
         if isinstance(x, bool):
@@ -501,12 +513,23 @@ class _Reader:
 
     def shape_constant(self, a: float, b: float) -> Any:
         """A number that differs between the two probes: the row's length (a mean's divisor)
-        or its reciprocal; any other shape-made number is one the program cannot say."""
+        or its reciprocal, or any size the shape symbols make (``* shape["top_k"]``, ``/
+        shape["hidden"]``: :func:`trace.fit_size`), an integer where the reference has one;
+        any other shape-made number is one the program cannot say."""
         cols = Param("__cols")
         if (a, b) == (self.full[-1], self.full_b[-1]):
             return cols
         if a and b and math.isclose(1 / a, self.full[-1]) and math.isclose(1 / b, self.full_b[-1]):
             return Op("div", (Const(1.0, FLOAT), cols), FLOAT)
+        whole = all(float(x).is_integer() and x > 0 for x in (a, b))
+        try:
+            if whole:
+                size = self.size_expr(int(a), int(b))
+                return Param("__isize", size) if isinstance(a, int) and isinstance(b, int) else Param("__size", size)
+            if a > 0 and b > 0 and all(math.isclose(1 / x, round(1 / x)) for x in (a, b)):
+                return Op("div", (Const(1.0, FLOAT), Param("__size", self.size_expr(round(1 / a), round(1 / b)))), FLOAT)
+        except Unsupported:
+            pass
         raise Unsupported(f"a constant made from the shape ({a} and {b} at the two probes)")
 
     # ---- the graph
@@ -1103,7 +1126,7 @@ class _Reader:
             dims = [dims]
         if self.fold is not None and dims and len(dims) == 1 and len(first.shape) == len(self.fold[1]) \
                 and dims[0] % len(first.shape) == self.fold[0]:
-            return self.fold_reduction(name, first)
+            return self.fold_reduction(name, first, na.meta["val"].dtype)
         if not dims or len(dims) != 1 or dims[0] not in (-1, len(first.shape) - 1):
             raise Unsupported(f"{name} over dimensions {dims}, not the last one")
         if self.space(first.shape) != "full":
