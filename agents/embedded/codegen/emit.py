@@ -247,10 +247,8 @@ class Emitter:
                 return self.preloaded[(id(at), id(node))]
             if node.access == "col":
                 return self.convert_load(node.arg, f"{node.arg}[{col}]")
-            if node.access == "colgather":  # its index's element at this column, wrapped as in torch
-                idx = f"static_cast<cg_idx>({self.scalar_expr(node.index, col, at)})"
-                return self.convert_load(node.arg, f"{node.arg}[{self.leaf_base(node)} + ({idx} < 0 ? {idx} + "
-                                                   f"{c_size(node.rows)} : {idx})]")
+            if node.access == "colgather":  # at its index's element at this column
+                return self._column_gather(node, {node.index: self.scalar_expr(node.index, col, at)})
             if node.access == "colshift":
                 return self._column_shift(node, col)
             return self.convert_load(node.arg, f"{node.arg}[{self.leaf_base(node)} + {col}]")
@@ -559,7 +557,6 @@ class Emitter:
             lines.append(f"cg_store<{self.c_type(arg)}, V>({arg} + {base} + {col0}, cg_o_{arg});")
         return lines
 
-
     def fold_loop(self, fold: Fold, leaf_text: Mapping[int, str], col0: str) -> list[str]:
         """The V accumulators of a Fold over the chunk at ``col0``, and its loop over k: at each
         k the chunk's V-wide loads of the folded arguments and the row's value at k, then the
@@ -613,6 +610,18 @@ def entry_params(spec: KernelSpec) -> str:
 
 def entry_args(spec: KernelSpec) -> str:
     return ", ".join(a.name for a in spec.args)
+
+
+def rows_grid(rows: str) -> str:
+    """A launch grid of one block per row, at most 2^20 blocks (they take further rows in turn)."""
+    return f"(max(1, min({rows}, 1048576)),)"
+
+
+def block_entry(spec: KernelSpec) -> list[str]:
+    """The kernel of a schedule whose ``cg_run`` takes the spec's arguments as they are (no
+    vector path to choose at launch), with BLOCK threads at most."""
+    return [f'extern "C" __global__ void __launch_bounds__(BLOCK) {spec.name}({entry_params(spec)}) {{',
+            f"    cg_run({entry_args(spec)});", "}"]
 
 
 def header(grid: str, block: str, tune: Mapping[str, tuple[int, ...]], what: str, spec: KernelSpec) -> str:

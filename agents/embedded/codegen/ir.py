@@ -476,7 +476,7 @@ class _Reader:
             raise Unsupported("a reduction over the next-to-last dimension of another one")
         at, folded, folded_b = self.fold
         count = self.size_expr(folded[at], folded_b[at])
-        ctype = _kind_of_dtype(first.dtype) if first.dtype is not None else FLOAT
+        ctype = _kind_of_dtype(dtype)
         if ctype != FLOAT and name != "sum":
             raise Unsupported(f"{name} of integers over the next-to-last dimension")
         import torch
@@ -1087,6 +1087,11 @@ class _Reader:
         else:
             value = self.constant(values)
         width = self.size_expr(t.shape[-1], t.shape_b[-1])
+        own = self.index_load(column)
+        if any(isinstance(n, Load) and n.arg == t.arg and (n.access != "colgather" or n.index != own)
+               for n in walk([value])):
+            # (the schedule keeps apart only one column's read and write: codegen.scatter)
+            raise Unsupported("a scatter along the columns of values read from other columns of its target")
         if t.expr is None and t.arg is not None:
             scatter = ColumnScatter(t.arg, column, value, width)
         elif isinstance(t.expr, Const):

@@ -14,7 +14,14 @@ against the other proposals like any kernel.
 from __future__ import annotations
 
 from agents.embedded.codegen.cuda_text import PRELUDE
-from agents.embedded.codegen.emit import Emitter, Schedule, entry_args, entry_params, header
+from agents.embedded.codegen.emit import (
+    Emitter,
+    Schedule,
+    block_entry,
+    entry_params,
+    header,
+    rows_grid,
+)
 from agents.embedded.codegen.ir import FLOAT, Program, Scan, walk
 from kernels.spec import KernelSpec
 
@@ -79,12 +86,9 @@ def scan(spec: KernelSpec, program: Program) -> Schedule:
         "    }",
         "}",
         "",
-        f'extern "C" __global__ void __launch_bounds__(BLOCK) {spec.name}({entry_params(spec)}) {{',
-        f"    cg_run({entry_args(spec)});",
-        "}",
+        *block_entry(spec),
     ]
     tune = {"BLOCK": (256, 512, 1024, 128), "ITEMS": (4, 1, 2, 8)}
-    grid = f"(max(1, min({program.rows}, 1048576)),)"
-    head = header(grid, "(BLOCK,)", tune, "scan/block: a row per block in tiles of BLOCK * ITEMS columns, "
+    head = header(rows_grid(program.rows), "(BLOCK,)", tune, "scan/block: a row per block in tiles of BLOCK * ITEMS columns, "
                   "running sums per thread, the threads' totals scanned in shared memory", spec)
     return Schedule("codegen:scan/block", head + "\n".join(text) + "\n")

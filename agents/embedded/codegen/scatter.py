@@ -19,8 +19,16 @@ have no defined order in torch either.
 from __future__ import annotations
 
 from agents.embedded.codegen.cuda_text import PRELUDE
-from agents.embedded.codegen.emit import Emitter, Schedule, c_size, entry_args, entry_params, header
-from agents.embedded.codegen.ir import ColumnIndex, ColumnScatter, Load, Op, Program, walk
+from agents.embedded.codegen.emit import (
+    Emitter,
+    Schedule,
+    block_entry,
+    c_size,
+    entry_params,
+    header,
+    rows_grid,
+)
+from agents.embedded.codegen.ir import ColumnIndex, ColumnScatter, Load, Program, walk
 from agents.embedded.codegen.trace import Unsupported
 from kernels.spec import KernelSpec
 
@@ -33,15 +41,15 @@ def column_scatter(spec: KernelSpec, program: Program) -> Schedule:
     em = Emitter(spec, program)
     bases = em.take_row_lines() + em.leaf_bases("cg_row")
     width = c_size(sc.width)
-    raw = em.scalar_expr(sc.column, "cg_j")
-    column = f"cg_wrap(static_cast<cg_idx>({raw}), {width})"
+
+    def column(at: str) -> str:
+        """The column entry ``at`` of the row names, counted from the end when negative."""
+        return f"cg_wrap(static_cast<cg_idx>({em.scalar_expr(sc.column, at)}), {width})"
+
     value = em.store_value(name, em.scalar_expr(sc.value, "cg_j"), em.kind(sc.value))
     row_defs = em.take_row_lines()
-    reads = [n for n in walk([sc.value]) if isinstance(n, Load) and n.arg == name]
-    reads_target = bool(reads)
-    if any(n.access != "colgather" or _index_of(n.index) != _index_of(sc.column) for n in reads):
-        # (a longer row's first-entry writes keep apart only reads and writes of one column)
-        raise Unsupported("a scatter along the columns of values read from other columns of its target")
+    # (the reader admits such reads at the entry's own column only: ir._Reader.scatter_columns)
+    reads_target = any(isinstance(n, Load) and n.arg == name for n in walk([sc.value]))
     fill = []
     if sc.fill is not None:
         fill_value = em.store_value(name, em.row_expr(sc.fill), em.kind(sc.fill))
@@ -56,14 +64,14 @@ def column_scatter(spec: KernelSpec, program: Program) -> Schedule:
         write = [
             "        if (cg_cols <= static_cast<cg_idx>(BLOCK) * ITEMS) {",
             "            // The whole row read before any write: a column named twice reads its original value.",
-            f"            {spec_type(em, name)} cg_v[ITEMS];",
+            f"            {em.c_type(name)} cg_v[ITEMS];",
             "            cg_idx cg_at[ITEMS];",
             "            #pragma unroll",
             "            for (int cg_i = 0; cg_i < ITEMS; ++cg_i) {",
             "                const cg_idx cg_j = threadIdx.x + static_cast<cg_idx>(cg_i) * BLOCK;",
             "                cg_at[cg_i] = -1;",
             "                if (cg_j < cg_cols) {",
-            f"                    cg_at[cg_i] = {column};",
+            f"                    cg_at[cg_i] = {column('cg_j')};",
             f"                    cg_v[cg_i] = {value};",
             "                }",
             "            }",
@@ -75,10 +83,10 @@ def column_scatter(spec: KernelSpec, program: Program) -> Schedule:
             "        } else {",
             "            // A longer row: each column written by its first entry only.",
             "            for (cg_idx cg_j = threadIdx.x; cg_j < cg_cols; cg_j += blockDim.x) {",
-            f"                const cg_idx cg_col = {column};",
+            f"                const cg_idx cg_col = {column('cg_j')};",
             "                bool cg_first = true;",
             "                for (cg_idx cg_i = 0; cg_i < cg_j && cg_first; ++cg_i) {",
-            f"                    cg_first = {column.replace('cg_j', 'cg_i')} != cg_col;",
+            f"                    cg_first = {column('cg_i')} != cg_col;",
             "                }",
             f"                if (cg_first) {name}[cg_obase + cg_col] = {value};",
             "            }",
@@ -87,7 +95,7 @@ def column_scatter(spec: KernelSpec, program: Program) -> Schedule:
     else:
         write = [
             "        for (cg_idx cg_j = threadIdx.x; cg_j < cg_cols; cg_j += blockDim.x) {",
-            f"            {name}[cg_obase + {column}] = {value};",
+            f"            {name}[cg_obase + {column('cg_j')}] = {value};",
             "        }",
         ]
     text = [
@@ -107,25 +115,11 @@ def column_scatter(spec: KernelSpec, program: Program) -> Schedule:
         "    }",
         "}",
         "",
-        f'extern "C" __global__ void __launch_bounds__(BLOCK) {spec.name}({entry_params(spec)}) {{',
-        f"    cg_run({entry_args(spec)});",
-        "}",
+        *block_entry(spec),
     ]
     # Rows of a few entries (a top-k) waste most of a large block: small blocks are in the space.
     blocks = (128, 32, 64, 256, 512, 1024)
     tune = {"BLOCK": blocks, "ITEMS": (4, 2, 8)} if reads_target else {"BLOCK": blocks}
-    grid = f"(max(1, min({program.rows}, 1048576)),)"
-    head = header(grid, "(BLOCK,)", tune, "scatter/block: a row per block, scalar loads and stores at the "
+    head = header(rows_grid(program.rows), "(BLOCK,)", tune, "scatter/block: a row per block, scalar loads and stores at the "
                   "index's columns", spec)
     return Schedule("codegen:scatter/block", head + "\n".join(text) + "\n")
-
-
-def spec_type(em: Emitter, arg: str) -> str:
-    return em.c_type(arg)
-
-
-def _index_of(expr: object) -> object:
-    """The index argument's load under an index expression's widenings (``ids.long()``)."""
-    while isinstance(expr, Op) and expr.name == "toint":
-        expr = expr.args[0]
-    return expr
