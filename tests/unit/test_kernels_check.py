@@ -189,6 +189,25 @@ def test_bytes_moved_floor_leaves_out_what_a_scatter_does_not_touch():
     assert sum(floor.values()) <= spec.bytes_moved(shape, "float16") < inputs["key_cache"].numel()
 
 
+def test_bytes_moved_floor_ignores_what_an_out_buffer_held(tmp_path):
+    """An ``out`` buffer comes from torch.empty: memory that may already hold the result (a
+    freed tensor of the same values). The read floor must not drop the elements where it does,
+    as it does for an ``inout`` tensor the reference leaves unchanged."""
+    import torch
+
+    from kernels.check_run import traffic_floor
+    from kernels.spec import load_kernel
+
+    spec = load_kernel(write_kernel(tmp_path / "mul2"))
+    shape = {"n": 1024}
+    inputs = spec.make_inputs(shape, torch.bfloat16, torch.Generator().manual_seed(0), "random", torch.device("cpu"))
+    expected = spec.reference({k: v.clone() for k, v in inputs.items()}, shape, spec.constants)
+    clean = traffic_floor(spec, shape, inputs, expected)
+    inputs["out"].copy_(expected["out"])  # what the allocator may hand back
+    assert traffic_floor(spec, shape, inputs, expected) == clean == {
+        "out written": 2048, "x read": 2048, "y read": 2048}
+
+
 def test_the_search_stops_on_a_broken_folder_with_one_line_before_ray(tmp_path, compile_cache, capsys):
     import ray
 
