@@ -36,7 +36,11 @@ of experts' combine (top-k expert outputs weighted by fp32 routing weights, summ
 experts) and a masked mean and a max over a sequence (reductions over the dimension next to the
 row's, one of them divided by a count of bools), a repetition penalty (logits at each row's
 generated ids, which repeat, gathered, penalised and scattered back in place) and a dense routing
-matrix (top-k weights scattered along the columns of a tensor of zeros the reference makes). Each
+matrix (top-k weights scattered along the columns of a tensor of zeros the reference makes), and
+four around ``torch.topk``: a MoE gating (softmax, top-k, renormalised), a router's softmax over
+its top-k logits (int64 ids; smallest first in a variant), a biased top-k whose unbiased scores
+are gathered at the picks, and top-k sampling's filter (a softmax of the logits at or above the
+k-th largest: reductions after the picks). Each
 folder's baseline is also run, so that a spec and its baseline agree before the generator is
 judged against the spec.
 """
@@ -2326,6 +2330,311 @@ extern "C" __global__ void dense_routing(scalar_t* out, const int* ids, const fl
 }
 '''
 
+# MoE gating: softmax over the experts in fp32, the top-k experts, their probabilities
+# renormalised to sum to one (a row reduction, a top-k, a reduction over the picks).
+MOE_TOPK_GATING = '''
+from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, e, k = shape["num_tokens"], shape["num_experts"], shape["top_k"]
+    # Distinct logits in every row (a shuffled grid, exact in fp16 and bf16 up to 512 experts):
+    # no two experts tie, so the picks do not depend on the order torch gives equal values.
+    grid = torch.argsort(torch.rand(t, e, generator=generator, device=device), dim=-1).float()
+    logits = (grid - e / 2) / 8.0
+    if case == "large":
+        logits = grid - e / 2 + 60.0  # exp overflows fp32 unless the row max is subtracted
+    return {
+        "weights": torch.empty(t, k, device=device, dtype=torch.float32),
+        "ids": torch.empty(t, k, device=device, dtype=torch.int32),
+        "logits": logits.to(dtype),
+    }
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    probs = torch.softmax(inputs["logits"].float(), dim=-1)
+    weights, ids = torch.topk(probs, shape["top_k"], dim=-1)
+    weights = weights / weights.sum(dim=-1, keepdim=True)
+    return {"weights": weights, "ids": ids.to(torch.int32)}
+
+
+SPEC = KernelSpec(
+    name="moe_topk_gating",
+    description=(
+        "MoE gating: p = softmax(logits[t, :]) in fp32; ids[t, :] the top_k experts by p, largest first; "
+        "weights[t, j] = p[ids[t, j]] / sum of the top_k p. logits [num_tokens, num_experts], weights fp32 and "
+        "ids int32 [num_tokens, top_k]."
+    ),
+    args=(Arg("weights", "tensor", role="out", dtype="float32"), Arg("ids", "tensor", role="out", dtype="int32"),
+          Arg("logits", "tensor"), Arg("num_tokens", "int"), Arg("num_experts", "int"), Arg("top_k", "int")),
+    search_shapes=({"num_tokens": 256, "num_experts": 64, "top_k": 8}, {"num_tokens": 1024, "num_experts": 128, "top_k": 4}),
+    heldout_shapes=({"num_tokens": 7, "num_experts": 40, "top_k": 6},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: s["num_tokens"] * (8 * s["top_k"] + s["num_experts"] * (4 if dt == "float32" else 2)),
+    flops=lambda s: 4 * s["num_tokens"] * s["num_experts"],
+    dtypes=("float16", "bfloat16", "float32"),
+    edge_cases=("large",),
+)
+'''
+
+MOE_TOPK_GATING_CU = '''// launch: grid=(num_tokens,) block=(1,) smem=0
+extern "C" __global__ void moe_topk_gating(float* weights, int* ids, const scalar_t* logits, int num_tokens,
+                                           int num_experts, int top_k) {
+    const long long t = blockIdx.x;
+    const scalar_t* row = logits + t * num_experts;
+    float m = __int_as_float(0xff800000);
+    for (int e = 0; e < num_experts; ++e) m = fmaxf(m, static_cast<float>(row[e]));
+    float s = 0.0f;
+    for (int e = 0; e < num_experts; ++e) s += expf(static_cast<float>(row[e]) - m);
+    float total = 0.0f, last = 0.0f;
+    int prev = -1;
+    for (int j = 0; j < top_k; ++j) {
+        int best = -1;
+        float bp = 0.0f;
+        for (int e = 0; e < num_experts; ++e) {
+            const float p = expf(static_cast<float>(row[e]) - m) / s;
+            const bool after = prev < 0 || p < last || (p == last && e > prev);
+            if (after && (best < 0 || p > bp)) { best = e; bp = p; }
+        }
+        weights[t * top_k + j] = bp;
+        ids[t * top_k + j] = best;
+        total += bp;
+        prev = best;
+        last = bp;
+    }
+    for (int j = 0; j < top_k; ++j) weights[t * top_k + j] /= total;
+}
+'''
+
+# A router as Mixtral writes it: the top-k of the raw logits, then a softmax over the picked
+# values alone (reductions over the picks), and the experts' ids as int64.
+ROUTER_TOPK_SOFTMAX = '''
+from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, e, k = shape["num_tokens"], shape["num_experts"], shape["top_k"]
+    grid = torch.argsort(torch.rand(t, e, generator=generator, device=device), dim=-1).float()
+    return {
+        "weights": torch.empty(t, k, device=device, dtype=dtype),
+        "ids": torch.empty(t, k, device=device, dtype=torch.int64),
+        "logits": ((grid - e / 2) / 4.0).to(dtype),
+    }
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    values, ids = inputs["logits"].float().topk(shape["top_k"], dim=-1)
+    return {"weights": torch.softmax(values, dim=-1), "ids": ids}
+
+
+SPEC = KernelSpec(
+    name="router_topk_softmax",
+    description=(
+        "Router: ids[t, :] the top_k columns of logits[t, :], largest first (int64); weights[t, :] the softmax of "
+        "their logits, in fp32, rounded once. logits [num_tokens, num_experts], weights and ids [num_tokens, top_k]."
+    ),
+    args=(Arg("weights", "tensor", role="out"), Arg("ids", "tensor", role="out", dtype="int64"),
+          Arg("logits", "tensor"), Arg("num_tokens", "int"), Arg("num_experts", "int"), Arg("top_k", "int")),
+    search_shapes=({"num_tokens": 256, "num_experts": 8, "top_k": 2}, {"num_tokens": 1024, "num_experts": 64, "top_k": 6}),
+    heldout_shapes=({"num_tokens": 7, "num_experts": 40, "top_k": 3},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: s["num_tokens"] * (s["top_k"] * 10 + s["num_experts"] * 2),
+    flops=lambda s: 2 * s["num_tokens"] * s["num_experts"],
+    dtypes=("float16", "bfloat16", "float32"),
+)
+'''
+
+ROUTER_TOPK_SOFTMAX_CU = '''// launch: grid=(num_tokens,) block=(1,) smem=0
+extern "C" __global__ void router_topk_softmax(scalar_t* weights, long long* ids, const scalar_t* logits,
+                                               int num_tokens, int num_experts, int top_k) {
+    const long long t = blockIdx.x;
+    const scalar_t* row = logits + t * num_experts;
+    float last = 0.0f, top = 0.0f;
+    int prev = -1;
+    for (int j = 0; j < top_k; ++j) {
+        int best = -1;
+        float bv = 0.0f;
+        for (int e = 0; e < num_experts; ++e) {
+            const float v = static_cast<float>(row[e]);
+            const bool after = prev < 0 || v < last || (v == last && e > prev);
+            if (after && (best < 0 || v > bv)) { best = e; bv = v; }
+        }
+        ids[t * top_k + j] = best;
+        if (j == 0) top = bv;
+        prev = best;
+        last = bv;
+    }
+    float s = 0.0f;
+    for (int j = 0; j < top_k; ++j) s += expf(static_cast<float>(row[ids[t * top_k + j]]) - top);
+    for (int j = 0; j < top_k; ++j) {
+        weights[t * top_k + j] = static_cast<scalar_t>(expf(static_cast<float>(row[ids[t * top_k + j]]) - top) / s);
+    }
+}
+'''
+
+# A router as DeepSeek-V3 scores its experts: sigmoid scores; the top-k of the scores plus a
+# per-expert bias choose the experts, whose unbiased scores are gathered at the picks'
+# columns, renormalised and scaled.
+BIASED_TOPK_ROUTER = '''
+from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, e, k = shape["num_tokens"], shape["num_experts"], shape["top_k"]
+    grid = torch.argsort(torch.rand(t, e, generator=generator, device=device), dim=-1).float()
+    # A bias on a coarser grid than the logits' steps after the sigmoid: the biased scores of
+    # a row stay distinct (no ties for torch.topk to order its own way).
+    bias = torch.randint(0, 4, (e,), generator=generator, device=device).float() * 0.25
+    return {
+        "weights": torch.empty(t, k, device=device, dtype=torch.float32),
+        "ids": torch.empty(t, k, device=device, dtype=torch.int32),
+        "logits": ((grid - e / 2) / 16.0).to(dtype),
+        "bias": bias,
+    }
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    scores = torch.sigmoid(inputs["logits"].float())
+    _, ids = torch.topk(scores + inputs["bias"], shape["top_k"], dim=-1)
+    weights = scores.gather(1, ids)
+    weights = weights / weights.sum(dim=-1, keepdim=True) * constants["scale"]
+    return {"weights": weights, "ids": ids.to(torch.int32)}
+
+
+SPEC = KernelSpec(
+    name="biased_topk_router",
+    description=(
+        "Router: s = sigmoid(logits[t, :]) in fp32; ids[t, :] the top_k experts by s + bias (fp32 [num_experts]); "
+        "weights[t, j] = s[ids[t, j]] / sum over j of s[ids[t, j]] * scale. weights fp32 and ids int32 "
+        "[num_tokens, top_k]."
+    ),
+    args=(Arg("weights", "tensor", role="out", dtype="float32"), Arg("ids", "tensor", role="out", dtype="int32"),
+          Arg("logits", "tensor"), Arg("bias", "tensor", dtype="float32"), Arg("num_tokens", "int"),
+          Arg("num_experts", "int"), Arg("top_k", "int"), Arg("scale", "float")),
+    search_shapes=({"num_tokens": 256, "num_experts": 256, "top_k": 8},),
+    heldout_shapes=({"num_tokens": 7, "num_experts": 40, "top_k": 6},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: s["num_tokens"] * (8 * s["top_k"] + s["num_experts"] * 2) + 4 * s["num_experts"],
+    flops=lambda s: 4 * s["num_tokens"] * s["num_experts"],
+    constants={"scale": 2.5},
+)
+'''
+
+BIASED_TOPK_ROUTER_CU = '''// launch: grid=(num_tokens,) block=(1,) smem=0
+extern "C" __global__ void biased_topk_router(float* weights, int* ids, const scalar_t* logits, const float* bias,
+                                              int num_tokens, int num_experts, int top_k, float scale) {
+    const long long t = blockIdx.x;
+    const scalar_t* row = logits + t * num_experts;
+    float last = 0.0f, total = 0.0f;
+    int prev = -1;
+    for (int j = 0; j < top_k; ++j) {
+        int best = -1;
+        float bv = 0.0f;
+        for (int e = 0; e < num_experts; ++e) {
+            const float v = 1.0f / (1.0f + expf(-static_cast<float>(row[e]))) + bias[e];
+            const bool after = prev < 0 || v < last || (v == last && e > prev);
+            if (after && (best < 0 || v > bv)) { best = e; bv = v; }
+        }
+        ids[t * top_k + j] = best;
+        const float s = 1.0f / (1.0f + expf(-static_cast<float>(row[best])));
+        weights[t * top_k + j] = s;
+        total += s;
+        prev = best;
+        last = bv;
+    }
+    for (int j = 0; j < top_k; ++j) weights[t * top_k + j] = weights[t * top_k + j] / total * scale;
+}
+'''
+
+# Top-k sampling's filter: the logits at a temperature, every one below the k-th largest
+# set to -inf, then a softmax (row reductions after the picks, over the whole row).
+TOPK_FILTER_SOFTMAX = '''
+from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    b, v = shape["batch"], shape["vocab"]
+    x = torch.randn(b, v, generator=generator, device=device) * 3.0
+    if case == "ties":
+        x = x.round()  # many logits equal the k-th: all of them are kept
+    return {"probs": torch.empty(b, v, device=device, dtype=dtype), "logits": x.to(dtype)}
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    x = inputs["logits"].float() / constants["temperature"]
+    kth = torch.topk(x, shape["top_k"], dim=-1).values[:, -1:]
+    return {"probs": torch.softmax(x.masked_fill(x < kth, float("-inf")), dim=-1)}
+
+
+SPEC = KernelSpec(
+    name="topk_filter_softmax",
+    description=(
+        "Top-k sampling: x = logits[b, :] / temperature in fp32; probs[b, :] = softmax of x with every value below "
+        "the top_k-th largest of its row set to -inf, rounded once. logits and probs [batch, vocab]."
+    ),
+    args=(Arg("probs", "tensor", role="out"), Arg("logits", "tensor"), Arg("batch", "int"), Arg("vocab", "int"),
+          Arg("top_k", "int"), Arg("temperature", "float")),
+    search_shapes=({"batch": 64, "vocab": 32000, "top_k": 50},),
+    heldout_shapes=({"batch": 3, "vocab": 1000, "top_k": 7},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: 2 * s["batch"] * s["vocab"] * (4 if dt == "float32" else 2),
+    flops=lambda s: 4 * s["batch"] * s["vocab"],
+    constants={"temperature": 0.8},
+    edge_cases=("ties",),
+)
+'''
+
+TOPK_FILTER_SOFTMAX_CU = '''// launch: grid=(batch,) block=(1,) smem=0
+extern "C" __global__ void topk_filter_softmax(scalar_t* probs, const scalar_t* logits, int batch, int vocab,
+                                               int top_k, float temperature) {
+    const long long b = blockIdx.x;
+    const scalar_t* row = logits + b * vocab;
+    float last = 0.0f;
+    int prev = -1;
+    for (int j = 0; j < top_k; ++j) {
+        int best = -1;
+        float bv = 0.0f;
+        for (int i = 0; i < vocab; ++i) {
+            const float v = static_cast<float>(row[i]) / temperature;
+            const bool after = prev < 0 || v < last || (v == last && i > prev);
+            if (after && (best < 0 || v > bv)) { best = i; bv = v; }
+        }
+        prev = best;
+        last = bv;
+    }
+    float m = __int_as_float(0xff800000), s = 0.0f;
+    for (int i = 0; i < vocab; ++i) m = fmaxf(m, static_cast<float>(row[i]) / temperature);
+    for (int i = 0; i < vocab; ++i) {
+        const float v = static_cast<float>(row[i]) / temperature;
+        s += v < last ? 0.0f : expf(v - m);
+    }
+    for (int i = 0; i < vocab; ++i) {
+        const float v = static_cast<float>(row[i]) / temperature;
+        probs[b * vocab + i] = static_cast<scalar_t>(v < last ? 0.0f : expf(v - m) / s);
+    }
+}
+'''
+
 FOLDERS = {
     "silu_scale_shift": (SILU_SCALE_SHIFT, SILU_SCALE_SHIFT_CU),
     "softmax_temperature": (SOFTMAX_TEMPERATURE, SOFTMAX_TEMPERATURE_CU),
@@ -2363,11 +2672,21 @@ FOLDERS = {
     "masked_mean_max_pool": (MASKED_MEAN_MAX_POOL, MASKED_MEAN_MAX_POOL_CU),
     "repetition_penalty": (REPETITION_PENALTY, REPETITION_PENALTY_CU),
     "dense_routing": (DENSE_ROUTING, DENSE_ROUTING_CU),
+    "moe_topk_gating": (MOE_TOPK_GATING, MOE_TOPK_GATING_CU),
+    "router_topk_softmax": (ROUTER_TOPK_SOFTMAX, ROUTER_TOPK_SOFTMAX_CU),
+    "biased_topk_router": (BIASED_TOPK_ROUTER, BIASED_TOPK_ROUTER_CU),
+    "topk_filter_softmax": (TOPK_FILTER_SOFTMAX, TOPK_FILTER_SOFTMAX_CU),
 }
 
 # Small shapes: one row and up to 40, row lengths on and off 8-element (16-byte) vectors, a
 # row longer than a block's registers hold for the row kernels.
 SHAPES: dict[str, list[dict[str, int]]] = {
+    "moe_topk_gating": [{"num_tokens": 5, "num_experts": 64, "top_k": 8}, {"num_tokens": 1, "num_experts": 9, "top_k": 2},
+                        {"num_tokens": 3, "num_experts": 300, "top_k": 37}],
+    "router_topk_softmax": [{"num_tokens": 5, "num_experts": 8, "top_k": 2}, {"num_tokens": 3, "num_experts": 61, "top_k": 6}],
+    "biased_topk_router": [{"num_tokens": 5, "num_experts": 256, "top_k": 8}, {"num_tokens": 2, "num_experts": 13, "top_k": 3}],
+    "topk_filter_softmax": [{"batch": 3, "vocab": 1000, "top_k": 7}, {"batch": 1, "vocab": 37, "top_k": 36},
+                            {"batch": 2, "vocab": 9001, "top_k": 50}],
     "repetition_penalty": [{"batch": 3, "vocab": 100, "history": 20}, {"batch": 1, "vocab": 7, "history": 1},
                            {"batch": 2, "vocab": 50, "history": 2100}],
     "dense_routing": [{"num_tokens": 5, "num_experts": 64, "top_k": 8}, {"num_tokens": 1, "num_experts": 3, "top_k": 1},
@@ -2442,6 +2761,10 @@ SHAPES: dict[str, list[dict[str, int]]] = {
 
 # What the generator is expected to make of each kernel: its kind and every schedule's name.
 EXPECTED: dict[str, tuple[str, set[str]]] = {
+    "moe_topk_gating": ("rowwise", {"codegen:rows/block", "codegen:rows/warp"}),
+    "router_topk_softmax": ("rowwise", {"codegen:rows/block", "codegen:rows/warp"}),
+    "biased_topk_router": ("rowwise", {"codegen:rows/block", "codegen:rows/warp"}),
+    "topk_filter_softmax": ("rowwise", {"codegen:rows/block", "codegen:rows/warp"}),
     "repetition_penalty": ("elementwise", {"codegen:scatter/block"}),
     "dense_routing": ("elementwise", {"codegen:scatter/block"}),
     "moe_combine": ("elementwise", {"codegen:elementwise/rows"}),
@@ -2610,3 +2933,61 @@ def test_moe_combine_written_other_ways_gets_correct_schedules(changed: str, tmp
     assert [s.name for s in schedules] == ["codegen:elementwise/rows"]
     for dtype in _dtypes(spec):
         assert _check(spec, schedules[0].source, dtype, {}, tmp_path / f"run-{dtype}")
+
+
+@pytest.mark.parametrize(("changed", "why"), [
+    ('torch.topk(probs, shape["top_k"], dim=-1, sorted=False)', "unsorted top-k"),
+    ('torch.topk(probs, 1, dim=-1)', "top-k of one"),
+    ('torch.topk(probs.cumsum(-1), shape["top_k"], dim=-1)', "a scan"),
+    ('torch.topk(probs, shape["top_k"], dim=0)', "another dimension than the row"),
+    ('torch.topk(probs + torch.topk(probs, 2, dim=-1).values[:, :1], shape["top_k"], dim=-1)', "more than one top-k"),
+])
+def test_what_a_top_k_cannot_be_is_refused(changed: str, why: str, tmp_path: Path):
+    """An unsorted top-k (torch leaves its order open), a top-1 (a max), a top-k of prefix sums,
+    a top-k over the rows' dimension, and a top-k of another top-k's values are refused, not
+    generated wrong."""
+    from agents.embedded.codegen import Unsupported
+
+    text, baseline = FOLDERS["moe_topk_gating"]
+    original = 'torch.topk(probs, shape["top_k"], dim=-1)'
+    assert original in text
+    spec = _kernel_here(tmp_path, "moe_topk_gating", text.replace(original, changed), baseline)
+    with pytest.raises(Unsupported, match=why):
+        classify(spec)
+
+
+def test_a_smallest_first_top_k_gets_correct_schedules(tmp_path: Path):
+    """``largest=False``: the router's k smallest logits, smallest first, and a softmax over them."""
+    text, baseline = FOLDERS["router_topk_softmax"]
+    original = '.topk(shape["top_k"], dim=-1)'
+    spec = _kernel_here(tmp_path, "router_topk_softmax", text.replace(original, '.topk(shape["top_k"], dim=-1, largest=False)'),
+                        baseline)
+    schedules = generate(spec)
+    assert [s.name for s in schedules] == ["codegen:rows/block", "codegen:rows/warp"]
+    for schedule in schedules:
+        for dtype in _dtypes(spec):
+            assert _check(spec, schedule.source, dtype, {}, tmp_path / f"run-{schedule.name[-4:]}-{dtype}")
+
+
+def test_equal_values_are_picked_in_column_order(tmp_path: Path):
+    """Rows of many equal logits (where torch.topk leaves the order open): the generated picks
+    follow a stable descending sort, the lower column first, in every schedule, on rows that
+    fit a thread's registers and on longer ones."""
+    spec = _spec("moe_topk_gating", tmp_path)
+    cases = []
+    for n, (t, e, k) in enumerate([(4, 64, 8), (2, 300, 37), (3, 5000, 20)]):
+        gen = torch.Generator().manual_seed(n)
+        logits = torch.randint(-2, 3, (t, e), generator=gen).float().to(torch.float16)
+        made = {"weights": torch.empty(t, k), "ids": torch.empty(t, k, dtype=torch.int32), "logits": logits}
+        cases.append(({"num_tokens": t, "num_experts": e, "top_k": k}, made))
+    for schedule in generate(spec):
+        results = cuda_on_cpu.run(spec, schedule.source, "float16", {},
+                                  [(shape, _poisoned(spec, made)) for shape, made in cases], tmp_path / schedule.name[-4:])
+        for (shape, made), got in zip(cases, results, strict=True):
+            probs = torch.softmax(made["logits"].float(), dim=-1)
+            ids = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :shape["top_k"]]
+            got_ids = torch.from_numpy(got["ids"].copy()).view(torch.int32).reshape(ids.shape)
+            assert torch.equal(got_ids.long(), ids), (schedule.name, shape)
+            weights = probs.gather(1, ids)
+            got_w = torch.from_numpy(got["weights"].copy()).view(torch.float32).reshape(ids.shape)
+            torch.testing.assert_close(got_w, weights / weights.sum(-1, keepdim=True))

@@ -2,7 +2,7 @@
 the op graph, emit CUDA from schedule templates.
 
 Nothing here knows a kernel by name: the graph alone decides (elementwise maps with
-broadcasting, row reductions followed by maps, prefix sums along the row followed by maps,
+broadcasting, row reductions followed by maps, a top-k along the row, prefix sums along the row followed by maps,
 rows or columns gathered by index, rows or columns scattered by index, 2-D transposes). A graph outside these kinds gives no schedules, and the agent goes on as before.
 """
 
@@ -51,6 +51,8 @@ def generate(spec: KernelSpec) -> list[Schedule]:
             except Unsupported:
                 continue
         return out
+    if program.topk is not None:  # picks one at a time, by the threads of one block
+        return [rowwise(spec, program, mode) for mode in ("block", "warp")]
     out = [rowwise(spec, program, mode) for mode in ("block", "warp", "cluster")]
     if online_pairs(program):  # long rows: one pass fewer (short rows are held in registers anyway)
         out += [rowwise(spec, program, mode, online=True) for mode in ("block", "cluster")]

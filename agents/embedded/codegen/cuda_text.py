@@ -241,3 +241,68 @@ __device__ __forceinline__ void cg_cluster_online(float& m, float& s, bool split
     for (int r = 0; r < CL; ++r) cg_online_combine(m, s, cg_cluster_read(&cg_pm, r), cg_cluster_read(&cg_ps, r));
 }
 """
+
+# A top-k along the row, one pick at a time: each pass keeps the best element ranked after the
+# previous pick, then the row's threads agree on the best (value, column) pair. The order is
+# torch.topk's: NaN first (largest) or last (smallest), then by value, equal values by column
+# (torch leaves their order open; the lower column first is the stable sort's order).
+TOPK_PRELUDE = """\
+template <bool LARGEST>
+__device__ __forceinline__ bool cg_before(float a, long long ca, float b, long long cb) {
+    const bool an = a != a, bn = b != b;
+    if (an || bn) return an && bn ? ca < cb : (LARGEST ? an : bn);
+    if (a != b) return LARGEST ? a > b : a < b;
+    return ca < cb;
+}
+
+// The element (v, c) into this thread's best (bv, bc) of the elements ranked after the
+// previous pick (lv, lc), every element when first. A column of -1 is no element.
+template <bool LARGEST>
+__device__ __forceinline__ void cg_best_update(float& bv, long long& bc, float lv, long long lc, bool first,
+                                               float v, long long c) {
+    if ((first || cg_before<LARGEST>(lv, lc, v, c)) && (bc < 0 || cg_before<LARGEST>(v, c, bv, bc))) {
+        bv = v;
+        bc = c;
+    }
+}
+
+template <bool LARGEST>
+__device__ __forceinline__ void cg_best_warp(float& v, long long& c) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        if (o >= static_cast<int>(blockDim.x)) continue;  // inside the row's lanes
+        const float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+        const long long c2 = __shfl_xor_sync(0xffffffffu, c, o);
+        if (c2 >= 0 && (c < 0 || cg_before<LARGEST>(v2, c2, v, c))) { v = v2; c = c2; }
+    }
+}
+
+// The best pair over the blockDim.x threads of one row, as cg_group_reduce: every thread gets
+// it. The order is total, so every thread's butterfly ends on the same pair.
+template <bool LARGEST>
+__device__ __forceinline__ void cg_group_best(float& v, long long& c) {
+    __shared__ float bv[32][33];
+    __shared__ long long bc[32][33];
+    cg_best_warp<LARGEST>(v, c);
+    if (blockDim.x > 32) {
+        const int lane = threadIdx.x & 31;
+        __syncthreads();
+        if (lane == 0) { bv[threadIdx.y][threadIdx.x >> 5] = v; bc[threadIdx.y][threadIdx.x >> 5] = c; }
+        __syncthreads();
+        const bool has = lane < static_cast<int>(blockDim.x >> 5);
+        v = has ? bv[threadIdx.y][lane] : 0.0f;
+        c = has ? bc[threadIdx.y][lane] : -1LL;
+        cg_best_warp<LARGEST>(v, c);
+    }
+}
+
+// Thread j's value, given to every thread of its row (a value at one pick).
+template <typename T>
+__device__ __forceinline__ T cg_group_at(T v, long long j) {
+    __shared__ T slot[32];
+    __syncthreads();  // the previous call's reads are done
+    if (threadIdx.x == j) slot[threadIdx.y] = v;
+    __syncthreads();
+    return slot[threadIdx.y];
+}
+"""

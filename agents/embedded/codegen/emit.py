@@ -31,6 +31,9 @@ from agents.embedded.codegen.ir import (
     Load,
     Op,
     Param,
+    Pick,
+    PickAt,
+    PickReduce,
     Program,
     Reduce,
     RowOf,
@@ -74,8 +77,9 @@ SCALAR_READ = ("colgather", "colshift")
 
 
 def _fed(node: object) -> bool:
-    """Whether a reduction's result flows into ``node``."""
-    return any(isinstance(n, Reduce) for n in walk([node]))
+    """Whether a reduction's result (or a top-k's pick, which follows the row's reductions)
+    flows into ``node``."""
+    return any(isinstance(n, Reduce | Pick | PickReduce | PickAt) for n in walk([node]))
 
 
 class Emitter:
@@ -191,6 +195,12 @@ class Emitter:
             return self.row_done[key]
         if isinstance(node, Reduce):
             return f"cg_red{node.index}"
+        if isinstance(node, Pick):  # this thread's pick (rows.topk_lines)
+            return "cg_pv" if node.part == "value" else "cg_pc"
+        if isinstance(node, PickReduce):
+            return f"cg_pr{node.index}"
+        if isinstance(node, PickAt):
+            return f"cg_pa{node.index}"
         if isinstance(node, RowOf):
             text = self.row_of(node)
         elif isinstance(node, Load):
@@ -542,6 +552,11 @@ class Emitter:
             if what.startswith("online:"):
                 i_max, _ = what[7:].split(":")
                 body.append(f"cg_ov{i_max}[e] = static_cast<float>({value});")
+            elif what == "pick:":  # a top-k's pass (rows.topk_lines)
+                assert self.p.topk is not None
+                largest = "true" if self.p.topk.largest else "false"
+                body.append(f"cg_best_update<{largest}>(cg_bv, cg_bc, cg_lv, cg_lc, cg_pick == 0, "
+                            f"static_cast<float>({value}), static_cast<long long>({self.element_col} + e));")
             elif what.startswith("red:"):
                 r = self.p.reductions[int(what[4:])]
                 body.append(f"cg_acc{r.index} = cg_combine<{OPCODE[r.kind]}>(cg_acc{r.index}, static_cast<float>({value}));")

@@ -12,6 +12,10 @@ reductions over the dimension next to the row's (``x.sum(dim=-2)``: the iteratio
 the reduced shape, and each element loops over that dimension itself, see :class:`Fold`). An output may be written by rows at an index (``target[index] =
 values`` into an inout argument: a scatter), or element by element at the columns an index
 matrix names (``target.scatter(1, index, values)``: a :class:`ColumnScatter`). A 2-D permuted copy is read as a transpose instead.
+A ``torch.topk`` along the row (:class:`TopK`) makes a third space, ``pick`` ([rows..., k]):
+its values and indices are :class:`Pick` values held one per thread of the row, reduced over
+(:class:`PickReduce`), taken at one pick (:class:`PickAt`) or used as the columns at which
+another value of the row is read; outputs of that shape are written one value per pick.
 
 Anything else (reductions over other dimensions, or over the next-to-last beside row reductions, partial broadcasts, data-dependent sizes,
 ops not listed in :data:`UNARY` / :data:`BINARY`) raises :class:`Unsupported`.
@@ -20,6 +24,7 @@ ops not listed in :data:`UNARY` / :data:`BINARY`) raises :class:`Unsupported`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -205,6 +210,49 @@ class ColumnScatter:
     fill: Any = None
 
 
+@dataclass(frozen=True, eq=False)
+class TopK:
+    """``torch.topk`` along the row: the ``count`` columns of ``key`` (a full expression) that
+    rank first, largest (or smallest) first, NaN counting as the largest as in torch, and equal
+    values in column order. Picked one at a time, each a pass over the row that keeps the best
+    element ranked after the previous pick, and a reduction of (value, column) pairs over the
+    row's threads: ``count`` is a top-k (a few experts, a sampler's k), not a sort."""
+
+    key: Any
+    count: str
+    largest: bool
+
+
+@dataclass(frozen=True, eq=False)
+class Pick:
+    """The value (``part`` ``value``, fp32) or column (``index``, an integer) of one pick of
+    the program's :class:`TopK`: pick j is held by thread j of its row, so an expression over
+    picks is a per-thread row value, and an output of one value per pick ([rows, count]) is
+    written by the row's first ``count`` threads."""
+
+    part: str
+
+
+@dataclass(frozen=True, eq=False)
+class PickReduce:
+    """A reduction over the picks (``sum``, ``max`` or ``min`` of ``body``, an expression of
+    :class:`Pick` values): a row value (a renormalisation's sum, a softmax over the picks)."""
+
+    kind: str
+    body: Any
+    index: int
+
+
+@dataclass(frozen=True, eq=False)
+class PickAt:
+    """``body`` (an expression over picks) at pick ``at`` (a size expression; ``last`` for the
+    final pick): a row value (``values[:, -1:]``, the k-th largest, a top-k filter's bar)."""
+
+    body: Any
+    at: str
+    index: int
+
+
 @dataclass
 class Program:
     """What the emitter needs.
@@ -218,6 +266,10 @@ class Program:
         reductions: in dependency order.
         dtypes: tensor argument -> torch dtype name (``scalar`` for the run's type).
         transposed: for ``transpose``, the permuted argument and its [rows, cols] expressions.
+        topk: the row's top-k (a ``rowwise`` program only); outputs of space ``pick`` hold one
+            value per pick.
+        picked: the row values made from the picks (:class:`PickReduce`, :class:`PickAt`), in
+            dependency order.
     """
 
     kind: str
@@ -227,13 +279,16 @@ class Program:
     reductions: list[Reduce] = field(default_factory=list)
     dtypes: dict[str, str] = field(default_factory=dict)
     transposed: tuple[str, str, str] | None = None
+    topk: TopK | None = None
+    picked: list[Any] = field(default_factory=list)
 
     @property
     def has_gather(self) -> bool:
         return any(isinstance(n, Load) and by_index(n) for n in walk(self.all_roots()))
 
     def all_roots(self) -> list[Any]:
-        return [e for _, e in self.outputs.values()] + [r.body for r in self.reductions]
+        roots = [e for _, e in self.outputs.values()] + [r.body for r in self.reductions]
+        return roots + ([self.topk.key] if self.topk else []) + [p.body for p in self.picked]
 
 
 def walk(roots: list[Any]) -> list[Any]:
@@ -247,7 +302,7 @@ def walk(roots: list[Any]) -> list[Any]:
         seen[id(node)] = node
         if isinstance(node, Op):
             stack.extend(node.args)
-        elif isinstance(node, Reduce | Scan | Fold):
+        elif isinstance(node, Reduce | Scan | Fold | PickReduce | PickAt):
             stack.append(node.body)
         elif isinstance(node, AtColumn):
             stack.extend((node.body, node.column))
@@ -267,8 +322,12 @@ def ctype_of(node: Any) -> str:
         return node.ctype
     if isinstance(node, Param):
         return INT if node.name == "__isize" else FLOAT
-    if isinstance(node, Reduce | ColumnIndex):
+    if isinstance(node, Reduce | ColumnIndex | PickReduce):
         return FLOAT
+    if isinstance(node, Pick):
+        return FLOAT if node.part == "value" else INT
+    if isinstance(node, PickAt):
+        return ctype_of(node.body)
     if isinstance(node, RowOf):
         return INT
     if isinstance(node, AtColumn):
@@ -331,9 +390,16 @@ class _Reader:
         # A reduction over the dimension next to the row's: that dimension's place, and the
         # shape it is taken over at both probes (the iteration space is that shape without it).
         self.fold: tuple[int, tuple[int, ...], tuple[int, ...]] | None = None
+        # A top-k along the row: it, the shape of its picks at both probes ([rows..., k]), and
+        # the row values made from the picks.
+        self.topk: TopK | None = None
+        self.pick: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+        self.picked: list[Any] = []
 
     # ---- spaces
     def space(self, shape: tuple[int, ...]) -> str:
+        if self.pick is not None and tuple(shape) == self.pick[0]:
+            return "pick"
         if self.fold is not None and len(shape) == len(self.fold[1]):
             # A value of the folded shape's rank: along the folded dimension it varies (``fold``
             # for an element's, ``foldrow`` for a row's value at each k) or is broadcast (that
@@ -411,6 +477,8 @@ class _Reader:
         if self.narrow(v):  # a whole argument a cat puts in a row (see concat)
             return Load(v.arg, "full", row_stride=self.size_expr(v.shape[-1], v.shape_b[-1]))
         space = self.space(v.shape)
+        if space == "pick":
+            raise Unsupported("an argument read per pick of a top-k")
         if space in FOLD_READS:
             return self.fold_load(v, space)
         if space != "bcast":
@@ -548,8 +616,9 @@ class _Reader:
         # or sliced (a gated activation's input row is twice its output row).
         lazy = {"_to_copy", "slice", "getitem", *_VIEWS, *_VALUES_AT}
         work = [n for n in computed if _opname(n) not in lazy] or computed
-        folded = self.choose_fold(computed, nodes_a, nodes_b)
-        if not folded:
+        picks = self.choose_topk(nodes_a, nodes_b)
+        folded = not picks and self.choose_fold(computed, nodes_a, nodes_b)
+        if not folded and not picks:
             big = max(range(len(nodes_a)), key=lambda i: _numel(nodes_a[i]) if nodes_a[i] in work else -1)
             self.full = tuple(nodes_a[big].meta["val"].shape)
             self.full_b = tuple(nodes_b[big].meta["val"].shape)
@@ -557,6 +626,8 @@ class _Reader:
         scatters = [i for i, n in enumerate(nodes_a) if n in computed and _opname(n) in _VALUES_AT]
         if scatters and folded:
             raise Unsupported("a scatter beside a reduction over the next-to-last dimension")
+        if scatters and picks:
+            raise Unsupported("a scatter beside a top-k")
         if scatters:
             # What a scatter writes is the iteration space (its values' rows), not its target.
             at = _VALUES_AT[_opname(nodes_a[scatters[0]])]
@@ -599,7 +670,11 @@ class _Reader:
                        or any(isinstance(n, Scan) for n in walk([e for _, e in outputs.values()]))):
             raise Unsupported("a reduction over the next-to-last dimension beside row reductions or scans")
         if any(isinstance(n, Scan) for n in walk([e for _, e in outputs.values()])):
+            if picks:
+                raise Unsupported("a scan beside a top-k")
             return self.scan_program(rows, cols, outputs)
+        if picks:
+            return self.topk_program(rows, cols, outputs)
         kind = "rowwise" if self.reductions or _has_at_column(outputs) else "elementwise"
         if any(s == "colscatter" for s, _ in outputs.values()) and (kind != "elementwise" or len(outputs) != 1):
             raise Unsupported("a scatter along the columns beside other outputs or row reductions")
@@ -698,6 +773,8 @@ class _Reader:
         val = na.meta.get("val")
         if name in _SPLITS:
             return self.split(env, na, nb)
+        if name == "topk":
+            return self.top_k(env, na, nb)
         if name in ("max", "min") and isinstance(val, tuple | list):
             if self.narrow(env[na.args[0]]):  # as for any reduction (below)
                 raise Unsupported(f"{name} of a piece narrower than the row")
@@ -753,6 +830,9 @@ class _Reader:
                 return _Val(first.expr, self.full, self.full_b, dtype=val.dtype)
             self.space(shape)
             return out(first.expr)
+        if name in ("slice", "select") and self.pick is not None and first is not None and first.expr is not None \
+                and self.space(first.shape) == "pick":
+            return self.pick_at(first, na, nb, shape, shape_b)
         if name == "_to_copy":
             assert first is not None
             if first.expr is None and kind == FLOAT and first.dtype.is_floating_point \
@@ -876,6 +956,8 @@ class _Reader:
         next to the row's, a value as wide as that dimension is one value per row and position
         ([B, S] of a [B, S, D] value), seen through a view before it is read."""
         if self.fold is not None and (v.shape[-1:], v.shape_b[-1:]) == ((self.fold[1][-2],), (self.fold[2][-2],)):
+            return False
+        if self.pick is not None and (v.shape, v.shape_b) == self.pick:
             return False
         return (len(v.shape) == len(self.full) > 0 and v.shape[:-1] == self.full[:-1]
                 and v.shape_b[:-1] == self.full_b[:-1] and v.shape[-1] < self.full[-1] and v.shape_b[-1] < self.full_b[-1]
@@ -1134,18 +1216,23 @@ class _Reader:
             return self.fold_reduction(name, first, na.meta["val"].dtype)
         if not dims or len(dims) != 1 or dims[0] not in (-1, len(first.shape) - 1):
             raise Unsupported(f"{name} over dimensions {dims}, not the last one")
-        if self.space(first.shape) != "full":
+        picks = self.pick is not None and self.space(first.shape) == "pick"
+        if not picks and self.space(first.shape) != "full":
             raise Unsupported(f"{name} of a value that is not one per element")
+        if picks and name in ("var", "linalg_vector_norm", "argmax", "argmin"):
+            raise Unsupported(f"{name} over the picks of a top-k")
         x = self.read(first)
-        cols = Param("__cols")
+        # Over the picks of a top-k: the same reductions, over the row's first count threads.
+        red: Callable[[str, Any], Any] = self.pick_reduce if picks else self.reduce
+        cols = Param("__size", self.topk.count) if picks and self.topk else Param("__cols")
         if name == "sum":
-            return self.reduce("sum", x)
+            return red("sum", x)
         if name == "amax":
-            return self.reduce("max", x)
+            return red("max", x)
         if name == "amin":
-            return self.reduce("min", x)
+            return red("min", x)
         if name == "mean":
-            return Op("div", (self.reduce("sum", x), Op("tofloat", (cols,), FLOAT)), FLOAT)
+            return Op("div", (red("sum", x), Op("tofloat", (cols,), FLOAT)), FLOAT)
         if name == "var":  # two passes, as torch: the mean, then the squared deviations from it
             correction = na.kwargs.get("correction", na.args[2] if len(na.args) > 2 else 1)
             width = Op("tofloat", (cols,), FLOAT)
@@ -1157,10 +1244,10 @@ class _Reader:
             return Op("sqrt", (self.reduce("sum", Op("mul", (x, x), FLOAT)),), FLOAT)
         if name in ("argmax", "argmin"):
             return self.extreme(x, "max" if name == "argmax" else "min")[1]
-        m = self.reduce("max", x)
+        m = red("max", x)
         # A row of -inf only: torch gives NaN; subtracting a max of -inf gives NaN too.
         shifted = Op("sub", (x, m), FLOAT)
-        total = self.reduce("sum", Op("exp", (shifted,), FLOAT))
+        total = red("sum", Op("exp", (shifted,), FLOAT))
         if name == "_softmax":
             return Op("div", (Op("exp", (shifted,), FLOAT), total), FLOAT)
         if name == "_log_softmax":
@@ -1195,10 +1282,104 @@ class _Reader:
         self.reductions.append(r)
         return r
 
+    # ---- a top-k along the row
+    def choose_topk(self, nodes_a: list[Any], nodes_b: list[Any]) -> bool:
+        """Takes as the iteration space the row a ``topk`` ranks, and its picks' shape as the
+        ``pick`` space; False when the graph has no top-k."""
+        tops = [i for i, n in enumerate(nodes_a) if n.op == "call_function" and _opname(n) == "topk"]
+        if not tops:
+            return False
+        if len(tops) > 1:
+            raise Unsupported("more than one top-k")
+        na, nb = nodes_a[tops[0]], nodes_b[tops[0]]
+        x_a, x_b = (tuple(n.args[0].meta["val"].shape) for n in (na, nb))
+
+        def arg(n: Any, at: int, key: str, default: Any) -> Any:
+            return n.args[at] if len(n.args) > at else n.kwargs.get(key, default)
+
+        k_a, k_b = arg(na, 1, "k", None), arg(nb, 1, "k", None)
+        if not x_a or arg(na, 2, "dim", -1) not in (-1, len(x_a) - 1):
+            raise Unsupported("a top-k along another dimension than the row")
+        if not arg(na, 4, "sorted", True):
+            raise Unsupported("an unsorted top-k (torch leaves its order open)")
+        if not (isinstance(k_a, int) and isinstance(k_b, int)) or (k_a, k_b) == (1, 1):
+            raise Unsupported("a top-k of one (a max and its index)")
+        if k_a >= x_a[-1] or k_b >= x_b[-1]:
+            raise Unsupported("a top-k of the whole row (a sort)")
+        self.full, self.full_b = x_a, x_b
+        self.pick = ((*x_a[:-1], k_a), (*x_b[:-1], k_b))
+        self.topk = TopK(None, self.size_expr(k_a, k_b), bool(arg(na, 3, "largest", True)))
+        return True
+
+    def top_k(self, env: dict[Any, _Val], na: Any, nb: Any) -> _Val:
+        """``torch.topk`` of a value of the iteration space: its values and indices are read
+        where ``getitem`` takes them (:meth:`piece`), as :class:`Pick` values."""
+        first = env[na.args[0]]
+        assert self.topk is not None and self.pick is not None
+        if self.space(first.shape) != "full" or len(first.shape) != len(self.full) or self.narrow(first):
+            raise Unsupported("a top-k of something other than the iteration space's rows")
+        if not first.dtype.is_floating_point:
+            raise Unsupported("a top-k of integers or bools")
+        key = self.read(first)
+        self.topk = replace(self.topk, key=key)
+        (va, ia), (vb, ib) = na.meta["val"], nb.meta["val"]
+        self.pairs[na] = (_Val(Pick("value"), tuple(va.shape), tuple(vb.shape), dtype=va.dtype),
+                          _Val(Pick("index"), tuple(ia.shape), tuple(ib.shape), dtype=ia.dtype))
+        return first
+
+    def pick_reduce(self, kind: str, body: Any) -> PickReduce:
+        r = PickReduce(kind, body, len(self.picked))
+        self.picked.append(r)
+        return r
+
+    def pick_at(self, first: _Val, na: Any, nb: Any, shape: tuple[int, ...], shape_b: tuple[int, ...]) -> _Val:
+        """``values[:, j]`` or ``values[:, j:j + 1]`` of an expression over the picks: at a fixed
+        pick, or at the last (``[:, -1:]``, the k-th value)."""
+        assert self.pick is not None
+        name = _opname(na)
+        if na.args[1] not in (-1, len(first.shape) - 1) or (name == "slice" and (shape[-1], shape_b[-1]) != (1, 1)):
+            raise Unsupported("a piece of the picks of a top-k wider than one")
+        at = []
+        for n, picked in ((na, self.pick[0]), (nb, self.pick[1])):
+            j = n.args[2] if len(n.args) > 2 else 0
+            at.append(j + picked[-1] if j < 0 else j)
+        k_a, k_b = self.pick[0][-1], self.pick[1][-1]
+        if (at[0], at[1]) == (k_a - 1, k_b - 1):
+            where = "last"
+        elif at[0] == at[1]:
+            where = str(at[0])
+        else:
+            raise Unsupported("a pick at a place made from the shape")
+        node = PickAt(self.read(first), where, len(self.picked))
+        self.picked.append(node)
+        return _Val(node, shape, shape_b, dtype=na.meta["val"].dtype)
+
+    def topk_program(self, rows: str, cols: str, outputs: dict[str, tuple[str, Any]]) -> Program:
+        """A row program around a top-k: row reductions, the picks, the row values made from
+        them, then reductions over the row that read those (a top-k filter's softmax)."""
+        assert self.topk is not None
+        if self.topk.key is None:  # its values and indices unused: traced, then dropped
+            raise Unsupported("a top-k whose picks are not used")
+        if any(space not in ("full", "row", "pick") for space, _ in outputs.values()):
+            raise Unsupported("a top-k beside outputs other than elements, rows or picks")
+        roots = [e for _, e in outputs.values()] + [r.body for r in self.reductions] + [self.topk.key]
+        if any(isinstance(n, Fold | Scan) for n in walk(roots + [p.body for p in self.picked])):
+            raise Unsupported("a top-k beside a scan or a reduction over the next-to-last dimension")
+
+        after = {r.index for r in self.reductions if _of_picks(r.body)}
+        for p in self.picked:
+            if any(isinstance(n, Reduce) and n.index in after for n in walk([p.body])):
+                raise Unsupported("a value of the picks made from a row reduction that reads them")
+        return Program("rowwise", rows, cols, outputs, self.reductions, self.dtypes, topk=self.topk, picked=self.picked)
+
     def at_column(self, env: dict[Any, _Val], na: Any, first: _Val | None, shape: tuple[int, ...], shape_b: tuple[int, ...]) -> _Val:
         assert first is not None
         dim = na.args[1]
         idx = env[na.args[2]]
+        if self.pick is not None and dim in (-1, len(first.shape) - 1) and self.space(idx.shape) == "pick" \
+                and self.space(first.shape) == "full":
+            # The picks' columns of another value of the row (probs.gather(1, topk_ids)).
+            return _Val(AtColumn(self.read(first), self.read(idx)), shape, shape_b, dtype=na.meta["val"].dtype)
         if dim in (-1, len(first.shape) - 1) and shape[-1] != 1 and self.space(idx.shape) == "full":
             # One index row for every row (perm[None].expand(t, -1)), or a row of indices per
             # row (torch.gather(probs, -1, topk_ids)): column c reads column index[r, c].
@@ -1280,6 +1461,11 @@ def _along_columns(node: Any) -> bool:
     if _opname(node) != "scatter" or len(node.args) < 2 or not hasattr(node.args[0], "meta"):
         return False
     return len(node.args[0].meta["val"].shape) == 2 and node.args[1] in (1, -1)
+
+
+def _of_picks(node: Any) -> bool:
+    """Whether ``node`` reads the picks of a top-k."""
+    return any(isinstance(n, Pick | PickReduce | PickAt) for n in walk([node]))
 
 
 def _has_at_column(outputs: dict[str, tuple[str, Any]]) -> bool:

@@ -12,6 +12,12 @@ each thread kept in registers between passes (as loaded, in the input's dtype), 
 re-read RU vectors at a time (1 in the cluster schedule); fp32 accumulation, warp shuffles
 then shared memory across warps. ``+online`` (block and cluster): a max and a sum of
 exp(x - max) over the same row in one pass (online softmax).
+
+A top-k along the row (``rows/block`` and ``rows/warp``, with at least a thread per pick):
+after the reductions it reads, one pass per pick, each keeping the best element ranked after
+the previous pick, and a reduction of (value, column) pairs over the row's threads; thread j
+keeps pick j, so values over the picks are per-thread row values, and reductions that read
+the picks (a top-k filter's softmax) come after them.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from agents.embedded.codegen.cuda_text import (
     CLUSTER_PRELUDE,
     ONLINE_PRELUDE,
     PRELUDE,
+    TOPK_PRELUDE,
 )
 from agents.embedded.codegen.emit import (
     IDENTITY,
@@ -30,12 +37,13 @@ from agents.embedded.codegen.emit import (
     SCALAR_READ,
     Emitter,
     Schedule,
+    c_size,
     entry,
     entry_args,
     entry_params,
     header,
 )
-from agents.embedded.codegen.ir import Op, Program, Reduce, walk
+from agents.embedded.codegen.ir import Op, Pick, PickAt, PickReduce, Program, Reduce, walk
 from agents.embedded.codegen.trace import Unsupported
 from agents.embedded.launch_fill import FILL_BLOCKS
 from kernels.spec import KernelSpec
@@ -58,21 +66,83 @@ def online_pairs(program: Program) -> dict[int, int]:
     return pairs
 
 
-def _levels(program: Program, fused: Mapping[int, int] | None = None) -> list[list[Reduce]]:
+def _levels(reductions: list[Reduce], fused: Mapping[int, int] | None = None) -> list[list[Reduce]]:
     """Reductions grouped so that each group depends only on earlier groups (one pass each);
-    a sum in ``fused`` (sum -> max, see :func:`online_pairs`) goes with its max."""
+    a sum in ``fused`` (sum -> max, see :func:`online_pairs`) goes with its max. Reductions
+    outside ``reductions`` that they read are done before."""
     fused = fused or {}
     level: dict[int, int] = {}
-    for r in program.reductions:  # in creation order: dependencies come first
+    for r in reductions:  # in creation order: dependencies come first
         if r.index in fused:
             level[r.index] = level[fused[r.index]]
             continue
-        inner = [n for n in walk([r.body]) if isinstance(n, Reduce) and n is not r]
+        inner = [n for n in walk([r.body]) if isinstance(n, Reduce) and n is not r and n.index in level]
         level[r.index] = 1 + max((level[n.index] for n in inner), default=-1)
     out: list[list[Reduce]] = [[] for _ in range(max(level.values(), default=-1) + 1)]
-    for r in program.reductions:
+    for r in reductions:
         out[level[r.index]].append(r)
     return out
+
+
+def _of_picks(node: object) -> bool:
+    return any(isinstance(n, Pick | PickReduce | PickAt) for n in walk([node]))
+
+
+def _fill(em: Emitter, fill: set[int]) -> list[str]:
+    """Loads the register cache of the full leaves ``fill`` (a pass's loads without its work)."""
+    first = "cg_lane + static_cast<long long>(cg_j) * cg_g"
+    loads = [f"cg_cache{i}[cg_j] = *reinterpret_cast<const Pack<{em.c_type(em.full_leaves[i].arg)}, V>*>"
+             f"({em.full_leaves[i].arg} + cg_base{i} + cg_c);" for i in sorted(fill)]
+    return ["#pragma unroll", "for (int cg_j = 0; cg_j < ITEMS; ++cg_j) {", f"    const cg_idx cg_c = ({first}) * V;",
+            f"    if (cg_active && {first} < cg_nvec) {{", *("        " + x for x in loads), "    }", "}"] if loads else []
+
+
+def topk_lines(em: Emitter, program: Program, cached: set[int], filled: set[int], unroll: str) -> list[str]:
+    """The picks of the program's top-k, one pass over the row each (its first ITEMS vectors
+    from the register cache), thread j of the row keeping pick j (``cg_pv``, ``cg_pc``); then
+    the row values made from the picks, each a reduction or a broadcast over the row's
+    threads, every thread taking part (their barriers stay uniform)."""
+    topk = program.topk
+    assert topk is not None
+    exprs: list[tuple[str, object]] = [("pick:", topk.key)]
+    fill = (em.used_leaves(exprs) & cached) - filled
+    filled |= fill
+    lines = _fill(em, fill) + em.take_row_lines()
+    body = _pass(em, exprs, cached, set(), unroll)
+    lines += em.take_row_lines()
+    largest = "true" if topk.largest else "false"
+    lines += [
+        f"const long long cg_npick = {c_size(topk.count, 'long long')};",
+        "if (cg_npick > cg_g) __trap();  // a pick per thread of the row: the launch gives each row k threads or more",
+        "float cg_pv = 0.0f;  // this thread's pick; past the k-th, column 0 (its reads stay in the row)",
+        "long long cg_pc = 0;",
+        "float cg_lv = 0.0f;  // the previous pick",
+        "long long cg_lc = -1;",
+        "for (long long cg_pick = 0; cg_pick < cg_npick; ++cg_pick) {",
+        "    float cg_bv = 0.0f;  // the best element ranked after the previous pick (column -1: none yet)",
+        "    long long cg_bc = -1;",
+        *("    " + x for x in body),
+        f"    cg_group_best<{largest}>(cg_bv, cg_bc);",
+        "    if (cg_lane == cg_pick && cg_bc >= 0) {  // (a row past the end has none)",
+        "        cg_pv = cg_bv;",
+        "        cg_pc = cg_bc;",
+        "    }",
+        "    cg_lv = cg_bv;",
+        "    cg_lc = cg_bc;",
+        "}",
+    ]
+    for node in program.picked:
+        value = em.row_expr(node.body)
+        lines += em.take_row_lines()
+        if isinstance(node, PickReduce):
+            identity = IDENTITY[node.kind]
+            lines.append(f"const float cg_pr{node.index} = cg_group_reduce<{OPCODE[node.kind]}>("
+                         f"cg_lane < cg_npick ? static_cast<float>({value}) : {identity}, {identity});")
+        else:
+            ct = em.c_kind(em.kind(node.body))
+            at = "cg_npick - 1" if node.at == "last" else node.at
+            lines.append(f"const {ct} cg_pa{node.index} = cg_group_at<{ct}>(static_cast<{ct}>({value}), {at});")
+    return lines
 
 
 def _pass(em: Emitter, exprs: list[tuple[str, object]], cached: set[int], fill: set[int], unroll: str) -> list[str]:
@@ -109,6 +179,8 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
     if any(leaf.access in SCALAR_READ for leaf in em.full_leaves):
         raise Unsupported("a column gather or a cat in a row reduction's schedule")
     cluster = mode == "cluster"
+    if program.topk is not None and (cluster or online):
+        raise Unsupported("a top-k in a cluster or online schedule")
     fused = online_pairs(program) if online else {}
     if online and not fused:
         raise Unsupported("no max and sum of exp(x - max) to compute online")
@@ -123,16 +195,30 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
     # splits the long rows it is for, and RU=2 spilled there (layer norm, bf16).
     unroll = "1" if cluster else "RU"
     ru = (1, 2) if online else (1, 2, 4)
+    if program.topk is not None:
+        # Its pick passes hold more live values beside the cache (the best so far, the previous
+        # pick): ptxas spilled 324-448 B at ITEMS 8 and up to 92 B at ITEMS 4 with RU 2 (top-k
+        # filter, fp16/bf16, rows/block), none at ITEMS 2 or with RU 1.
+        items, ru = tuple(v for v in (2, 4, 1) if v in items) or (1,), (2, 1)
     bases = em.leaf_bases("cg_row")
     lines = em.take_row_lines() + bases
-    row_out = [(n, e) for n, (space, e) in program.outputs.items() if space != "full"]
-    row_exprs = [e for _, e in row_out]
+    row_out = [(n, e) for n, (space, e) in program.outputs.items() if space == "row"]
+    pick_out = [(n, e) for n, (space, e) in program.outputs.items() if space == "pick"]
+    row_exprs = [e for _, e in row_out + pick_out]
     em.preload_row_values(row_exprs)  # the row outputs' own loads, with the row's
     lines += em.take_row_lines()
     lines += [f"Pack<{em.c_type(em.full_leaves[i].arg)}, V> cg_cache{i}[ITEMS];" for i in sorted(cached)]
     filled: set[int] = set()
     extra = ", cg_split" if cluster else ""
-    for level, group in enumerate(_levels(program, fused)):
+    after = {r.index for r in program.reductions if _of_picks(r.body)}  # (a top-k's) after its picks
+    levels = _levels([r for r in program.reductions if r.index not in after], fused)
+    if program.topk is not None:
+        levels.append([])  # the picks
+    levels += _levels([r for r in program.reductions if r.index in after])
+    for level, group in enumerate(levels):
+        if not group:
+            lines += topk_lines(em, program, cached, filled, unroll)
+            continue
         plain = [r for r in group if r.index not in fused and r.index not in partner]
         exprs: list[tuple[str, object]] = [(f"red:{r.index}", r.body) for r in plain]
         exprs += [(f"online:{r.index}:{partner[r.index]}", r.body) for r in group if r.index in partner]
@@ -158,6 +244,12 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
         body = _pass(em, full_out, cached, (em.used_leaves(full_out) & cached) - filled, unroll)
         lines += em.take_row_lines()
         lines += body
+    if pick_out:
+        stores = []
+        for name, expr in pick_out:  # thread j writes pick j
+            value = em.row_expr(expr)
+            stores.append(f"{name}[cg_row * cg_npick + cg_lane] = {em.store_value(name, value, em.kind(expr))};")
+        lines += ["if (cg_active && cg_lane < cg_npick) {", *("    " + x for x in em.take_row_lines() + stores), "}"]
     if row_out:
         stores = []
         for name, expr in row_out:
@@ -191,6 +283,7 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
         *([CLUSTER_PRELUDE] if cluster else []),
         *([ONLINE_PRELUDE] if online else []),
         *([CLUSTER_ONLINE_PRELUDE] if online and cluster else []),
+        *([TOPK_PRELUDE] if program.topk is not None else []),
         f"template <int V>\n__device__ __forceinline__ void cg_run({entry_params(spec)}) {{",
         f"    const long long cg_cols = {em.cols};",
         *place,
@@ -207,14 +300,21 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
         grid, block, bound = f"(cdiv({program.rows}, ROWS),)", "(32, ROWS)", "32 * ROWS"
         tune = {"ROWS": (4, 2, 8, 1), "ITEMS": items, "RU": ru}
         what = "one row per warp, ROWS rows per block"
+        if program.topk is not None:  # a thread per pick at least: a warp per 32 picks
+            tx = f"32 * cdiv({program.topk.count}, 32)"
+            ry = f"max(1, min(ROWS, 512 // ({tx})))"
+            grid, block, bound = f"(cdiv({program.rows}, {ry}),)", f"({tx}, {ry})", "512"
+            what = "one row per warp (a warp per 32 picks of the top-k), ROWS rows per block"
     elif mode == "block":
         # Threads per row: a warp per 256 * ITEMS elements (ITEMS 16-byte vectors of 16-bit
         # elements per thread), up to 512; a row of at most 128, 64 or 32 x ITEMS elements gets
         # 16, 8 or 4 threads (no idle lanes); rows shorter than a block share it, as long as
-        # FILL_BLOCKS blocks remain.
+        # FILL_BLOCKS blocks remain. A top-k's row has a thread per pick at least, in whole warps.
         c = program.cols
         narrow = " - ".join(f"{w} * min(1, max(0, {8 * w} * ITEMS + 1 - {c}))" for w in (16, 8, 4))
         tx = f"min(512, 32 * cdiv({c}, 256 * ITEMS) - {narrow})"
+        if program.topk is not None:
+            tx = f"min(512, 32 * max(cdiv({c}, 256 * ITEMS), cdiv({program.topk.count}, 32)))"
         ry = f"max(1, min(256 // {tx}, cdiv({program.rows}, {FILL_BLOCKS})))"
         grid, block = f"(cdiv({program.rows}, {ry}),)", f"({tx}, {ry})"
         tune = {"ITEMS": tuple(v for v in items if v != 8) if online else items, "RU": ru}
