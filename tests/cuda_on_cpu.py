@@ -77,6 +77,7 @@ static inline T __shfl_xor_sync(unsigned, T v, int mask) {
     std::memcpy(&out, &bits, sizeof(T));
     return out;
 }
+using std::signbit;  // CUDA declares it in the global namespace
 static inline void __trap() { std::fprintf(stderr, "__trap\n"); std::abort(); }
 template <typename T> static inline void __stwb(T* p, T v) { *p = v; }
 template <typename T> static inline T __ldg(const T* p) { return *p; }

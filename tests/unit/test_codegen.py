@@ -366,6 +366,35 @@ def test_a_kernel_written_here_gets_generated_schedules(tmp_path):
     assert set(_admits_everywhere(spec, tmp_path / "cache")) == {"codegen:rows/block", "codegen:rows/warp", "codegen:rows/cluster"}
 
 
+def test_a_tensor_made_from_python_values_is_refused(tmp_path):
+    """``torch.tensor(0.0)`` in a reference is a constant of the traced module (get_attr), not
+    an argument nor a computed value: refused, where it once tripped an assertion."""
+    original = "torch.clamp(a, min=0.0)"
+    assert original in _NEW_SPEC
+    spec = _kernel_here(tmp_path, "centred_tanh", _NEW_SPEC.replace(original, "torch.clamp(a, max=torch.tensor(1.0))"),
+                        _NEW_BASELINE)
+    with pytest.raises(Unsupported, match="torch.tensor"):
+        classify(spec)
+    assert schedules_for(spec) == {}
+
+
+def test_a_generator_failure_it_did_not_foresee_leaves_the_agent_its_other_steps(tmp_path, monkeypatch, caplog):
+    """An error other than Unsupported inside the generator (a graph no one foresaw) gives no
+    schedules and a logged warning, not an exception into the agent's proposals."""
+    import agents.embedded.codegen as codegen
+
+    spec = _kernel_here(tmp_path, "centred_tanh", _NEW_SPEC, _NEW_BASELINE)
+    assert schedules_for(spec)
+
+    def broken(_spec):
+        raise KeyError("cg_t7")
+
+    monkeypatch.setattr(codegen, "classify", broken)
+    with caplog.at_level("WARNING", logger="agents.embedded.codegen"):
+        assert schedules_for(spec) == {}
+    assert "the code generator failed on centred_tanh" in caplog.text and "KeyError" in caplog.text
+
+
 # ---------------------------------------------------------------- the agent
 
 

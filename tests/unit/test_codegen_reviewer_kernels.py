@@ -40,7 +40,9 @@ matrix (top-k weights scattered along the columns of a tensor of zeros the refer
 four around ``torch.topk``: a MoE gating (softmax, top-k, renormalised), a router's softmax over
 its top-k logits (int64 ids; smallest first in a variant), a biased top-k whose unbiased scores
 are gathered at the picks, and top-k sampling's filter (a softmax of the logits at or above the
-k-th largest: reductions after the picks). Each
+k-th largest: reductions after the picks); and int4 weights unpacked with bitwise ops (low and
+high nibbles joined by cat), and the float ops log10, hypot, copysign, fmax and signbit on
+NaN, infinities and signed zeros. Each
 folder's baseline is also run, so that a spec and its baseline agree before the generator is
 judged against the spec.
 """
@@ -2635,6 +2637,116 @@ extern "C" __global__ void topk_filter_softmax(scalar_t* probs, const scalar_t* 
 }
 '''
 
+# int4 weights unpacked: each byte's low nibble then its high one, the two halves of the row
+# joined by cat, offset by 8 and scaled per row (bitwise ops of integers).
+INT4_UNPACK_SCALE = '''
+from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, p = shape["num_tokens"], shape["width"]
+    return {
+        "out": torch.empty(t, 2 * p, device=device, dtype=dtype),
+        "packed": torch.randint(0, 256, (t, p), generator=generator, device=device).to(torch.uint8),
+        "scale": torch.rand(t, 1, generator=generator, device=device) + 0.01,
+    }
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    q = inputs["packed"].to(torch.int32)
+    lo, hi = (q & 0xF) - 8, (q >> 4) - 8
+    return {"out": torch.cat([lo, hi], dim=-1).float() * inputs["scale"]}
+
+
+SPEC = KernelSpec(
+    name="int4_unpack_scale",
+    description=(
+        "out[t, j] = ((packed[t, j] & 15) - 8) * scale[t] and out[t, width + j] = ((packed[t, j] >> 4) - 8) * "
+        "scale[t], rounded once. packed uint8 [num_tokens, width], scale fp32 [num_tokens, 1], out "
+        "[num_tokens, 2 * width]."
+    ),
+    args=(Arg("out", "tensor", role="out"), Arg("packed", "tensor", dtype="uint8"), Arg("scale", "tensor", dtype="float32"),
+          Arg("num_tokens", "int"), Arg("width", "int")),
+    search_shapes=({"num_tokens": 4096, "width": 2048},),
+    heldout_shapes=({"num_tokens": 7, "width": 100},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: s["num_tokens"] * (s["width"] * (5 if dt == "float32" else 3) + 4),
+    flops=lambda s: 4 * s["num_tokens"] * s["width"],
+)
+'''
+
+INT4_UNPACK_SCALE_CU = '''// launch: grid=(num_tokens,) block=(1,) smem=0
+extern "C" __global__ void int4_unpack_scale(scalar_t* out, const unsigned char* packed, const float* scale,
+                                             int num_tokens, int width) {
+    const long long t = blockIdx.x;
+    for (int j = 0; j < width; ++j) {
+        const int q = packed[t * width + j];
+        out[t * 2 * width + j] = static_cast<scalar_t>(static_cast<float>((q & 15) - 8) * scale[t]);
+        out[t * 2 * width + width + j] = static_cast<scalar_t>(static_cast<float>((q >> 4) - 8) * scale[t]);
+    }
+}
+'''
+
+# Float ops torch has beyond the usual maps: log10, hypot, copysign, fmax (which drops a NaN,
+# where maximum keeps it) and signbit, on inputs holding NaN, infinities and signed zeros.
+FLOAT_OPS_MIX = '''
+from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    t, h = shape["num_tokens"], shape["hidden"]
+    x = torch.randn(t, h, generator=generator, device=device) * 4.0
+    y = torch.randn(t, h, generator=generator, device=device) * 4.0
+    if case == "special":
+        specials = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.0, -1.0], device=device)
+        x = specials[torch.randint(0, 7, (t, h), generator=generator, device=device)]
+        y = specials[torch.randint(0, 7, (t, h), generator=generator, device=device)]
+    return {"out": torch.empty(t, h, device=device, dtype=dtype), "x": x.to(dtype), "y": y.to(dtype)}
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    x, y = inputs["x"].float(), inputs["y"].float()
+    magnitude = torch.log10(torch.hypot(x, y) + 1.0) * torch.copysign(torch.ones_like(x), x)
+    return {"out": magnitude + torch.fmax(x, y) + torch.where(torch.signbit(y), 0.5, 0.0)}
+
+
+SPEC = KernelSpec(
+    name="float_ops_mix",
+    description=(
+        "out = log10(hypot(x, y) + 1) * copysign(1, x) + fmax(x, y) + (0.5 where y's sign bit is set), in fp32, "
+        "rounded once. x, y and out [num_tokens, hidden]."
+    ),
+    args=(Arg("out", "tensor", role="out"), Arg("x", "tensor"), Arg("y", "tensor"), Arg("num_tokens", "int"),
+          Arg("hidden", "int")),
+    search_shapes=({"num_tokens": 4096, "hidden": 4096},),
+    heldout_shapes=({"num_tokens": 7, "hidden": 100},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: 3 * s["num_tokens"] * s["hidden"] * (4 if dt == "float32" else 2),
+    flops=lambda s: 12 * s["num_tokens"] * s["hidden"],
+    edge_cases=("special",),
+)
+'''
+
+FLOAT_OPS_MIX_CU = '''// launch: grid=(cdiv(num_tokens * hidden, 256),) block=(256,) smem=0
+extern "C" __global__ void float_ops_mix(scalar_t* out, const scalar_t* x, const scalar_t* y, int num_tokens, int hidden) {
+    const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= static_cast<long long>(num_tokens) * hidden) return;
+    const float a = static_cast<float>(x[i]), b = static_cast<float>(y[i]);
+    const float m = log10f(hypotf(a, b) + 1.0f) * copysignf(1.0f, a);
+    out[i] = static_cast<scalar_t>(m + fmaxf(a, b) + (signbit(b) ? 0.5f : 0.0f));
+}
+'''
+
 FOLDERS = {
     "silu_scale_shift": (SILU_SCALE_SHIFT, SILU_SCALE_SHIFT_CU),
     "softmax_temperature": (SOFTMAX_TEMPERATURE, SOFTMAX_TEMPERATURE_CU),
@@ -2676,11 +2788,15 @@ FOLDERS = {
     "router_topk_softmax": (ROUTER_TOPK_SOFTMAX, ROUTER_TOPK_SOFTMAX_CU),
     "biased_topk_router": (BIASED_TOPK_ROUTER, BIASED_TOPK_ROUTER_CU),
     "topk_filter_softmax": (TOPK_FILTER_SOFTMAX, TOPK_FILTER_SOFTMAX_CU),
+    "int4_unpack_scale": (INT4_UNPACK_SCALE, INT4_UNPACK_SCALE_CU),
+    "float_ops_mix": (FLOAT_OPS_MIX, FLOAT_OPS_MIX_CU),
 }
 
 # Small shapes: one row and up to 40, row lengths on and off 8-element (16-byte) vectors, a
 # row longer than a block's registers hold for the row kernels.
 SHAPES: dict[str, list[dict[str, int]]] = {
+    "int4_unpack_scale": [{"num_tokens": 3, "width": 64}, {"num_tokens": 5, "width": 37}, {"num_tokens": 1, "width": 1000}],
+    "float_ops_mix": [{"num_tokens": 3, "hidden": 100}, {"num_tokens": 1, "hidden": 37}],
     "moe_topk_gating": [{"num_tokens": 5, "num_experts": 64, "top_k": 8}, {"num_tokens": 1, "num_experts": 9, "top_k": 2},
                         {"num_tokens": 3, "num_experts": 300, "top_k": 37}],
     "router_topk_softmax": [{"num_tokens": 5, "num_experts": 8, "top_k": 2}, {"num_tokens": 3, "num_experts": 61, "top_k": 6}],
@@ -2761,6 +2877,8 @@ SHAPES: dict[str, list[dict[str, int]]] = {
 
 # What the generator is expected to make of each kernel: its kind and every schedule's name.
 EXPECTED: dict[str, tuple[str, set[str]]] = {
+    "int4_unpack_scale": ("elementwise", {"codegen:elementwise/rows"}),
+    "float_ops_mix": ("elementwise", {"codegen:elementwise/rows", "codegen:elementwise/flat"}),
     "moe_topk_gating": ("rowwise", {"codegen:rows/block", "codegen:rows/warp"}),
     "router_topk_softmax": ("rowwise", {"codegen:rows/block", "codegen:rows/warp"}),
     "biased_topk_router": ("rowwise", {"codegen:rows/block", "codegen:rows/warp"}),

@@ -8,6 +8,8 @@ rows or columns gathered by index, rows or columns scattered by index, 2-D trans
 
 from __future__ import annotations
 
+import logging
+
 from agents.embedded.codegen.elementwise import elementwise
 from agents.embedded.codegen.emit import Schedule
 from agents.embedded.codegen.ir import Program, read_program
@@ -19,6 +21,8 @@ from agents.embedded.codegen.transpose import transpose, transpose_wide
 from kernels.spec import KernelSpec
 
 __all__ = ["Program", "Schedule", "Unsupported", "classify", "generate", "schedules_for"]
+
+_log = logging.getLogger(__name__)
 
 
 def classify(spec: KernelSpec) -> Program:
@@ -60,8 +64,13 @@ def generate(spec: KernelSpec) -> list[Schedule]:
 
 
 def schedules_for(spec: KernelSpec) -> dict[str, Schedule]:
-    """The generated schedules by plan name (empty for an unsupported graph)."""
+    """The generated schedules by plan name (empty for an unsupported graph, and for a graph
+    the generator fails on in a way it did not foresee: the agent's other steps still apply to
+    the kernel, so the failure is logged, not raised into the search)."""
     try:
         return {s.name: s for s in generate(spec)}
     except Unsupported:
+        return {}
+    except Exception:
+        _log.warning("the code generator failed on %s; no generated schedules", spec.name, exc_info=True)
         return {}

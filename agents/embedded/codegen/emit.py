@@ -332,6 +332,10 @@ class Emitter:
             return f"{fn}(static_cast<float>({args[0]}), static_cast<float>({args[1]}))"
         if name == "atan2":
             return f"atan2f({args[0]}, {args[1]})"
+        if name in ("copysign", "hypot", "fmax", "fmin"):  # (fmax and fmin drop a NaN, as torch's do)
+            return f"{name}f(static_cast<float>({args[0]}), static_cast<float>({args[1]}))"
+        if name == "bits":  # integers (64-bit: a narrower type's result is its low bits, kept at the store)
+            return f"(static_cast<long long>({args[0]}) {node.extra[0]} static_cast<long long>({args[1]}))"
         if name in ("fmod", "remainder") and FLOAT not in kinds:
             # Integers: C's % truncates as torch.fmod does; remainder takes the divisor's sign.
             return f"({args[0]} % {args[1]})" if name == "fmod" else f"cg_remainder_int({args[0]}, {args[1]})"

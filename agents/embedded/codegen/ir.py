@@ -44,12 +44,17 @@ UNARY: dict[str, str] = {
     "relu": "cg_relu({0})", "silu": "({0} / (1.0f + expf(-{0})))", "sign": "cg_sign({0})",
     "tan": "tanf({0})", "sinh": "sinhf({0})", "cosh": "coshf({0})", "asin": "asinf({0})", "acos": "acosf({0})",
     "atan": "atanf({0})", "asinh": "asinhf({0})", "acosh": "acoshf({0})", "atanh": "atanhf({0})",
-    "erfc": "erfcf({0})",
+    "erfc": "erfcf({0})", "log10": "log10f({0})", "lgamma": "lgammaf({0})",
 }
 # aten ops testing a float into a bool -> C function.
-TESTS: dict[str, str] = {"isnan": "cg_isnan", "isinf": "cg_isinf"}
+TESTS: dict[str, str] = {"isnan": "cg_isnan", "isinf": "cg_isinf", "signbit": "signbit"}
 # Binary aten ops read into an Op of the same name (the emitter writes each one's C).
-BINARY = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "pow", "atan2", "fmod", "remainder"})
+BINARY = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "pow", "atan2", "fmod", "remainder",
+                    "copysign", "hypot", "fmax", "fmin"})
+# Bitwise ops of integers (unpacking packed int4, masks of bits) -> C operator.
+BITWISE: dict[str, str] = {"bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^", "__and__": "&", "__or__": "|",
+                           "__xor__": "^", "bitwise_left_shift": "<<", "__lshift__": "<<",
+                           "bitwise_right_shift": ">>", "__rshift__": ">>"}
 COMPARE: dict[str, str] = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "eq": "==", "ne": "!="}
 # Writes of rows by index (``target[index] = values``), and where their values stand among
 # their arguments.
@@ -652,6 +657,8 @@ class _Reader:
                 env[na] = _Val(None, tuple(val.shape), tuple(nb.meta["val"].shape), arg=name, dtype=val.dtype)
             elif na.op == "call_function":
                 env[na] = self.node(env, na, nb)
+            elif na.op == "get_attr":
+                raise Unsupported("a tensor made from Python values in the reference (torch.tensor(...))")
             elif na.op == "output":
                 results = na.args[0]
                 for name, res in zip(self.trace.outputs, results, strict=True):
@@ -875,6 +882,9 @@ class _Reader:
         if name in COMPARE:
             a, b = operands(2)
             return out(Op(name, (a, b), BOOL))
+        if name in BITWISE and kind == INT:
+            a, b = operands(2)
+            return out(Op("bits", (a, b), INT, (BITWISE[name],)))
         if name in ("logical_and", "logical_or", "bitwise_and", "bitwise_or") and kind == BOOL:
             a, b = operands(2)
             return out(Op("and" if name.endswith("and") else "or", (a, b), BOOL))
@@ -1414,7 +1424,7 @@ class _Reader:
 
 
 # Ops that read a piece narrower than the row as its own columns: elementwise ones.
-_NARROW_OK = frozenset({*UNARY, *TESTS, *BINARY, *COMPARE, "gelu", "where", "clamp", "clamp_min", "clamp_max",
+_NARROW_OK = frozenset({*UNARY, *TESTS, *BINARY, *COMPARE, *BITWISE, "gelu", "where", "clamp", "clamp_min", "clamp_max",
                         "masked_fill", "logical_not", "bitwise_not", "logical_and", "logical_or", "bitwise_and",
                         "bitwise_or", "_to_copy", "clone", "contiguous", "alias", "detach", "lift_fresh_copy"})
 
