@@ -3109,3 +3109,22 @@ def test_equal_values_are_picked_in_column_order(tmp_path: Path):
             weights = probs.gather(1, ids)
             got_w = torch.from_numpy(got["weights"].copy()).view(torch.float32).reshape(ids.shape)
             torch.testing.assert_close(got_w, weights / weights.sum(-1, keepdim=True))
+
+
+@pytest.mark.parametrize("changed", [
+    'torch.gather(inputs["table"], 0, inputs["ids"][:, None].expand(-1, inputs["table"].shape[1]))',
+    'torch.take_along_dim(inputs["table"], inputs["ids"][:, None], dim=0)',
+], ids=["gather-dim0", "take_along_dim"])
+def test_rows_gathered_along_dimension_zero_get_correct_schedules(changed: str, tmp_path: Path):
+    """gather_scale_rows's ``table[ids]`` written as a gather along dimension 0 by the ids
+    repeated along each row, and as take_along_dim (whose wrap of negative ids is the gather's
+    own): read as the same gather of rows."""
+    text, baseline = FOLDERS["gather_scale_rows"]
+    original = 'return {"out": inputs["table"][inputs["ids"]]'
+    assert original in text
+    changed = f'import torch\n\n    return {{"out": {changed}'
+    spec = _kernel_here(tmp_path, "gather_scale_rows", text.replace(original, changed), baseline)
+    schedules = generate(spec)
+    assert [s.name for s in schedules] == ["codegen:elementwise/rows"]
+    for dtype in _dtypes(spec):
+        assert _check(spec, schedules[0].source, dtype, {}, tmp_path / f"run-{dtype}")

@@ -1396,6 +1396,19 @@ class _Reader:
             index = self.index_load(self.read(idx))
             if index is not None and index.access in ("col", "full"):
                 return self.gather_columns(first, index, shape, shape_b)
+        if dim in (0, -2) and len(first.shape) == 2 and first.expr is None and first.arg is not None \
+                and self.space(shape) == "full" and self.space(idx.shape) == "full":
+            # Rows picked by an index repeated along each row (torch.gather(table, 0,
+            # ids[:, None].expand(-1, h)), take_along_dim(table, ids[:, None], 0)): table[ids].
+            rows = self.size_expr(first.shape[0], first.shape_b[0])
+            index = self.read(idx)
+            if isinstance(index, Op) and index.name == "remainder" and index.args[1] == Param("__isize", rows):
+                index = index.args[0]  # take_along_dim's wrap of negative ids: the gather's own
+            row = self.index_load(index)
+            if row is not None and row.access == "row":
+                stride = self.size_expr(first.shape[-1], first.shape_b[-1])
+                return _Val(Load(first.arg, "gather", row_stride=stride, index=row, rows=rows), shape, shape_b,
+                            dtype=first.dtype)
         if dim not in (-1, len(first.shape) - 1) or self.space(first.shape) != "full" or self.space(idx.shape) != "row":
             raise Unsupported("a gather that does not pick one column per row")
         if shape[-1] != 1:
