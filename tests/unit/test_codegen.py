@@ -793,14 +793,19 @@ def test_a_piece_narrower_than_the_row_is_read_by_elementwise_ops_and_cat_only(t
         classify(along_rows)
 
 
-def test_a_clamp_takes_tensor_bounds_and_refuses_numbers_made_from_the_shape(tmp_path):
+def test_a_clamp_takes_tensor_bounds_and_sizes_and_refuses_other_numbers_made_from_the_shape(tmp_path):
     """torch.clamp with a row value below and a column above reads them as operands; a bound
-    that is a number made from the shape is refused, not baked in."""
+    that is a size the shape makes (the row's length, less one) is read as that size, not
+    baked in; another number made from the shape is refused."""
     spec = _written_here(tmp_path, "bounded", "torch.clamp(a, min=0.0)",
                          'torch.clamp(a, min=mu - 1.0, max=inputs["gain"].float())')
     _check_against_reference(spec)
+    sized = _written_here(tmp_path, "sized", "torch.clamp(a, min=0.0)",
+                          "torch.clamp(a * a.shape[-1], min=0.0, max=float(a.shape[-1] - 1))")
+    assert "(width - 1)" in repr(classify(sized).outputs)
+    _check_against_reference(sized)
     made_from_shape = _written_here(tmp_path, "shaped", "torch.clamp(a, min=0.0)",
-                                    "torch.clamp(a, min=0.0, max=float(a.shape[-1]))")
+                                    "torch.clamp(a, min=0.0, max=float(a.shape[-1]) ** 0.5)")
     with pytest.raises(Unsupported, match="made from the shape"):
         classify(made_from_shape)
 
@@ -843,8 +848,9 @@ extern "C" __global__ void probe(scalar_t* y, const scalar_t* a, int n, int widt
 
 def test_a_prefix_sum_along_the_row_is_a_scan_and_what_one_pass_cannot_give_is_refused(tmp_path):
     """cumsum along the row, with maps before and after, is a scan program (checked against
-    the reference); along the other dimension, of another scan, or beside a row reduction
-    (which a second pass would need) it is refused."""
+    the reference), and so is one divided by a row reduction made before it; along the other
+    dimension, of another scan, or read by an element beside a reduction of a scan (which a
+    second pass would need) it is refused."""
     def spec(name: str, expr: str) -> KernelSpec:
         return _kernel_here(tmp_path, name, _PROBE_SPEC.replace("EXPR", expr), _PROBE_BASELINE)
 
@@ -853,9 +859,13 @@ def test_a_prefix_sum_along_the_row_is_a_scan_and_what_one_pass_cannot_give_is_r
     assert program.kind == "scan" and sum(isinstance(n, Scan) for n in walk(program.all_roots())) == 1
     _check_against_reference(mapped, output_tolerance=True)
     assert [s.name for s in generate(mapped)] == ["codegen:scan/block"]
+    normalised = spec("normalised", "torch.cumsum(a, dim=-1) / a.sum(dim=-1, keepdim=True)")
+    assert classify(normalised).kind == "scan"
+    _check_against_reference(normalised, output_tolerance=True)
     for name, expr, why in (("columns", "torch.cumsum(a, dim=0)", "another dimension"),
                             ("twice", "torch.cumsum(torch.cumsum(a, dim=-1), dim=-1)", "scan of a scan"),
-                            ("normalised", "torch.cumsum(a, dim=-1) / a.sum(dim=-1, keepdim=True)", "row reductions")):
+                            ("centred", "torch.cumsum(a, dim=-1) - torch.cumsum(a, dim=-1).amax(dim=-1, keepdim=True)",
+                             "reduction of a scan read by an element")):
         with pytest.raises(Unsupported, match=why):
             classify(spec(name, expr))
 

@@ -42,7 +42,8 @@ its top-k logits (int64 ids; smallest first in a variant), a biased top-k whose 
 are gathered at the picks, and top-k sampling's filter (a softmax of the logits at or above the
 k-th largest: reductions after the picks); and int4 weights unpacked with bitwise ops (low and
 high nibbles joined by cat), and the float ops log10, hypot, copysign, fmax and signbit on
-NaN, infinities and signed zeros. Each
+NaN, infinities and signed zeros; and sampling by the inverse of the cumulative distribution
+(a softmax's running sum written, and the count of its entries below a uniform draw). Each
 folder's baseline is also run, so that a spec and its baseline agree before the generator is
 judged against the spec.
 """
@@ -2747,6 +2748,73 @@ extern "C" __global__ void float_ops_mix(scalar_t* out, const scalar_t* x, const
 }
 '''
 
+# Sampling by the inverse of the cumulative distribution: a softmax (row reductions) whose
+# running sum is written, and the count of its entries below each row's uniform draw (a
+# reduction of the scan) as the sampled id.
+SAMPLE_FROM_CDF = '''
+from kernels.spec import Arg, KernelSpec
+
+
+def make_inputs(shape, dtype, generator, case, device):
+    import torch
+
+    b, v = shape["batch"], shape["vocab"]
+    x = torch.randn(b, v, generator=generator, device=device) * 2.0
+    if case == "peaked":
+        x[:, 0] += 30.0  # nearly all the mass on the first id
+    return {
+        "cdf": torch.empty(b, v, device=device, dtype=torch.float32),
+        "ids": torch.empty(b, device=device, dtype=torch.int32),
+        "logits": x.to(dtype),
+        "u": torch.rand(b, generator=generator, device=device) * 0.98 + 0.01,
+    }
+
+
+def reference(inputs, shape, constants):
+    import torch
+
+    cdf = torch.softmax(inputs["logits"].float(), dim=-1).cumsum(dim=-1)
+    ids = (cdf < inputs["u"][:, None]).sum(dim=-1).clamp(max=shape["vocab"] - 1)
+    return {"cdf": cdf, "ids": ids.to(torch.int32)}
+
+
+SPEC = KernelSpec(
+    name="sample_from_cdf",
+    description=(
+        "cdf[b, :] = cumsum(softmax(logits[b, :])) in fp32; ids[b] = the number of cdf[b, :] entries below u[b], "
+        "at most vocab - 1. logits [batch, vocab], u fp32 [batch], cdf fp32 [batch, vocab], ids int32 [batch]."
+    ),
+    args=(Arg("cdf", "tensor", role="out", dtype="float32"), Arg("ids", "tensor", role="out", dtype="int32"),
+          Arg("logits", "tensor"), Arg("u", "tensor", dtype="float32"), Arg("batch", "int"), Arg("vocab", "int")),
+    search_shapes=({"batch": 64, "vocab": 32000},),
+    heldout_shapes=({"batch": 3, "vocab": 1000},),
+    make_inputs=make_inputs,
+    reference=reference,
+    bytes_moved=lambda s, dt: s["batch"] * (s["vocab"] * (8 if dt == "float32" else 6) + 8),
+    flops=lambda s: 4 * s["batch"] * s["vocab"],
+    edge_cases=("peaked",),
+)
+'''
+
+SAMPLE_FROM_CDF_CU = '''// launch: grid=(batch,) block=(1,) smem=0
+extern "C" __global__ void sample_from_cdf(float* cdf, int* ids, const scalar_t* logits, const float* u, int batch,
+                                           int vocab) {
+    const long long b = blockIdx.x;
+    const scalar_t* row = logits + b * vocab;
+    float m = __int_as_float(0xff800000), s = 0.0f;
+    for (int i = 0; i < vocab; ++i) m = fmaxf(m, static_cast<float>(row[i]));
+    for (int i = 0; i < vocab; ++i) s += expf(static_cast<float>(row[i]) - m);
+    float run = 0.0f;
+    int below = 0;
+    for (int i = 0; i < vocab; ++i) {
+        run += expf(static_cast<float>(row[i]) - m) / s;
+        cdf[b * vocab + i] = run;
+        below += run < u[b] ? 1 : 0;
+    }
+    ids[b] = below < vocab - 1 ? below : vocab - 1;
+}
+'''
+
 FOLDERS = {
     "silu_scale_shift": (SILU_SCALE_SHIFT, SILU_SCALE_SHIFT_CU),
     "softmax_temperature": (SOFTMAX_TEMPERATURE, SOFTMAX_TEMPERATURE_CU),
@@ -2790,11 +2858,13 @@ FOLDERS = {
     "topk_filter_softmax": (TOPK_FILTER_SOFTMAX, TOPK_FILTER_SOFTMAX_CU),
     "int4_unpack_scale": (INT4_UNPACK_SCALE, INT4_UNPACK_SCALE_CU),
     "float_ops_mix": (FLOAT_OPS_MIX, FLOAT_OPS_MIX_CU),
+    "sample_from_cdf": (SAMPLE_FROM_CDF, SAMPLE_FROM_CDF_CU),
 }
 
 # Small shapes: one row and up to 40, row lengths on and off 8-element (16-byte) vectors, a
 # row longer than a block's registers hold for the row kernels.
 SHAPES: dict[str, list[dict[str, int]]] = {
+    "sample_from_cdf": [{"batch": 3, "vocab": 1000}, {"batch": 1, "vocab": 37}, {"batch": 2, "vocab": 9001}],
     "int4_unpack_scale": [{"num_tokens": 3, "width": 64}, {"num_tokens": 5, "width": 37}, {"num_tokens": 1, "width": 1000}],
     "float_ops_mix": [{"num_tokens": 3, "hidden": 100}, {"num_tokens": 1, "hidden": 37}],
     "moe_topk_gating": [{"num_tokens": 5, "num_experts": 64, "top_k": 8}, {"num_tokens": 1, "num_experts": 9, "top_k": 2},
@@ -2877,6 +2947,7 @@ SHAPES: dict[str, list[dict[str, int]]] = {
 
 # What the generator is expected to make of each kernel: its kind and every schedule's name.
 EXPECTED: dict[str, tuple[str, set[str]]] = {
+    "sample_from_cdf": ("scan", {"codegen:scan/block"}),
     "int4_unpack_scale": ("elementwise", {"codegen:elementwise/rows"}),
     "float_ops_mix": ("elementwise", {"codegen:elementwise/rows", "codegen:elementwise/flat"}),
     "moe_topk_gating": ("rowwise", {"codegen:rows/block", "codegen:rows/warp"}),

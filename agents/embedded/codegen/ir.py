@@ -710,19 +710,26 @@ class _Reader:
         return len(shape) < len(whole) and _splits(whole, tuple(shape))
 
     def scan_program(self, rows: str, cols: str, outputs: dict[str, tuple[str, Any]]) -> Program:
-        """A program whose outputs hold prefix sums along the row: every output one value per
-        element, and nothing a scan schedule's single pass over the row cannot give (row
-        reductions, gathers at a column, column reads by scalars, scatters, scans of scans)."""
-        if self.reductions or _has_at_column(outputs):
-            raise Unsupported("a scan beside row reductions")
-        if any(space != "full" for space, _ in outputs.values()):
-            raise Unsupported("a scan program with an output that is not one value per element")
+        """A program whose outputs hold prefix sums along the row: row reductions its scans
+        read (a softmax's max and sum), computed first; reductions of what the scans give (a
+        count of a cumulative distribution below a threshold), accumulated in the scan's own
+        pass and read by one-per-row outputs only; nothing else a single pass over the row
+        cannot give (gathers at a column, column reads by scalars, scatters, scans of scans)."""
+        if _has_at_column(outputs):
+            raise Unsupported("a scan beside a gather at one column per row")
+        after = {r.index for r in self.reductions if any(isinstance(n, Scan) for n in walk([r.body]))}
+        if any(space not in ("full", "row") for space, _ in outputs.values()):
+            raise Unsupported("a scan program with an output that is not one value per element or per row")
+        # (a reduction that reads one of these reads a scan, so it is one of them)
+        full = [e for space, e in outputs.values() if space == "full"] + [r.body for r in self.reductions if r.index in after]
+        if any(isinstance(n, Reduce) and n.index in after for n in walk(full)):
+            raise Unsupported("a reduction of a scan read by an element or by another such reduction")
         nodes = walk([e for _, e in outputs.values()])
         if any(isinstance(n, Load) and n.access in ("colgather", "colshift") for n in nodes):
             raise Unsupported("a scan program reading columns by index or by cat")
         if any(isinstance(n, Scan) for s in nodes if isinstance(s, Scan) for n in walk([s.body])):
             raise Unsupported("a scan of a scan")
-        return Program("scan", rows, cols, outputs, [], self.dtypes)
+        return Program("scan", rows, cols, outputs, self.reductions, self.dtypes)
 
     def scan(self, first: _Val | None, na: Any, shape: tuple[int, ...], shape_b: tuple[int, ...], dtype: Any) -> _Val:
         """``cumsum(x, dim=-1)`` of a value with the iteration space's rows and columns."""
@@ -898,11 +905,12 @@ class _Reader:
                 return n.kwargs.get("min", lo), n.kwargs.get("max", hi)
 
             def bound(x: Any, xb: Any) -> Any:
-                """A bound: a tensor (per row, column or element), or a number both probes share."""
+                """A bound: a tensor (per row, column or element), a number both probes share,
+                or a size the shape makes (``clamp(max=vocab - 1)``)."""
                 if hasattr(x, "op"):
                     return self.operand(env, x)
                 if x != xb:
-                    raise Unsupported("a clamp whose bounds are made from the shape")
+                    return self.shape_constant(x, xb)
                 return self.constant(float(x))
 
             (lo, hi), (lo_b, hi_b) = bounds(na), bounds(nb)

@@ -201,7 +201,7 @@ def fit_size(value_a: int, value_b: int, probes: tuple[dict[str, int], dict[str,
     symbol's ``multiple_of``, so such a constant divides every size the spec allows.
 
     Else the sum of two symbols, ``(dim_a + dim_b)`` (a row joined by a cat), or their
-    difference, ``(head_dim - rot_dim)``.
+    difference, ``(head_dim - rot_dim)``, or a symbol off by a constant, ``(vocab - 1)``.
 
     Raises:
         Unsupported: no such product of at most three symbols, nor such a sum.
@@ -236,5 +236,10 @@ def fit_size(value_a: int, value_b: int, probes: tuple[dict[str, int], dict[str,
     for first, second in itertools.permutations(names, 2):
         if probes[0][first] - probes[0][second] == value_a and probes[1][first] - probes[1][second] == value_b:
             return f"({first} - {second})"
+    # A symbol off by a constant (the last index, vocab - 1): the same offset at both probes.
+    for name in names:
+        d = value_a - probes[0][name]
+        if d != 0 and value_b - probes[1][name] == d and abs(d) < min(probes[0][name], probes[1][name]):
+            return f"({name} {'+' if d > 0 else '-'} {abs(d)})"
     raise Unsupported(f"a size ({value_a} / {value_b} at the probes) is neither a product of shape symbols "
                       "nor the sum or difference of two")
