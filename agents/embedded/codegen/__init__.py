@@ -2,8 +2,8 @@
 the op graph, emit CUDA from schedule templates.
 
 Nothing here knows a kernel by name: the graph alone decides (elementwise maps with
-broadcasting, row reductions followed by maps, a top-k along the row, prefix sums (after row
-reductions, and reduced for one value per row) along the row followed by maps,
+broadcasting, row reductions followed by maps, a top-k along the row, prefix sums along the
+row followed by maps (after the row reductions they read, and reduced for one value per row),
 rows or columns gathered by index, rows or columns scattered by index, 2-D transposes). A graph outside these kinds gives no schedules, and the agent goes on as before.
 """
 
