@@ -1384,7 +1384,7 @@ class _Reader:
         if any(isinstance(n, Fold | Scan) for n in walk(roots + [p.body for p in self.picked])):
             raise Unsupported("a top-k beside a scan or a reduction over the next-to-last dimension")
 
-        after = {r.index for r in self.reductions if _of_picks(r.body)}
+        after = {r.index for r in self.reductions if of_picks(r.body)}
         for p in self.picked:
             if any(isinstance(n, Reduce) and n.index in after for n in walk([p.body])):
                 raise Unsupported("a value of the picks made from a row reduction that reads them")
@@ -1494,7 +1494,7 @@ def _along_columns(node: Any) -> bool:
     return len(node.args[0].meta["val"].shape) == 2 and node.args[1] in (1, -1)
 
 
-def _of_picks(node: Any) -> bool:
+def of_picks(node: Any) -> bool:
     """Whether ``node`` reads the picks of a top-k."""
     return any(isinstance(n, Pick | PickReduce | PickAt) for n in walk([node]))
 

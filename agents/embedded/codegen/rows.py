@@ -43,7 +43,7 @@ from agents.embedded.codegen.emit import (
     entry_params,
     header,
 )
-from agents.embedded.codegen.ir import Op, Pick, PickAt, PickReduce, Program, Reduce, walk
+from agents.embedded.codegen.ir import Op, PickReduce, Program, Reduce, of_picks, walk
 from agents.embedded.codegen.trace import Unsupported
 from agents.embedded.launch_fill import FILL_BLOCKS
 from kernels.spec import KernelSpec
@@ -82,10 +82,6 @@ def _levels(reductions: list[Reduce], fused: Mapping[int, int] | None = None) ->
     for r in reductions:
         out[level[r.index]].append(r)
     return out
-
-
-def _of_picks(node: object) -> bool:
-    return any(isinstance(n, Pick | PickReduce | PickAt) for n in walk([node]))
 
 
 def _fill(em: Emitter, fill: set[int]) -> list[str]:
@@ -210,7 +206,7 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
     lines += [f"Pack<{em.c_type(em.full_leaves[i].arg)}, V> cg_cache{i}[ITEMS];" for i in sorted(cached)]
     filled: set[int] = set()
     extra = ", cg_split" if cluster else ""
-    after = {r.index for r in program.reductions if _of_picks(r.body)}  # (a top-k's) after its picks
+    after = {r.index for r in program.reductions if of_picks(r.body)}  # (a top-k's) after its picks
     levels = _levels([r for r in program.reductions if r.index not in after], fused)
     if program.topk is not None:
         levels.append([])  # the picks
