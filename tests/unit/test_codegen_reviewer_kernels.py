@@ -2762,11 +2762,21 @@ def make_inputs(shape, dtype, generator, case, device):
     x = torch.randn(b, v, generator=generator, device=device) * 2.0
     if case == "peaked":
         x[:, 0] += 30.0  # nearly all the mass on the first id
+    x = x.to(dtype)
+    # Each draw in the middle of a likely id's step of the distribution (one of the 8 most likely,
+    # at least a tenth of the likeliest): a running sum in fp32, in any order, is far closer to
+    # the exact one than half such a step, so the sampled id is well defined.
+    p = torch.softmax(x.double(), dim=-1)
+    top = torch.topk(p, min(8, v), dim=-1)
+    pick = torch.randint(0, 1 << 20, (b, 1), generator=generator, device=device)
+    likely = (top.values >= top.values[:, :1] / 10).sum(dim=-1, keepdim=True)
+    j = top.indices.gather(1, pick % likely)
+    u = p.cumsum(dim=-1).gather(1, j) - p.gather(1, j) / 2
     return {
         "cdf": torch.empty(b, v, device=device, dtype=torch.float32),
         "ids": torch.empty(b, device=device, dtype=torch.int32),
-        "logits": x.to(dtype),
-        "u": torch.rand(b, generator=generator, device=device) * 0.98 + 0.01,
+        "logits": x,
+        "u": u.squeeze(1).float(),
     }
 
 
