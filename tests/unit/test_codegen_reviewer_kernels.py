@@ -3209,3 +3209,36 @@ def test_rows_gathered_along_dimension_zero_get_correct_schedules(changed: str, 
     assert [s.name for s in schedules] == ["codegen:elementwise/rows"]
     for dtype in _dtypes(spec):
         assert _check(spec, schedules[0].source, dtype, {}, tmp_path / f"run-{dtype}")
+
+
+@pytest.mark.parametrize("changed", [
+    'ids = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :shape["top_k"]]\n'
+    '    weights = probs.gather(1, ids)',
+    'values, order = probs.sort(dim=-1, descending=True)\n'
+    '    weights, ids = values[:, :shape["top_k"]], order[:, :shape["top_k"]]',
+], ids=["stable-sort-indices", "sort-values-and-indices"])
+def test_a_sort_read_as_its_first_k_columns_is_a_top_k(changed: str, tmp_path: Path):
+    """moe_topk_gating's top-k written as a sort whose first k columns alone are read (the
+    library's own topk_softmax reference does so): the same program, every schedule computing
+    the reference."""
+    text, baseline = FOLDERS["moe_topk_gating"]
+    original = 'weights, ids = torch.topk(probs, shape["top_k"], dim=-1)'
+    assert original in text
+    spec = _kernel_here(tmp_path, "moe_topk_gating", text.replace(original, changed), baseline)
+    assert classify(spec).topk is not None
+    schedules = generate(spec)
+    assert [s.name for s in schedules] == ["codegen:rows/block", "codegen:rows/warp"]
+    for schedule in schedules:
+        assert _check(spec, schedule.source, "float16", {}, tmp_path / f"run-{schedule.name[-4:]}")
+
+
+def test_a_sort_read_whole_is_refused(tmp_path: Path):
+    from agents.embedded.codegen import Unsupported
+
+    text, baseline = FOLDERS["moe_topk_gating"]
+    original = 'weights, ids = torch.topk(probs, shape["top_k"], dim=-1)'
+    changed = ('order = probs.sort(dim=-1, descending=True).indices\n'
+               '    weights, ids = probs.gather(1, order[:, :shape["top_k"]]), order[:, 1:shape["top_k"] + 1]')
+    spec = _kernel_here(tmp_path, "moe_topk_gating", text.replace(original, changed), baseline)
+    with pytest.raises(Unsupported, match="sort read otherwise"):
+        classify(spec)

@@ -787,7 +787,7 @@ class _Reader:
         val = na.meta.get("val")
         if name in _SPLITS:
             return self.split(env, na, nb)
-        if name == "topk":
+        if name in ("topk", "sort"):
             return self.top_k(env, na, nb)
         if name in ("max", "min") and isinstance(val, tuple | list):
             if self.narrow(env[na.args[0]]):  # as for any reduction (below)
@@ -936,6 +936,8 @@ class _Reader:
 
     def slice(self, first: _Val | None, na: Any, nb: Any, shape: tuple[int, ...], shape_b: tuple[int, ...]) -> _Val:
         assert first is not None
+        if isinstance(first.expr, Pick) and (shape, shape_b) == self.pick:  # a sort's first k columns
+            return _Val(first.expr, shape, shape_b, dtype=first.dtype)
         dim = na.args[1] if len(na.args) > 1 else 0
         step = na.args[4] if len(na.args) > 4 else 1
         start_a, start_b = (n.args[2] if len(n.args) > 2 else 0 for n in (na, nb))
@@ -1303,31 +1305,56 @@ class _Reader:
     # ---- a top-k along the row
     def choose_topk(self, nodes_a: list[Any], nodes_b: list[Any]) -> bool:
         """Takes as the iteration space the row a ``topk`` ranks, and its picks' shape as the
-        ``pick`` space; False when the graph has no top-k."""
-        tops = [i for i, n in enumerate(nodes_a) if n.op == "call_function" and _opname(n) == "topk"]
+        ``pick`` space; False when the graph has no top-k. A ``sort`` along the row whose values
+        and indices are only read as their first k columns (``x.sort(descending=True).indices[:,
+        :k]``) is the same top-k, in the stable sort's order."""
+        tops = [i for i, n in enumerate(nodes_a) if n.op == "call_function" and _opname(n) in ("topk", "sort")]
         if not tops:
             return False
         if len(tops) > 1:
-            raise Unsupported("more than one top-k")
+            raise Unsupported("more than one top-k or sort")
         na, nb = nodes_a[tops[0]], nodes_b[tops[0]]
         x_a, x_b = (tuple(n.args[0].meta["val"].shape) for n in (na, nb))
 
         def arg(n: Any, at: int, key: str, default: Any) -> Any:
             return n.args[at] if len(n.args) > at else n.kwargs.get(key, default)
 
-        k_a, k_b = arg(na, 1, "k", None), arg(nb, 1, "k", None)
-        if not x_a or arg(na, 2, "dim", -1) not in (-1, len(x_a) - 1):
+        if _opname(na) == "sort":
+            stable = "stable" in str(na.target)  # sort.stable(x, *, stable, dim, descending)
+            dim = na.kwargs.get("dim", -1) if stable else arg(na, 1, "dim", -1)
+            largest = na.kwargs.get("descending", False) if stable else arg(na, 2, "descending", False)
+            (k_a, k_b), na_dim = (self.sorted_prefix(n) for n in (na, nb)), dim
+        else:
+            k_a, k_b, na_dim, largest = arg(na, 1, "k", None), arg(nb, 1, "k", None), arg(na, 2, "dim", -1), \
+                arg(na, 3, "largest", True)
+            if not arg(na, 4, "sorted", True):
+                raise Unsupported("an unsorted top-k (torch leaves its order open)")
+        if not x_a or na_dim not in (-1, len(x_a) - 1):
             raise Unsupported("a top-k along another dimension than the row")
-        if not arg(na, 4, "sorted", True):
-            raise Unsupported("an unsorted top-k (torch leaves its order open)")
         if not (isinstance(k_a, int) and isinstance(k_b, int)) or (k_a, k_b) == (1, 1):
             raise Unsupported("a top-k of one (a max and its index)")
         if k_a >= x_a[-1] or k_b >= x_b[-1]:
             raise Unsupported("a top-k of the whole row (a sort)")
         self.full, self.full_b = x_a, x_b
         self.pick = ((*x_a[:-1], k_a), (*x_b[:-1], k_b))
-        self.topk = TopK(None, self.size_expr(k_a, k_b), bool(arg(na, 3, "largest", True)))
+        self.topk = TopK(None, self.size_expr(k_a, k_b), bool(largest))
         return True
+
+    @staticmethod
+    def sorted_prefix(sort: Any) -> int:
+        """How many of a sort's first columns the graph reads: every read of its values and
+        indices must be ``[..., :k]`` with the same k (else it is a sort, refused)."""
+        ends = set()
+        for item in sort.users:
+            for use in item.users:
+                args = list(use.args) + [None] * 5
+                if _opname(use) != "slice" or args[1] not in (-1, len(sort.args[0].meta["val"].shape) - 1) \
+                        or args[2] not in (0, None) or args[4] not in (1, None) or not isinstance(args[3], int):
+                    raise Unsupported("a sort read otherwise than as its first k columns")
+                ends.add(args[3])
+        if len(ends) != 1:
+            raise Unsupported("a sort read as first columns of different widths")
+        return ends.pop()
 
     def top_k(self, env: dict[Any, _Val], na: Any, nb: Any) -> _Val:
         """``torch.topk`` of a value of the iteration space: its values and indices are read
