@@ -2,7 +2,6 @@
 
     python -m experiments.codegen_probe                       # every kernel of experiments/unseen
     python -m experiments.codegen_probe experiments/unseen/transpose_2d --grid --out /tmp/probe
-    python -m experiments.codegen_probe --reviewer moe_topk_gating --reviewer sample_from_cdf --out /tmp/probe
 
 Per kernel folder: every schedule the embedded agent's generator writes for it (at its default
 tuning, or with ``--grid`` at every point of its ``// tune:`` grid), the kernel's baseline,
@@ -39,21 +38,6 @@ from kernels.verdict import geomean
 
 ROOT = Path(__file__).resolve().parents[1]
 UNSEEN = ROOT / "experiments" / "unseen"
-
-
-def reviewer_folder(name: str, root: Path) -> Path:
-    """One of the kernels the tests write (tests/unit/test_codegen_reviewer_kernels.py), written
-    as a kernel folder under ``root``."""
-    from tests.unit.test_codegen_reviewer_kernels import FOLDERS
-
-    if name not in FOLDERS:
-        raise KeyError(f"no reviewer kernel {name!r} (known: {', '.join(sorted(FOLDERS))})")
-    spec, baseline = FOLDERS[name]
-    folder = root / name
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "spec.py").write_text(spec)
-    (folder / "baseline.cu").write_text(baseline)
-    return folder
 
 
 def tune_points(source: str, grid: bool) -> list[dict[str, int]]:
@@ -208,22 +192,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="time each schedule with the small-launch block cap beside its uncapped twin (only those)")
     p.add_argument("--loops", type=int, default=1, help="fresh loops per kernel (ratios as median [min-max])")
     p.add_argument("--no-peers", action="store_true", help="leave torch eager and torch.compile out of the loop")
-    p.add_argument("--reviewer", action="append", default=[], metavar="NAME",
-                   help="a kernel the code generator's tests write (repeatable), written to a folder first")
     args = p.parse_args(argv)
     if args.loops < 1:
         p.error("--loops must be at least 1")
-    folders = list(args.folders)
-    if args.reviewer:
-        import tempfile
-
-        root = (args.out / "reviewer-kernels") if args.out else Path(tempfile.mkdtemp(prefix="reviewer-kernels-"))
-        try:
-            folders += [reviewer_folder(name, root) for name in args.reviewer]
-        except KeyError as exc:
-            print(f"error: {exc.args[0]}", file=sys.stderr)
-            return 2
-    folders = folders or sorted(f.parent for f in UNSEEN.glob("*/spec.py"))
+    folders = args.folders or sorted(f.parent for f in UNSEEN.glob("*/spec.py"))
     missing = [str(f) for f in folders if not (f / "spec.py").is_file()]
     if missing:
         print(f"error: not kernel folders (no spec.py): {', '.join(missing)}", file=sys.stderr)

@@ -120,12 +120,3 @@ def test_compare_fill_takes_merge_flat_and_leaves_merge_pairs():
     assert parse_launch_header(source).resolve(one_token, params).block[0] == 32
     twin = variants["recipe:merge/flat BLOCK=256,ITEMS=1" + codegen_probe.UNCAPPED][0]
     assert parse_launch_header(twin).resolve(one_token, params).block[0] == 256
-
-
-def test_a_reviewer_kernel_is_written_as_a_folder_that_loads(tmp_path):
-    from kernels.spec import load_kernel
-
-    spec = load_kernel(codegen_probe.reviewer_folder("moe_topk_gating", tmp_path))
-    assert spec.name == "moe_topk_gating" and (tmp_path / "moe_topk_gating" / "baseline.cu").is_file()
-    with pytest.raises(KeyError, match="no reviewer kernel"):
-        codegen_probe.reviewer_folder("not_a_kernel", tmp_path)
