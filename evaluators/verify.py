@@ -98,8 +98,10 @@ class RepInputs:
         self.written = [a.name for a in spec.written_args]
         first = self.sets[0]
         # Floats only: integer tensors are indices (slot maps, expert ids) whose values carry a
-        # contract; fp8 has too few values for a copied element to change much.
-        perturbed = [n for n in self.readable if first[n].dtype.is_floating_point
+        # contract; fp8 has too few values for a copied element to change much. A float input
+        # whose values carry a contract too is marked so in the spec (Arg.perturb).
+        kept = {a.name for a in spec.args if not a.perturb}
+        perturbed = [n for n in self.readable if n not in kept and first[n].dtype.is_floating_point
                      and first[n].dtype.itemsize > 1 and first[n].numel() >= 2]
         self.plan = {n: _perturbation_plan(first[n].numel(), launches, PERTURBED_ELEMENTS, gen, first[n].device)
                      for n in perturbed}

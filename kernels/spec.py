@@ -68,6 +68,13 @@ class Arg:
             promise (8 elements for 16-byte rows of fp16/bf16). Held-out shapes sit at exactly
             this alignment (``multiple_of`` times an odd number), so a kernel that assumes more
             meets its tail.
+        perturb: for tensors read by the kernel: whether the timing loops may overwrite a few
+            of its elements before each launch (with values taken from elsewhere in it), so that
+            no launch sees an earlier launch's inputs. False for inputs whose values carry a
+            contract the result depends on discontinuously, such as a sampling draw made to sit
+            inside one id's step of a distribution (a copied element would put it near a step's
+            edge, where two correct kernels summing in different orders pick different ids).
+            The loops still alternate between two input sets, and the other inputs still change.
     """
 
     name: str
@@ -76,6 +83,7 @@ class Arg:
     role: Literal["in", "out", "inout"] = "in"
     min_value: int = 1
     multiple_of: int = 1
+    perturb: bool = True
 
     def __post_init__(self) -> None:
         if self.multiple_of < 1:
@@ -86,6 +94,8 @@ class Arg:
             raise KernelSpecError(f"argument {self.name}: kind must be tensor, int or float")
         if self.role not in ("in", "out", "inout"):
             raise KernelSpecError(f"argument {self.name}: role must be in, out or inout")
+        if not self.perturb and (self.kind != "tensor" or self.role == "out"):
+            raise KernelSpecError(f"argument {self.name}: perturb=False is for tensors the kernel reads")
         if self.kind == "tensor" and self.dtype != SCALAR and self.dtype not in _C_TYPES:
             raise KernelSpecError(f"argument {self.name}: unknown dtype {self.dtype!r}")
 

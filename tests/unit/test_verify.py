@@ -231,3 +231,24 @@ def test_compared_with_a_baseline_timed_on_the_same_inputs(silu):
     assert finding is not None and "on timed launch 7 of 10 (shape 8x64)" in finding.message
     with pytest.raises(AssertionError, match="oracle"):
         check.check(WARMUP, cand)
+
+
+def test_inputs_marked_not_to_perturb_keep_their_drawn_values(silu):
+    """Arg.perturb=False: the loops alternate between the two drawn sets and change nothing
+    else in that input; a spec may not set it on an output or an int."""
+    import dataclasses
+
+    from kernels.spec import Arg, KernelSpecError
+
+    kept = dataclasses.replace(silu, args=tuple(dataclasses.replace(a, perturb=False) if a.name == "x" else a
+                                                for a in silu.args))
+    inputs = _inputs(kept)
+    assert "x" not in inputs.plan
+    buf = inputs.buffer()
+    for i in range(WARMUP + REPS):
+        inputs.restore(buf, i)
+        assert V.bitwise_equal(buf["x"], inputs.sets[i % 2]["x"])
+    with pytest.raises(KernelSpecError, match="perturb=False"):
+        Arg("out", "tensor", role="out", perturb=False)
+    with pytest.raises(KernelSpecError, match="perturb=False"):
+        Arg("n", "int", perturb=False)
