@@ -27,6 +27,7 @@ from kernels.spec import KernelSpec
 CXX = shutil.which("g++") or shutil.which("c++")
 
 SHIM = r"""
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdio>
@@ -86,6 +87,9 @@ template <typename T> static inline void __stcs(T* p, T v) { *p = v; }
 static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 static inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
+static inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }
+template <typename T> static inline T atomicAdd(T* p, T v) { return std::atomic_ref<T>(*p).fetch_add(v); }
+template <typename T> static inline T atomicOr(T* p, T v) { return std::atomic_ref<T>(*p).fetch_or(v); }
 template <typename A, typename B> static inline auto min(A a, B b) { return a < b ? a : b; }
 template <typename A, typename B> static inline auto max(A a, B b) { return a < b ? b : a; }
 

@@ -3171,10 +3171,12 @@ def test_a_smallest_first_top_k_gets_correct_schedules(tmp_path: Path):
             assert _check(spec, schedule.source, dtype, {}, tmp_path / f"run-{schedule.name[-4:]}-{dtype}")
 
 
-def test_equal_values_are_picked_in_column_order(tmp_path: Path):
+@pytest.mark.parametrize("select", [0, 1])
+def test_equal_values_are_picked_in_column_order(select: int, tmp_path: Path):
     """Rows of many equal logits (where torch.topk leaves the order open): the generated picks
     follow a stable descending sort, the lower column first, in every schedule, on rows that
-    fit a thread's registers and on longer ones."""
+    fit a thread's registers and on longer ones, with a pass per pick (SELECT=0) and with the
+    radix select (SELECT=1), whose ties at the k-th value are cut by column."""
     spec = _spec("moe_topk_gating", tmp_path)
     cases = []
     for n, (t, e, k) in enumerate([(4, 64, 8), (2, 300, 37), (3, 5000, 20)]):
@@ -3183,7 +3185,7 @@ def test_equal_values_are_picked_in_column_order(tmp_path: Path):
         made = {"weights": torch.empty(t, k), "ids": torch.empty(t, k, dtype=torch.int32), "logits": logits}
         cases.append(({"num_tokens": t, "num_experts": e, "top_k": k}, made))
     for schedule in generate(spec):
-        results = cuda_on_cpu.run(spec, schedule.source, "float16", {},
+        results = cuda_on_cpu.run(spec, schedule.source, "float16", {"SELECT": select},
                                   [(shape, _poisoned(spec, made)) for shape, made in cases], tmp_path / schedule.name[-4:])
         for (shape, made), got in zip(cases, results, strict=True):
             probs = torch.softmax(made["logits"].float(), dim=-1)
@@ -3193,6 +3195,41 @@ def test_equal_values_are_picked_in_column_order(tmp_path: Path):
             weights = probs.gather(1, ids)
             got_w = torch.from_numpy(got["weights"].copy()).view(torch.float32).reshape(ids.shape)
             torch.testing.assert_close(got_w, weights / weights.sum(-1, keepdim=True))
+
+
+def test_both_selections_pick_alike_on_special_values(tmp_path: Path):
+    """NaN (ranked first, as torch.topk ranks it), infinities, -0 beside +0 (equal: column
+    order), rows with more ties at the k-th value than picks, k up to the row's length, and a
+    block whose last rows are past the end (rows/warp, 4 rows a block): the radix select
+    (SELECT=1) and a pass per pick (SELECT=0) write the same bits, and the ids are a stable
+    descending sort's."""
+    spec = _spec("router_topk_softmax", tmp_path)
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.0, -1.0, 1.0])
+    cases = []
+    for n, (t, e, k) in enumerate([(3, 40, 9), (5, 300, 33), (2, 16, 16), (1, 700, 8)]):
+        gen = torch.Generator().manual_seed(n)
+        logits = torch.randint(-3, 4, (t, e), generator=gen).float()
+        picks = torch.randint(0, e, (t, e // 3), generator=gen)
+        logits.scatter_(1, picks, special[torch.randint(0, len(special), picks.shape, generator=gen)])
+        made = {"weights": torch.empty(t, k, dtype=torch.float16), "ids": torch.empty(t, k, dtype=torch.int64),
+                "logits": logits.to(torch.float16)}
+        cases.append(({"num_tokens": t, "num_experts": e, "top_k": k}, made))
+    for schedule in generate(spec):
+        got = {select: cuda_on_cpu.run(spec, schedule.source, "float16", {"SELECT": select},
+                                       [(shape, _poisoned(spec, made)) for shape, made in cases],
+                                       tmp_path / f"{schedule.name[-4:]}-{select}")
+               for select in (0, 1)}
+        for i, (shape, made) in enumerate(cases):
+            a, b = got[0][i], got[1][i]
+            assert a["ids"].tobytes() == b["ids"].tobytes() and a["weights"].tobytes() == b["weights"].tobytes(), \
+                (schedule.name, shape)
+            x = made["logits"].float()
+            # torch's stable sort puts NaN first descending but orders -0 after +0 (by bits):
+            # zeros are made equal first, as the schedules and torch.topk's comparisons hold them.
+            x = torch.where(x == 0, torch.zeros_like(x), x)
+            ids = torch.sort(x, dim=-1, descending=True, stable=True).indices[:, :shape["top_k"]]
+            got_ids = torch.from_numpy(a["ids"].copy()).view(torch.int64).reshape(ids.shape)
+            assert torch.equal(got_ids, ids), (schedule.name, shape)
 
 
 @pytest.mark.parametrize("changed", [

@@ -296,6 +296,155 @@ __device__ __forceinline__ void cg_group_best(float& v, long long& c) {
     }
 }
 
+// Radix select of a row's top k (tune SELECT): rather than a pass per pick, the k-th ranked
+// element's key is found 8 bits at a time, each digit by a histogram of the row's keys that
+// match the digits found so far (4 passes); the elements tied at that key are cut in column
+// order the same way (4 more passes, only when a row has more ties than picks); a last pass
+// gathers the k picks into shared memory, where each pick's rank among them puts it in order.
+// Keys: a larger key is ranked first (cg_before's order): -0 and +0 equal, NaN first when
+// LARGEST and last otherwise; a tie's column key ~column puts lower columns first.
+template <bool LARGEST>
+__device__ __forceinline__ unsigned cg_rank_key(float v) {
+    if (v != v) return LARGEST ? 0xffffffffu : 0u;
+    const unsigned b = __float_as_uint(v == 0.0f ? 0.0f : v);
+    const unsigned k = (b & 0x80000000u) ? ~b : (b | 0x80000000u);  // ascending with v
+    return LARGEST ? k : ~k;
+}
+
+// Per row of the block (at most 8 rows and 512 threads, as the top-k launches give).
+struct CgRadixShared {
+    unsigned hist[8][256];
+    unsigned lane_sum[8][32];
+    unsigned state[8][4];  // the key's digits found, the column key's, the rank sought, all ties taken
+    unsigned count[8];     // picks gathered
+    float v[512];          // the picks, blockDim.x per row
+    int c[512];
+    int columns_needed;    // some row of the block cuts its ties by column
+};
+
+__device__ __forceinline__ CgRadixShared& cg_radix_shared() {
+    __shared__ CgRadixShared s;
+    return s;
+}
+
+// A thread's copy of its row's state; phase 0-3: key digits, 4-7: column digits, 8: gather.
+struct CgRadix {
+    int phase;
+    unsigned prefix, cprefix, rank;
+    bool all_ties;
+};
+
+// Called by every thread of the block before the first pass.
+__device__ __forceinline__ CgRadix cg_radix_begin(long long k) {
+    CgRadixShared& s = cg_radix_shared();
+    if (blockDim.y > 8 || blockDim.x * blockDim.y > 512 || blockDim.x < 32) __trap();
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) s.hist[threadIdx.y][i] = 0u;
+    if (threadIdx.x == 0) {
+        s.state[threadIdx.y][0] = 0u;
+        s.state[threadIdx.y][1] = 0u;
+        s.state[threadIdx.y][2] = static_cast<unsigned>(k);
+        s.state[threadIdx.y][3] = 0u;
+        s.count[threadIdx.y] = 0u;
+    }
+    if (threadIdx.x == 0 && threadIdx.y == 0) s.columns_needed = 0;
+    __syncthreads();
+    return CgRadix{0, 0u, 0u, static_cast<unsigned>(k), false};
+}
+
+// One element (value v at column c) of this thread's row in the current phase.
+template <bool LARGEST>
+__device__ __forceinline__ void cg_radix_element(const CgRadix& r, long long k, float v, long long c) {
+    CgRadixShared& s = cg_radix_shared();
+    const unsigned key = cg_rank_key<LARGEST>(v);
+    if (r.phase < 4) {
+        const int shift = 24 - 8 * r.phase;
+        if (r.phase == 0 || (key >> (shift + 8)) == (r.prefix >> (shift + 8)))
+            atomicAdd(&s.hist[threadIdx.y][(key >> shift) & 255u], 1u);
+    } else if (r.phase < 8) {
+        if (r.all_ties || key != r.prefix) return;
+        const unsigned ck = ~static_cast<unsigned>(c);
+        const int shift = 24 - 8 * (r.phase - 4);
+        if (r.phase == 4 || (ck >> (shift + 8)) == (r.cprefix >> (shift + 8)))
+            atomicAdd(&s.hist[threadIdx.y][(ck >> shift) & 255u], 1u);
+    } else if (key > r.prefix || (key == r.prefix && (r.all_ties || ~static_cast<unsigned>(c) >= r.cprefix))) {
+        const unsigned slot = atomicAdd(&s.count[threadIdx.y], 1u);
+        if (slot < k) {  // exactly k qualify; the test keeps a wrong count inside the row's slots
+            s.v[threadIdx.y * blockDim.x + slot] = v;
+            s.c[threadIdx.y * blockDim.x + slot] = static_cast<int>(c);
+        }
+    }
+}
+
+// After a counting pass (every thread of the block): the digit holding the rank sought, from
+// the histogram's top; the rank within it; the histogram cleared for the next pass.
+__device__ __forceinline__ void cg_radix_choose(CgRadix& r) {
+    CgRadixShared& s = cg_radix_shared();
+    const int y = threadIdx.y, lane = threadIdx.x;
+    __syncthreads();  // the pass's counts are in
+    if (lane < 32) {
+        unsigned t = 0u;
+        for (int i = 0; i < 8; ++i) t += s.hist[y][255 - 8 * lane - i];
+        s.lane_sum[y][lane] = t;
+    }
+    __syncthreads();
+    const bool columns = r.phase >= 4;
+    if (lane < 32 && !(columns && r.all_ties)) {
+        unsigned before = 0u;
+        for (int l = 0; l < lane; ++l) before += s.lane_sum[y][l];
+        if (before < r.rank && r.rank <= before + s.lane_sum[y][lane]) {
+            for (int i = 0; i < 8; ++i) {
+                const unsigned d = 255u - 8u * lane - i, n = s.hist[y][d];
+                if (r.rank <= before + n) {
+                    const int shift = 24 - 8 * (r.phase & 3);
+                    const unsigned rank = r.rank - before;
+                    s.state[y][columns ? 1 : 0] = (columns ? r.cprefix : r.prefix) | (d << shift);
+                    s.state[y][2] = rank;
+                    if (r.phase == 3) {  // n elements share the k-th key; rank of them are picks
+                        s.state[y][3] = n == rank ? 1u : 0u;
+                        if (n != rank) atomicOr(&s.columns_needed, 1);
+                    }
+                    break;
+                }
+                before += n;
+            }
+        }
+    }
+    __syncthreads();
+    r.prefix = s.state[y][0];
+    r.cprefix = s.state[y][1];
+    r.rank = s.state[y][2];
+    r.all_ties = s.state[y][3] != 0u;
+    for (int i = lane; i < 256; i += blockDim.x) s.hist[y][i] = 0u;
+    __syncthreads();
+}
+
+// After the gathering pass: the k picks in order, thread j of the row taking pick j.
+template <bool LARGEST>
+__device__ __forceinline__ void cg_radix_order(long long k, float& pv, long long& pc) {
+    CgRadixShared& s = cg_radix_shared();
+    float* sv = s.v + threadIdx.y * blockDim.x;
+    int* sc = s.c + threadIdx.y * blockDim.x;
+    const int lane = threadIdx.x;
+    __syncthreads();  // the gathered picks are in
+    float v = 0.0f;
+    int c = 0, rank = 0;
+    if (lane < k) {
+        v = sv[lane];
+        c = sc[lane];
+        for (int j = 0; j < k; ++j) rank += cg_before<LARGEST>(sv[j], sc[j], v, c) ? 1 : 0;
+    }
+    __syncthreads();
+    if (lane < k) {
+        sv[rank] = v;
+        sc[rank] = c;
+    }
+    __syncthreads();
+    if (lane < k) {
+        pv = sv[lane];
+        pc = sc[lane];
+    }
+}
+
 // Thread j's value, given to every thread of its row (a value at one pick).
 template <typename T>
 __device__ __forceinline__ T cg_group_at(T v, long long j) {

@@ -556,11 +556,8 @@ class Emitter:
             if what.startswith("online:"):
                 i_max, _ = what[7:].split(":")
                 body.append(f"cg_ov{i_max}[e] = static_cast<float>({value});")
-            elif what == "pick:":  # a top-k's pass (rows.topk_lines)
-                assert self.p.topk is not None
-                largest = "true" if self.p.topk.largest else "false"
-                body.append(f"cg_best_update<{largest}>(cg_bv, cg_bc, cg_lv, cg_lc, cg_pick == 0, "
-                            f"static_cast<float>({value}), static_cast<long long>({self.element_col} + e));")
+            elif what == "pick:":  # a top-k's pass: what it does with an element is rows.topk_lines's
+                body.append(f"cg_pick_element(static_cast<float>({value}), static_cast<long long>({self.element_col} + e));")
             elif what.startswith("red:"):
                 r = self.p.reductions[int(what[4:])]
                 body.append(f"cg_acc{r.index} = cg_combine<{OPCODE[r.kind]}>(cg_acc{r.index}, static_cast<float>({value}));")

@@ -93,6 +93,12 @@ def _fill(em: Emitter, fill: set[int]) -> list[str]:
             f"    if (cg_active && {first} < cg_nvec) {{", *("        " + x for x in loads), "    }", "}"] if loads else []
 
 
+# SELECT=2 (the default) takes the radix select for this many picks or more: a pass per pick
+# costs k passes over the row, the radix select 5 (9 with ties to cut by column) and a sort of
+# the k picks in shared memory.
+RADIX_FROM = 8
+
+
 def topk_lines(em: Emitter, program: Program, cached: set[int], filled: set[int], unroll: str) -> list[str]:
     """The picks of the program's top-k, one pass over the row each (its first ITEMS vectors
     from the register cache), thread j of the row keeping pick j (``cg_pv``, ``cg_pc``); then
@@ -112,19 +118,34 @@ def topk_lines(em: Emitter, program: Program, cached: set[int], filled: set[int]
         "if (cg_npick > cg_g) __trap();  // a pick per thread of the row: the launch gives each row k threads or more",
         "float cg_pv = 0.0f;  // this thread's pick; past the k-th, column 0 (its reads stay in the row)",
         "long long cg_pc = 0;",
-        "float cg_lv = 0.0f;  // the previous pick",
-        "long long cg_lc = -1;",
-        "for (long long cg_pick = 0; cg_pick < cg_npick; ++cg_pick) {",
-        "    float cg_bv = 0.0f;  // the best element ranked after the previous pick (column -1: none yet)",
-        "    long long cg_bc = -1;",
-        *("    " + x for x in body),
-        f"    cg_group_best<{largest}>(cg_bv, cg_bc);",
-        "    if (cg_lane == cg_pick && cg_bc >= 0) {  // (a row past the end has none)",
-        "        cg_pv = cg_bv;",
-        "        cg_pc = cg_bc;",
+        # The same picks either way; SELECT=2 takes the radix select from RADIX_FROM picks on.
+        f"if (SELECT == 1 || (SELECT == 2 && cg_npick >= {RADIX_FROM})) {{",
+        "    CgRadix cg_rs = cg_radix_begin(cg_npick);",
+        "    for (int cg_phase = 0; cg_phase < 9; ++cg_phase) {",
+        "        // Column passes only when a row of the block has more ties than picks (uniform: read after a barrier).",
+        "        if (cg_phase >= 4 && cg_phase < 8 && !cg_radix_shared().columns_needed) continue;",
+        "        cg_rs.phase = cg_phase;",
+        f"        auto cg_pick_element = [&](float v, long long c) {{ cg_radix_element<{largest}>(cg_rs, cg_npick, v, c); }};",
+        *("        " + x for x in body),
+        "        if (cg_phase < 8) cg_radix_choose(cg_rs);",
         "    }",
-        "    cg_lv = cg_bv;",
-        "    cg_lc = cg_bc;",
+        f"    cg_radix_order<{largest}>(cg_npick, cg_pv, cg_pc);",
+        "} else {",
+        "    float cg_lv = 0.0f;  // the previous pick",
+        "    long long cg_lc = -1;",
+        "    for (long long cg_pick = 0; cg_pick < cg_npick; ++cg_pick) {",
+        "        float cg_bv = 0.0f;  // the best element ranked after the previous pick (column -1: none yet)",
+        "        long long cg_bc = -1;",
+        f"        auto cg_pick_element = [&](float v, long long c) {{ cg_best_update<{largest}>(cg_bv, cg_bc, cg_lv, cg_lc, cg_pick == 0, v, c); }};",
+        *("        " + x for x in body),
+        f"        cg_group_best<{largest}>(cg_bv, cg_bc);",
+        "        if (cg_lane == cg_pick && cg_bc >= 0) {  // (a row past the end has none)",
+        "            cg_pv = cg_bv;",
+        "            cg_pc = cg_bc;",
+        "        }",
+        "        cg_lv = cg_bv;",
+        "        cg_lc = cg_bc;",
+        "    }",
         "}",
     ]
     for node in program.picked:
@@ -191,11 +212,13 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
     # splits the long rows it is for, and RU=2 spilled there (layer norm, bf16).
     unroll = "1" if cluster else "RU"
     ru = (1, 2) if online else (1, 2, 4)
+    select: dict[str, tuple[int, ...]] = {}
     if program.topk is not None:
         # Its pick passes hold more live values beside the cache (the best so far, the previous
         # pick): ptxas spilled 324-448 B at ITEMS 8 and up to 92 B at ITEMS 4 with RU 2 (top-k
         # filter, fp16/bf16, rows/block), none at ITEMS 2 or with RU 1.
         items, ru = tuple(v for v in (2, 4, 1) if v in items) or (1,), (2, 1)
+        select = {"SELECT": (2, 1, 0)}  # 2: by the pick count (RADIX_FROM), 1: radix select, 0: a pass per pick
     bases = em.leaf_bases("cg_row")
     lines = em.take_row_lines() + bases
     row_out = [(n, e) for n, (space, e) in program.outputs.items() if space == "row"]
@@ -294,7 +317,7 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
     bound, attrs = "512", ""
     if mode == "warp":
         grid, block, bound = f"(cdiv({program.rows}, ROWS),)", "(32, ROWS)", "32 * ROWS"
-        tune = {"ROWS": (4, 2, 8, 1), "ITEMS": items, "RU": ru}
+        tune = {"ROWS": (4, 2, 8, 1), "ITEMS": items, "RU": ru, **select}
         what = "one row per warp, ROWS rows per block"
         if program.topk is not None:  # a thread per pick at least: a warp per 32 picks
             tx = f"32 * cdiv({program.topk.count}, 32)"
@@ -313,7 +336,7 @@ def rowwise(spec: KernelSpec, program: Program, mode: str, online: bool = False)
             tx = f"min(512, 32 * max(cdiv({c}, 256 * ITEMS), cdiv({program.topk.count}, 32)))"
         ry = f"max(1, min(256 // {tx}, cdiv({program.rows}, {FILL_BLOCKS})))"
         grid, block = f"(cdiv({program.rows}, {ry}),)", f"({tx}, {ry})"
-        tune = {"ITEMS": tuple(v for v in items if v != 8) if online else items, "RU": ru}
+        tune = {"ITEMS": tuple(v for v in items if v != 8) if online else items, "RU": ru, **select}
         what = "one row per block of threads sized to the row, short rows several to a block"
     else:
         # Blocks per row: CL below SPLIT rows (too few rows to fill the GPU) or when a row is longer
