@@ -298,9 +298,11 @@ __device__ __forceinline__ void cg_group_best(float& v, long long& c) {
 
 // Radix select of a row's top k (tune SELECT): rather than a pass per pick, the k-th ranked
 // element's key is found 8 bits at a time, each digit by a histogram of the row's keys that
-// match the digits found so far (4 passes); the elements tied at that key are cut in column
-// order the same way (4 more passes, only when a row has more ties than picks); a last pass
-// gathers the k picks into shared memory, where each pick's rank among them puts it in order.
+// match the digits found so far (up to 4 passes); the elements tied at that key are cut in
+// column order the same way (up to 4 more, only when a row has more ties than picks). A digit
+// whose elements are all picks ends the search early: the picks are then every element whose
+// key, down to that digit, is at or above the one found. A last pass gathers the k picks into
+// shared memory, where each pick's rank among them puts it in order.
 // Keys: a larger key is ranked first (cg_before's order): -0 and +0 equal, NaN first when
 // LARGEST and last otherwise; a tie's column key ~column puts lower columns first.
 template <bool LARGEST>
@@ -311,15 +313,23 @@ __device__ __forceinline__ unsigned cg_rank_key(float v) {
     return LARGEST ? k : ~k;
 }
 
+// A row's search: the key's digits found (prefix, down to bit ks), the column key's (cprefix,
+// down to cs), the rank sought within the elements matching them, and whether the key's or
+// the column's search has ended.
+struct CgRadix {
+    int phase;  // 0-3: key digits; 4-7: column digits among the ties; 8: gather
+    unsigned prefix, cprefix, rank, ks, cs, key_final, col_final;
+};
+
 // Per row of the block (at most 8 rows and 512 threads, as the top-k launches give).
 struct CgRadixShared {
     unsigned hist[8][256];
     unsigned lane_sum[8][32];
-    unsigned state[8][4];  // the key's digits found, the column key's, the rank sought, all ties taken
-    unsigned count[8];     // picks gathered
-    float v[512];          // the picks, blockDim.x per row
+    CgRadix state[8];
+    unsigned count[8];  // picks gathered
+    float v[512];       // the picks, blockDim.x per row
     int c[512];
-    int columns_needed;    // some row of the block cuts its ties by column
+    int busy;           // some row of the block needs the next phase
 };
 
 __device__ __forceinline__ CgRadixShared& cg_radix_shared() {
@@ -327,28 +337,18 @@ __device__ __forceinline__ CgRadixShared& cg_radix_shared() {
     return s;
 }
 
-// A thread's copy of its row's state; phase 0-3: key digits, 4-7: column digits, 8: gather.
-struct CgRadix {
-    int phase;
-    unsigned prefix, cprefix, rank;
-    bool all_ties;
-};
-
 // Called by every thread of the block before the first pass.
 __device__ __forceinline__ CgRadix cg_radix_begin(long long k) {
     CgRadixShared& s = cg_radix_shared();
     if (blockDim.y > 8 || blockDim.x * blockDim.y > 512 || blockDim.x < 32) __trap();
     for (int i = threadIdx.x; i < 256; i += blockDim.x) s.hist[threadIdx.y][i] = 0u;
+    const CgRadix r{0, 0u, 0u, static_cast<unsigned>(k), 0u, 0u, 0u, 0u};
     if (threadIdx.x == 0) {
-        s.state[threadIdx.y][0] = 0u;
-        s.state[threadIdx.y][1] = 0u;
-        s.state[threadIdx.y][2] = static_cast<unsigned>(k);
-        s.state[threadIdx.y][3] = 0u;
+        s.state[threadIdx.y] = r;
         s.count[threadIdx.y] = 0u;
     }
-    if (threadIdx.x == 0 && threadIdx.y == 0) s.columns_needed = 0;
     __syncthreads();
-    return CgRadix{0, 0u, 0u, static_cast<unsigned>(k), false};
+    return r;
 }
 
 // One element (value v at column c) of this thread's row in the current phase.
@@ -356,53 +356,66 @@ template <bool LARGEST>
 __device__ __forceinline__ void cg_radix_element(const CgRadix& r, long long k, float v, long long c) {
     CgRadixShared& s = cg_radix_shared();
     const unsigned key = cg_rank_key<LARGEST>(v);
+    const unsigned ck = ~static_cast<unsigned>(c);
     if (r.phase < 4) {
+        if (r.key_final) return;
         const int shift = 24 - 8 * r.phase;
         if (r.phase == 0 || (key >> (shift + 8)) == (r.prefix >> (shift + 8)))
             atomicAdd(&s.hist[threadIdx.y][(key >> shift) & 255u], 1u);
     } else if (r.phase < 8) {
-        if (r.all_ties || key != r.prefix) return;
-        const unsigned ck = ~static_cast<unsigned>(c);
+        if (r.key_final || r.col_final || key != r.prefix) return;
         const int shift = 24 - 8 * (r.phase - 4);
         if (r.phase == 4 || (ck >> (shift + 8)) == (r.cprefix >> (shift + 8)))
             atomicAdd(&s.hist[threadIdx.y][(ck >> shift) & 255u], 1u);
-    } else if (key > r.prefix || (key == r.prefix && (r.all_ties || ~static_cast<unsigned>(c) >= r.cprefix))) {
-        const unsigned slot = atomicAdd(&s.count[threadIdx.y], 1u);
-        if (slot < k) {  // exactly k qualify; the test keeps a wrong count inside the row's slots
-            s.v[threadIdx.y * blockDim.x + slot] = v;
-            s.c[threadIdx.y * blockDim.x + slot] = static_cast<int>(c);
+    } else {
+        const unsigned a = key >> r.ks, b = r.prefix >> r.ks;
+        if (a > b || (a == b && (r.key_final || (ck >> r.cs) >= (r.cprefix >> r.cs)))) {
+            const unsigned slot = atomicAdd(&s.count[threadIdx.y], 1u);
+            if (slot < k) {  // exactly k qualify; the test keeps a wrong count inside the row's slots
+                s.v[threadIdx.y * blockDim.x + slot] = v;
+                s.c[threadIdx.y * blockDim.x + slot] = static_cast<int>(c);
+            }
         }
     }
 }
 
 // After a counting pass (every thread of the block): the digit holding the rank sought, from
-// the histogram's top; the rank within it; the histogram cleared for the next pass.
+// the histogram's top; the rank within it; whether the search ends there (the digit's elements
+// are all picks, or the row has none: a row past the end); the histogram cleared.
 __device__ __forceinline__ void cg_radix_choose(CgRadix& r) {
     CgRadixShared& s = cg_radix_shared();
     const int y = threadIdx.y, lane = threadIdx.x;
+    const bool columns = r.phase >= 4;
+    const bool open = !r.key_final && !(columns && r.col_final);
     __syncthreads();  // the pass's counts are in
     if (lane < 32) {
         unsigned t = 0u;
         for (int i = 0; i < 8; ++i) t += s.hist[y][255 - 8 * lane - i];
         s.lane_sum[y][lane] = t;
     }
+    if (lane == 0 && y == 0) s.busy = 0;  // every thread has read it (at the loop's top) before this barrier's first
     __syncthreads();
-    const bool columns = r.phase >= 4;
-    if (lane < 32 && !(columns && r.all_ties)) {
+    if (lane < 32 && open) {
         unsigned before = 0u;
         for (int l = 0; l < lane; ++l) before += s.lane_sum[y][l];
+        if (lane == 31 && before + s.lane_sum[y][lane] < r.rank) s.state[y].key_final = 1u;  // fewer elements than picks
         if (before < r.rank && r.rank <= before + s.lane_sum[y][lane]) {
             for (int i = 0; i < 8; ++i) {
                 const unsigned d = 255u - 8u * lane - i, n = s.hist[y][d];
                 if (r.rank <= before + n) {
-                    const int shift = 24 - 8 * (r.phase & 3);
-                    const unsigned rank = r.rank - before;
-                    s.state[y][columns ? 1 : 0] = (columns ? r.cprefix : r.prefix) | (d << shift);
-                    s.state[y][2] = rank;
-                    if (r.phase == 3) {  // n elements share the k-th key; rank of them are picks
-                        s.state[y][3] = n == rank ? 1u : 0u;
-                        if (n != rank) atomicOr(&s.columns_needed, 1);
+                    const unsigned shift = 24u - 8u * (r.phase & 3), rank = r.rank - before;
+                    CgRadix& st = s.state[y];
+                    st.rank = rank;
+                    if (columns) {
+                        st.cprefix = r.cprefix | (d << shift);
+                        st.cs = shift;
+                        st.col_final = n == rank ? 1u : 0u;
+                    } else {
+                        st.prefix = r.prefix | (d << shift);
+                        st.ks = shift;
+                        st.key_final = n == rank ? 1u : 0u;
                     }
+                    if (n != rank) atomicOr(&s.busy, 1);
                     break;
                 }
                 before += n;
@@ -410,10 +423,9 @@ __device__ __forceinline__ void cg_radix_choose(CgRadix& r) {
         }
     }
     __syncthreads();
-    r.prefix = s.state[y][0];
-    r.cprefix = s.state[y][1];
-    r.rank = s.state[y][2];
-    r.all_ties = s.state[y][3] != 0u;
+    const int phase = r.phase;
+    r = s.state[y];
+    r.phase = phase;
     for (int i = lane; i < 256; i += blockDim.x) s.hist[y][i] = 0u;
     __syncthreads();
 }

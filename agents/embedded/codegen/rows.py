@@ -94,8 +94,8 @@ def _fill(em: Emitter, fill: set[int]) -> list[str]:
 
 
 # SELECT=2 (the default) takes the radix select for this many picks or more: a pass per pick
-# costs k passes over the row, the radix select 5 (9 with ties to cut by column) and a sort of
-# the k picks in shared memory.
+# costs k passes over the row, the radix select 2 to 5 (up to 9 with ties to cut by column)
+# and a sort of the k picks in shared memory.
 RADIX_FROM = 8
 
 
@@ -122,8 +122,8 @@ def topk_lines(em: Emitter, program: Program, cached: set[int], filled: set[int]
         f"if (SELECT == 1 || (SELECT == 2 && cg_npick >= {RADIX_FROM})) {{",
         "    CgRadix cg_rs = cg_radix_begin(cg_npick);",
         "    for (int cg_phase = 0; cg_phase < 9; ++cg_phase) {",
-        "        // Column passes only when a row of the block has more ties than picks (uniform: read after a barrier).",
-        "        if (cg_phase >= 4 && cg_phase < 8 && !cg_radix_shared().columns_needed) continue;",
+        "        // A phase only while some row of the block needs it (uniform: read after a barrier).",
+        "        if (cg_phase > 0 && cg_phase < 8 && !cg_radix_shared().busy) continue;",
         "        cg_rs.phase = cg_phase;",
         f"        auto cg_pick_element = [&](float v, long long c) {{ cg_radix_element<{largest}>(cg_rs, cg_npick, v, c); }};",
         *("        " + x for x in body),
