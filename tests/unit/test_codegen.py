@@ -198,6 +198,18 @@ def _check_against_reference(spec: KernelSpec, output_tolerance: bool = False) -
 # ---------------------------------------------------------------- classification
 
 
+def test_no_agent_source_names_an_unseen_kernel():
+    """The benchmark's rule: no recipe, template or rule of the agents is written for one of
+    its kernels, so none of the agents' files (code, recipes) names one."""
+    names = [f.name for f in UNSEEN]
+    assert len(names) >= 8
+    for path in sorted((ROOT / "agents").rglob("*")):
+        if path.is_file() and path.suffix in (".py", ".cu", ".cuh", ".h", ".md", ".json", ".txt"):
+            text = path.read_text(errors="replace")
+            named = [n for n in names if n in text]
+            assert not named, f"{path.relative_to(ROOT)} names {named}"
+
+
 @pytest.mark.parametrize("folder", UNSEEN, ids=[f.name for f in UNSEEN])
 def test_every_unseen_kernel_is_classified(folder):
     spec = load_kernel(folder)
