@@ -14,10 +14,12 @@ then shared memory across warps. ``+online`` (block and cluster): a max and a su
 exp(x - max) over the same row in one pass (online softmax).
 
 A top-k along the row (``rows/block`` and ``rows/warp``, with at least a thread per pick):
-after the reductions it reads, one pass per pick, each keeping the best element ranked after
-the previous pick, and a reduction of (value, column) pairs over the row's threads; thread j
-keeps pick j, so values over the picks are per-thread row values, and reductions that read
-the picks (a top-k filter's softmax) come after them.
+after the reductions it reads, either one pass per pick, each keeping the best element ranked
+after the previous pick, and a reduction of (value, column) pairs over the row's threads, or
+(tune SELECT) a radix select of the k-th ranked element, 8 bits a pass, then the k picks
+gathered and ordered in shared memory; the same picks either way. Thread j keeps pick j, so
+values over the picks are per-thread row values, and reductions that read the picks (a top-k
+filter's softmax) come after them.
 """
 
 from __future__ import annotations
@@ -100,8 +102,9 @@ RADIX_FROM = 8
 
 
 def topk_lines(em: Emitter, program: Program, cached: set[int], filled: set[int], unroll: str) -> list[str]:
-    """The picks of the program's top-k, one pass over the row each (its first ITEMS vectors
-    from the register cache), thread j of the row keeping pick j (``cg_pv``, ``cg_pc``); then
+    """The picks of the program's top-k, by one pass over the row each or by a radix select
+    (its passes read the first ITEMS vectors from the register cache; the element's part is
+    ``cg_pick_element``, defined per way), thread j of the row keeping pick j (``cg_pv``, ``cg_pc``); then
     the row values made from the picks, each a reduction or a broadcast over the row's
     threads, every thread taking part (their barriers stay uniform)."""
     topk = program.topk
