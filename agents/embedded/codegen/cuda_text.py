@@ -315,9 +315,9 @@ __device__ __forceinline__ unsigned cg_rank_key(float v) {
 
 // A row's search: the key's digits found (prefix, down to bit ks), the column key's (cprefix,
 // down to cs), the rank sought within the elements matching them, and whether the key's or
-// the column's search has ended.
+// the column's search has ended. Its phases: 0-3 the key's digits, 4-7 the column key's among
+// the ties, 8 the gathering pass.
 struct CgRadix {
-    int phase;  // 0-3: key digits; 4-7: column digits among the ties; 8: gather
     unsigned prefix, cprefix, rank, ks, cs, key_final, col_final;
 };
 
@@ -342,7 +342,7 @@ __device__ __forceinline__ CgRadix cg_radix_begin(long long k) {
     CgRadixShared& s = cg_radix_shared();
     if (blockDim.y > 8 || blockDim.x * blockDim.y > 512 || blockDim.x < 32) __trap();
     for (int i = threadIdx.x; i < 256; i += blockDim.x) s.hist[threadIdx.y][i] = 0u;
-    const CgRadix r{0, 0u, 0u, static_cast<unsigned>(k), 0u, 0u, 0u, 0u};
+    const CgRadix r{0u, 0u, static_cast<unsigned>(k), 0u, 0u, 0u, 0u};
     if (threadIdx.x == 0) {
         s.state[threadIdx.y] = r;
         s.count[threadIdx.y] = 0u;
@@ -351,22 +351,23 @@ __device__ __forceinline__ CgRadix cg_radix_begin(long long k) {
     return r;
 }
 
-// One element (value v at column c) of this thread's row in the current phase.
+// Counts key's digit (0: the highest 8 bits) if its higher digits are those found (prefix's).
+__device__ __forceinline__ void cg_radix_count(unsigned key, unsigned prefix, int digit) {
+    const int shift = 24 - 8 * digit;
+    if (digit == 0 || (key >> (shift + 8)) == (prefix >> (shift + 8)))
+        atomicAdd(&cg_radix_shared().hist[threadIdx.y][(key >> shift) & 255u], 1u);
+}
+
+// One element (value v at column c) of this thread's row in the given phase.
 template <bool LARGEST>
-__device__ __forceinline__ void cg_radix_element(const CgRadix& r, long long k, float v, long long c) {
+__device__ __forceinline__ void cg_radix_element(const CgRadix& r, int phase, long long k, float v, long long c) {
     CgRadixShared& s = cg_radix_shared();
     const unsigned key = cg_rank_key<LARGEST>(v);
     const unsigned ck = ~static_cast<unsigned>(c);
-    if (r.phase < 4) {
-        if (r.key_final) return;
-        const int shift = 24 - 8 * r.phase;
-        if (r.phase == 0 || (key >> (shift + 8)) == (r.prefix >> (shift + 8)))
-            atomicAdd(&s.hist[threadIdx.y][(key >> shift) & 255u], 1u);
-    } else if (r.phase < 8) {
-        if (r.key_final || r.col_final || key != r.prefix) return;
-        const int shift = 24 - 8 * (r.phase - 4);
-        if (r.phase == 4 || (ck >> (shift + 8)) == (r.cprefix >> (shift + 8)))
-            atomicAdd(&s.hist[threadIdx.y][(ck >> shift) & 255u], 1u);
+    if (phase < 4) {
+        if (!r.key_final) cg_radix_count(key, r.prefix, phase);
+    } else if (phase < 8) {
+        if (!r.key_final && !r.col_final && key == r.prefix) cg_radix_count(ck, r.cprefix, phase - 4);
     } else {
         const unsigned a = key >> r.ks, b = r.prefix >> r.ks;
         if (a > b || (a == b && (r.key_final || (ck >> r.cs) >= (r.cprefix >> r.cs)))) {
@@ -382,10 +383,10 @@ __device__ __forceinline__ void cg_radix_element(const CgRadix& r, long long k, 
 // After a counting pass (every thread of the block): the digit holding the rank sought, from
 // the histogram's top; the rank within it; whether the search ends there (the digit's elements
 // are all picks, or the row has none: a row past the end); the histogram cleared.
-__device__ __forceinline__ void cg_radix_choose(CgRadix& r) {
+__device__ __forceinline__ void cg_radix_choose(CgRadix& r, int phase) {
     CgRadixShared& s = cg_radix_shared();
     const int y = threadIdx.y, lane = threadIdx.x;
-    const bool columns = r.phase >= 4;
+    const bool columns = phase >= 4;
     const bool open = !r.key_final && !(columns && r.col_final);
     __syncthreads();  // the pass's counts are in
     if (lane < 32) {
@@ -403,7 +404,7 @@ __device__ __forceinline__ void cg_radix_choose(CgRadix& r) {
             for (int i = 0; i < 8; ++i) {
                 const unsigned d = 255u - 8u * lane - i, n = s.hist[y][d];
                 if (r.rank <= before + n) {
-                    const unsigned shift = 24u - 8u * (r.phase & 3), rank = r.rank - before;
+                    const unsigned shift = 24u - 8u * (phase & 3), rank = r.rank - before;
                     CgRadix& st = s.state[y];
                     st.rank = rank;
                     if (columns) {
@@ -423,9 +424,7 @@ __device__ __forceinline__ void cg_radix_choose(CgRadix& r) {
         }
     }
     __syncthreads();
-    const int phase = r.phase;
     r = s.state[y];
-    r.phase = phase;
     for (int i = lane; i < 256; i += blockDim.x) s.hist[y][i] = 0u;
     __syncthreads();
 }
