@@ -113,10 +113,10 @@ def test_compare_fill_takes_merge_flat_and_leaves_merge_pairs():
     # merge/flat and the generated elementwise/rows have the cap; merge/pairs (a row of threads per
     # pair) has none and no twin.
     assert {n.split(" ")[0] for n in variants} == {"recipe:merge/flat", "elementwise/rows"}
-    source, params = variants["recipe:merge/flat BLOCK=256,ITEMS=1"]
+    source, params = variants["recipe:merge/flat BLOCK=256,ITEMS=1,HINT=0"]
     from kernels.launch import parse_launch_header
 
     one_token = {"num_tokens": 1, "num_heads": 32, "head_dim": 128}
     assert parse_launch_header(source).resolve(one_token, params).block[0] == 32
-    twin = variants["recipe:merge/flat BLOCK=256,ITEMS=1" + codegen_probe.UNCAPPED][0]
+    twin = variants["recipe:merge/flat BLOCK=256,ITEMS=1,HINT=0" + codegen_probe.UNCAPPED][0]
     assert parse_launch_header(twin).resolve(one_token, params).block[0] == 256

@@ -124,3 +124,16 @@ def test_merge_multi_handles_its_edge_cases_with_the_first_states_loaded_early(p
             for inputs in made:   # that missed it would overflow 2^(lse - max)
                 inputs["lse"][-1] += 300.0
         _compare(spec, shapes, _run(spec, source, "float16", params, shapes, tmp_path / case, made), "float16", params)
+
+
+@pytest.mark.parametrize("hint", [0, 1])
+def test_merge_recipes_give_the_reference_with_and_without_streaming_hints(hint, tmp_path):
+    """HINT switches the two-state merges' 16-byte loads and stores to the streaming cache path
+    (``if constexpr`` on the vector width): both settings compile and merge alike, vector and
+    scalar paths."""
+    spec = load_kernel("merge_attn_states_lse")
+    whole = [{"num_tokens": 3, "num_heads": 5, "head_dim": 24}, {"num_tokens": 2, "num_heads": 4, "head_dim": 128}]
+    for recipe in [r for r in recipes_for(spec) if r.family == "merge"]:
+        source = recipe.build(spec)
+        assert parse_launch_header(source).tune["HINT"] in ((0, 1), (1, 0))
+        _check(spec, source, "float16", {"HINT": hint}, tmp_path / recipe.name.split("/")[-1], whole)

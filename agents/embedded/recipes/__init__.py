@@ -275,7 +275,7 @@ def _merge(spec: KernelSpec) -> str:
     tokens, heads, head_dim, call = _merge_call(spec)
     threads = capped_threads(f"{tokens} * {heads}", head_dim)  # small launches: smaller blocks
     grid = f"(cdiv({tokens} * {heads} * {head_dim}, {threads} * 8 * ITEMS),)"
-    tune = {"BLOCK": (256, 128, 512), "ITEMS": (1, 2, 4)}
+    tune = {"BLOCK": (256, 128, 512), "ITEMS": (1, 2, 4), "HINT": (0, 1)}
     return _fill("merge_flat.cu", spec, grid, f"({threads},)", "BLOCK", tune, call)
 
 
@@ -285,7 +285,9 @@ def _merge_pairs(spec: KernelSpec) -> str:
     # A row of threads: one 16-byte vector of 16-bit elements per ITEMS, at most a warp.
     block = f"(min(32, cdiv({head_dim}, 8 * ITEMS)), PAIRS)"
     grid = f"(cdiv({tokens} * {heads}, PAIRS),)"
-    tune = {"PAIRS": (8, 16, 4), "ITEMS": (1, 2)}
+    # Streamed vectors first: faster than plain ones on every shape but one of the H200 recipe map
+    # (experiments/results/explore-merge-h200.md).
+    tune = {"PAIRS": (8, 16, 4), "ITEMS": (1, 2), "HINT": (1, 0)}
     return _fill("merge_pairs.cu", spec, grid, block, "32 * PAIRS", tune, call)
 
 

@@ -4,7 +4,8 @@
 // Recipe merge/flat: head_dim is split into 16-byte vectors (8 halves) and the whole
 // [tokens, heads, head_dim / 8] range is one flat index space, so a thread group per
 // (token, head) covers head_dim and a block spans several heads; each thread keeps ITEMS
-// vectors in flight. A scalar path covers head_dim not a multiple of 8 or unaligned pointers.
+// vectors in flight (HINT: through the streaming cache path). A scalar path covers head_dim
+// not a multiple of 8 or unaligned pointers.
 ${header}
 ${guards}
 ${mergecommon}
@@ -26,8 +27,8 @@ __device__ __forceinline__ void merge_body(scalar_t* __restrict__ v_out, float* 
         for (int k = 0; k < ITEMS; ++k) {
             const long long i = first + static_cast<long long>(k) * nt;
             if (i < total) {
-                a[k] = reinterpret_cast<const P*>(v_a)[i];
-                b[k] = reinterpret_cast<const P*>(v_b)[i];
+                a[k] = load_vec(reinterpret_cast<const P*>(v_a) + i);
+                b[k] = load_vec(reinterpret_cast<const P*>(v_b) + i);
             }
         }
 #pragma unroll
@@ -44,7 +45,7 @@ __device__ __forceinline__ void merge_body(scalar_t* __restrict__ v_out, float* 
             for (int j = 0; j < V; ++j) {
                 o.v[j] = static_cast<scalar_t>(static_cast<float>(a[k].v[j]) * fa + static_cast<float>(b[k].v[j]) * fb);
             }
-            reinterpret_cast<P*>(v_out)[i] = o;
+            store_vec(reinterpret_cast<P*>(v_out) + i, o);
             if (i == pair * per_pair) s_out[pair] = lse;
         }
     }

@@ -4,8 +4,8 @@
 // Recipe merge/pairs: a block holds PAIRS (token, head) pairs, one row of threads each
 // (threadIdx.y); a row of threads covers head_dim in 16-byte vectors, ITEMS per thread in
 // flight, so a pair's weights are computed once per thread from two broadcast loads and no
-// thread divides to find its pair. A scalar path covers head_dim not a multiple of 8 or
-// unaligned pointers.
+// thread divides to find its pair; HINT streams the vectors past the caches. A scalar path
+// covers head_dim not a multiple of 8 or unaligned pointers.
 ${header}
 ${guards}
 ${mergecommon}
@@ -34,8 +34,8 @@ __device__ __forceinline__ void merge_body(scalar_t* __restrict__ v_out, float* 
         for (int k = 0; k < ITEMS; ++k) {  // every load first, then the math
             const int j = first + k * blockDim.x;
             if (j < per_pair) {
-                ra[k] = a[j];
-                rb[k] = b[j];
+                ra[k] = load_vec(a + j);
+                rb[k] = load_vec(b + j);
             }
         }
         if (!weighed) {
@@ -51,7 +51,7 @@ __device__ __forceinline__ void merge_body(scalar_t* __restrict__ v_out, float* 
             for (int e = 0; e < V; ++e) {
                 r.v[e] = static_cast<scalar_t>(static_cast<float>(ra[k].v[e]) * fa + static_cast<float>(rb[k].v[e]) * fb);
             }
-            o[j] = r;
+            store_vec(o + j, r);
         }
     }
     if (threadIdx.x == 0) s_out[pair] = lse;  // thread 0 always has vectors (head_dim >= V): it has weighed
