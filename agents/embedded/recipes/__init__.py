@@ -92,6 +92,7 @@ def _fill(template: str, spec: KernelSpec, grid: str, block: str, bound: str,
         rowcommon=_common("row_common.cu"),
         mergecommon=_common("merge_common.cu"),
         mergedispatch=_common("merge_dispatch.cu"),
+        streamcommon=_common("stream_common.cu"),
         header=_header(grid, block, tune),
         guards=_guards({k: v[0] for k, v in tune.items()}),
         entry=entry_point(spec, bound, call),
@@ -204,7 +205,7 @@ def _row_norm_warp(spec: KernelSpec) -> str:
     rows, _ = _ints(spec, 2)
     # CACHE=16 (a whole 4096-wide row per warp) needs more than 255 registers for bf16: the
     # rest of such rows goes through the chunked tail.
-    tune = {"CACHE": (8, 4), "ROWS": (4, 1, 2, 8)}
+    tune = {"CACHE": (8, 4), "ROWS": (4, 1, 2, 8), "HINT": (0, 1)}
     layout = "one warp per row, ROWS rows per block; warp shuffles reduce, no barrier, no shared memory."
     return _fill("row_norm_prefetch.cu", spec, f"(cdiv({rows}, ROWS),)", "(32, ROWS)", "MAX_THREADS", tune,
                  roles.call, what=roles.what, fused=roles.fused, gemma=roles.gemma, warp_row="1",
@@ -221,7 +222,7 @@ def _row_norm_prefetch(spec: KernelSpec) -> str:
     # the row, so no thread idles; capped at MAX_THREADS (the template's register budget).
     per_row = f"min(min(512, 4096 // CACHE), max(32, 32 * cdiv({hidden}, 256 * CACHE)))"
     rows_per_block = f"max(1, 128 // {per_row})"
-    tune = {"CACHE": (2, 1, 4)}
+    tune = {"CACHE": (2, 1, 4), "HINT": (0, 1)}
     layout = ("one block per row, sized to the row (short rows: several per block); warp shuffles and one "
               "barrier reduce.")
     return _fill("row_norm_prefetch.cu", spec, f"(cdiv({rows}, {rows_per_block}),)", f"({per_row}, {rows_per_block})",

@@ -7,28 +7,6 @@ struct alignas(sizeof(scalar_t) * V) Pack {
     scalar_t v[V];
 };
 
-// Every byte of the states is read once and every output byte written once. With HINT the
-// 16-byte vectors go through the streaming (evict-first) cache path, so they do not push out of
-// L2 what is still to be read; narrower accesses stay plain.
-template <typename P>
-__device__ __forceinline__ P load_vec(const P* p) {
-    if constexpr (HINT && sizeof(P) == 16) {
-        const uint4 r = __ldcs(reinterpret_cast<const uint4*>(p));
-        return *reinterpret_cast<const P*>(&r);
-    } else {
-        return *p;
-    }
-}
-
-template <typename P>
-__device__ __forceinline__ void store_vec(P* p, const P& v) {
-    if constexpr (HINT && sizeof(P) == 16) {
-        __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&v));
-    } else {
-        *p = v;
-    }
-}
-
 // m = max(sa, sb); the states' weights 2^(s - m) / (2^(sa - m) + 2^(sb - m)) and the merged
 // lse = log2(sum) + m; both states empty (-inf) gives weights 0 and lse -inf.
 __device__ __forceinline__ void merge_weights(float sa, float sb, float& fa, float& fb, float& lse) {

@@ -9,6 +9,7 @@
 ${header}
 ${guards}
 ${mergecommon}
+${streamcommon}
 
 template <int V>
 __device__ __forceinline__ void merge_body(scalar_t* __restrict__ v_out, float* __restrict__ s_out,

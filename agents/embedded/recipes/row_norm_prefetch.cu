@@ -5,7 +5,9 @@
 // per pass instead of one per vector. Each thread caches CACHE 16-byte vectors of the row in
 // registers between the passes. Longer rows go on in chunks of CHUNK vectors per thread,
 // loads again first; the second pass of such a tail re-reads only what this thread wrote.
-// A scalar path covers rows that are not a multiple of the vector width or unaligned pointers.
+// HINT streams the cached part of the row and every final store past the caches (the tail the
+// second pass re-reads stays plain). A scalar path covers rows that are not a multiple of the
+// vector width or unaligned pointers.
 ${header}
 ${guards}
 #define FUSED ${fused}
@@ -18,6 +20,7 @@ ${guards}
 #define MAX_THREADS (CACHE > 4 ? 4096 / CACHE : 512)
 #endif
 ${rowcommon}
+${streamcommon}
 // Vectors per thread in flight at once in the tail of rows longer than the cache.
 constexpr int CHUNK = WARP_ROW ? 4 : 2;
 
@@ -136,7 +139,7 @@ __device__ __forceinline__ void tail_store(Pack<V>* d, const Pack<V>* x_src, con
 #pragma unroll
         for (int c = 0; c < CHUNK; ++c) {
             const int i = base + c * nx;
-            if (i < n) d[i] = scaled(a[c], b[c], rr);
+            if (i < n) store_vec(d + i, scaled(a[c], b[c], rr));
         }
     }
 }
@@ -161,8 +164,8 @@ __device__ __forceinline__ void norm_row(scalar_t* dst, scalar_t* res, const sca
     for (int k = 0; k < CACHE; ++k) {
         const int i = tx + k * nx;
         if (i < n) {
-            x[k] = s[i];
-            y[k] = FUSED ? r[i] : x[k];
+            x[k] = load_vec(s + i);  // the row: read once (HINT streams it), the weight: plain
+            y[k] = FUSED ? load_vec(r + i) : x[k];
             wv[k] = w[i];
         }
     }
@@ -172,7 +175,7 @@ __device__ __forceinline__ void norm_row(scalar_t* dst, scalar_t* res, const sca
         const int i = tx + k * nx;
         if (i < n) {
             x[k] = combine(x[k], y[k], ss);
-            if (FUSED) r[i] = x[k];
+            if (FUSED) store_vec(r + i, x[k]);
         }
     }
     ss += tail_sum<V>(s, r, n, tx + CACHE * nx, nx);
@@ -180,7 +183,7 @@ __device__ __forceinline__ void norm_row(scalar_t* dst, scalar_t* res, const sca
 #pragma unroll
     for (int k = 0; k < CACHE; ++k) {
         const int i = tx + k * nx;
-        if (i < n) d[i] = scaled(x[k], wv[k], rr);
+        if (i < n) store_vec(d + i, scaled(x[k], wv[k], rr));
     }
     tail_store<V>(d, FUSED ? r : s, w, n, tx + CACHE * nx, nx, rr);
 }
