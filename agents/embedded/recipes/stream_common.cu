@@ -1,5 +1,5 @@
-// Shared by the recipes with a HINT tuning (merge/flat, merge/pairs, row_norm/prefetch): streaming
-// loads and stores of 16-byte vectors.
+// Shared by the recipes with a HINT tuning (merge/flat, merge/pairs, row_norm/prefetch, row_norm/warp):
+// streaming loads and stores of 16-byte vectors.
 // Loads and stores of data touched once: with HINT a 16-byte vector goes through the streaming
 // (evict-first) cache path, so it does not push out of L2 what is still to be read (a weight
 // every row shares); narrower accesses stay plain.
