@@ -136,16 +136,42 @@ STREAMED = [
 ]
 
 
-@pytest.mark.parametrize("hint", [0, 1])
+@pytest.mark.parametrize("hint", [0, 1, 2])
 @pytest.mark.parametrize(("kernel", "names", "shapes"), STREAMED, ids=[s[0] for s in STREAMED])
 def test_streaming_hints_leave_the_results_alone(kernel, names, shapes, hint, tmp_path):
-    """HINT switches the 16-byte loads and stores of data touched once to the streaming cache
-    path (``if constexpr`` on the vector width): both settings compile and give the reference,
-    vector and scalar paths, in the row norms' tails too."""
+    """HINT puts the 16-byte loads (1 and 2) and stores (1) of data touched once on the streaming
+    cache path (``if constexpr`` on the vector width): every setting compiles and gives the
+    reference, vector and scalar paths, in the row norms' tails too."""
     spec = load_kernel(kernel)
     recipes = [r for r in recipes_for(spec) if r.name in names]
     assert {r.name for r in recipes} == set(names)
     for recipe in recipes:
         source = recipe.build(spec)
-        assert set(parse_launch_header(source).tune["HINT"]) == {0, 1}
+        assert set(parse_launch_header(source).tune["HINT"]) == {0, 1, 2}
         _check(spec, source, "float16", {"HINT": hint}, tmp_path / recipe.name.split("/")[-1], shapes)
+
+
+@pytest.mark.parametrize(("kernel", "name"), [("silu_and_mul", "recipe:gated_act/tiles"),
+                                              ("merge_attn_states_lse", "recipe:merge/pairs"),
+                                              ("fused_add_rmsnorm", "recipe:row_norm/prefetch")])
+def test_hint_settings_choose_the_cache_path_of_loads_and_stores(kernel, name):
+    """In the PTX NVRTC writes: HINT 0 plain 16-byte loads and stores, 1 streamed (``.cs``)
+    loads and stores, 2 streamed loads and only plain stores."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    import re
+
+    from tests.unit.test_codegen_ptx import ptx_of
+
+    spec = load_kernel(kernel)
+    source = next(r for r in recipes_for(spec) if r.name == name).build(spec)
+    tune = parse_launch_header(source).tune
+    seen = {}
+    for hint in (0, 1, 2):
+        ptx = ptx_of(source, "float16", {**{k: v[0] for k, v in tune.items()}, "HINT": hint})
+        loads = set(re.findall(r"\bld\.global(?:\.nc)?(\.cs)?\.v4\.(?:u32|b32)", ptx))
+        stores = set(re.findall(r"\bst\.global(\.cs)?\.v4\.(?:u32|b32)", ptx))
+        seen[hint] = (loads, stores)
+    # (the row norm keeps its weight and the tail its second pass re-reads plain under every HINT)
+    assert ".cs" not in seen[0][0] | seen[0][1]
+    assert ".cs" in seen[1][0] and ".cs" in seen[1][1]
+    assert ".cs" in seen[2][0] and ".cs" not in seen[2][1]

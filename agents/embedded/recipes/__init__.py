@@ -134,20 +134,20 @@ def _gated(spec: KernelSpec, layout: str) -> str:
     rows, d = _ints(spec, 2)
     call = f"gated_{layout}({out[0]}, {inp[0]}, {rows}, {d})"
     # The device helpers every layout shares.
-    common = _common("gated_common.cu", act=_ACTIVATIONS[act])
+    common = _common("stream_common.cu") + _common("gated_common.cu", act=_ACTIVATIONS[act])
     # Flat and tiles: fewer threads to a block on a small launch (one row of 11008: 3 blocks of 512).
     threads = capped_threads(rows, d)
     if layout == "flat":
         grid = f"(cdiv({rows} * {d}, {threads} * 8 * ITEMS),)"
-        tune = {"BLOCK": (256, 128, 512), "ITEMS": (2, 1, 4), "HINT": (0, 1)}
+        tune: dict[str, tuple[int, ...]] = {"BLOCK": (256, 128, 512), "ITEMS": (2, 1, 4), "HINT": (0, 1, 2)}
         return _fill("gated_flat.cu", spec, grid, f"({threads},)", "BLOCK", tune, call, common=common)
     if layout == "tiles":
         # 8 = the vector width of 2-byte types; wider types only change how many tiles a row has
         # in the vector path, which the kernel recomputes itself, and the scalar path strides.
         grid = f"(cdiv({d}, {threads} * 8 * ITEMS), min({rows}, 65535))"
-        tune = {"BLOCK": (128, 256, 512), "ITEMS": (2, 1, 4), "HINT": (0, 1)}
+        tune = {"BLOCK": (128, 256, 512), "ITEMS": (2, 1, 4), "HINT": (0, 1, 2)}
         return _fill("gated_tiles.cu", spec, grid, f"({threads},)", "BLOCK", tune, call, common=common)
-    tune = {"BLOCK": (256, 128, 512, 1024), "ITEMS": (2, 1, 4), "HINT": (0, 1)}
+    tune = {"BLOCK": (256, 128, 512, 1024), "ITEMS": (2, 1, 4), "HINT": (0, 1, 2)}
     return _fill("gated_rows.cu", spec, f"({rows},)", "(BLOCK,)", "BLOCK", tune, call, common=common)
 
 
@@ -205,7 +205,7 @@ def _row_norm_warp(spec: KernelSpec) -> str:
     rows, _ = _ints(spec, 2)
     # CACHE=16 (a whole 4096-wide row per warp) needs more than 255 registers for bf16: the
     # rest of such rows goes through the chunked tail.
-    tune = {"CACHE": (8, 4), "ROWS": (4, 1, 2, 8), "HINT": (0, 1)}
+    tune = {"CACHE": (8, 4), "ROWS": (4, 1, 2, 8), "HINT": (0, 1, 2)}
     layout = "one warp per row, ROWS rows per block; warp shuffles reduce, no barrier, no shared memory."
     return _fill("row_norm_prefetch.cu", spec, f"(cdiv({rows}, ROWS),)", "(32, ROWS)", "MAX_THREADS", tune,
                  roles.call, what=roles.what, fused=roles.fused, gemma=roles.gemma, warp_row="1",
@@ -222,7 +222,7 @@ def _row_norm_prefetch(spec: KernelSpec) -> str:
     # the row, so no thread idles; capped at MAX_THREADS (the template's register budget).
     per_row = f"min(min(512, 4096 // CACHE), max(32, 32 * cdiv({hidden}, 256 * CACHE)))"
     rows_per_block = f"max(1, 128 // {per_row})"
-    tune = {"CACHE": (2, 1, 4), "HINT": (0, 1)}
+    tune = {"CACHE": (2, 1, 4), "HINT": (0, 1, 2)}
     layout = ("one block per row, sized to the row (short rows: several per block); warp shuffles and one "
               "barrier reduce.")
     return _fill("row_norm_prefetch.cu", spec, f"(cdiv({rows}, {rows_per_block}),)", f"({per_row}, {rows_per_block})",
@@ -276,7 +276,7 @@ def _merge(spec: KernelSpec) -> str:
     tokens, heads, head_dim, call = _merge_call(spec)
     threads = capped_threads(f"{tokens} * {heads}", head_dim)  # small launches: smaller blocks
     grid = f"(cdiv({tokens} * {heads} * {head_dim}, {threads} * 8 * ITEMS),)"
-    tune = {"BLOCK": (256, 128, 512), "ITEMS": (1, 2, 4), "HINT": (0, 1)}
+    tune = {"BLOCK": (256, 128, 512), "ITEMS": (1, 2, 4), "HINT": (0, 1, 2)}
     return _fill("merge_flat.cu", spec, grid, f"({threads},)", "BLOCK", tune, call)
 
 
@@ -288,7 +288,7 @@ def _merge_pairs(spec: KernelSpec) -> str:
     grid = f"(cdiv({tokens} * {heads}, PAIRS),)"
     # Streamed vectors first: faster than plain ones on every shape but one of the H200 recipe map
     # (experiments/results/explore-merge-h200.md).
-    tune = {"PAIRS": (8, 16, 4), "ITEMS": (1, 2), "HINT": (1, 0)}
+    tune = {"PAIRS": (8, 16, 4), "ITEMS": (1, 2), "HINT": (1, 0, 2)}
     return _fill("merge_pairs.cu", spec, grid, block, "32 * PAIRS", tune, call)
 
 

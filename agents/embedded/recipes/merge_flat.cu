@@ -4,7 +4,7 @@
 // Recipe merge/flat: head_dim is split into 16-byte vectors (8 halves) and the whole
 // [tokens, heads, head_dim / 8] range is one flat index space, so a thread group per
 // (token, head) covers head_dim and a block spans several heads; each thread keeps ITEMS
-// vectors in flight (HINT: through the streaming cache path). A scalar path covers head_dim
+// vectors in flight (HINT: their cache path, stream_common.cu). A scalar path covers head_dim
 // not a multiple of 8 or unaligned pointers.
 ${header}
 ${guards}

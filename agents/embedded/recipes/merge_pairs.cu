@@ -4,8 +4,8 @@
 // Recipe merge/pairs: a block holds PAIRS (token, head) pairs, one row of threads each
 // (threadIdx.y); a row of threads covers head_dim in 16-byte vectors, ITEMS per thread in
 // flight, so a pair's weights are computed once per thread from two broadcast loads and no
-// thread divides to find its pair; HINT streams the vectors past the caches. A scalar path
-// covers head_dim not a multiple of 8 or unaligned pointers.
+// thread divides to find its pair; HINT picks the vectors' cache path (stream_common.cu).
+// A scalar path covers head_dim not a multiple of 8 or unaligned pointers.
 ${header}
 ${guards}
 ${mergecommon}

@@ -5,9 +5,9 @@
 // per pass instead of one per vector. Each thread caches CACHE 16-byte vectors of the row in
 // registers between the passes. Longer rows go on in chunks of CHUNK vectors per thread,
 // loads again first; the second pass of such a tail re-reads only what this thread wrote.
-// HINT streams the cached part of the row and every final store past the caches (the tail the
-// second pass re-reads stays plain). A scalar path covers rows that are not a multiple of the
-// vector width or unaligned pointers.
+// HINT picks the cache path (stream_common.cu) of the cached part of the row and of every final
+// store; the weight and the tail the second pass re-reads stay plain. A scalar path covers
+// rows that are not a multiple of the vector width or unaligned pointers.
 ${header}
 ${guards}
 #define FUSED ${fused}
@@ -164,7 +164,7 @@ __device__ __forceinline__ void norm_row(scalar_t* dst, scalar_t* res, const sca
     for (int k = 0; k < CACHE; ++k) {
         const int i = tx + k * nx;
         if (i < n) {
-            x[k] = load_vec(s + i);  // the row: read once (HINT streams it), the weight: plain
+            x[k] = load_vec(s + i);  // the row: read once (HINT), the weight: plain
             y[k] = FUSED ? load_vec(r + i) : x[k];
             wv[k] = w[i];
         }
