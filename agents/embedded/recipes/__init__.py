@@ -286,8 +286,8 @@ def _merge_pairs(spec: KernelSpec) -> str:
     # A row of threads: one 16-byte vector of 16-bit elements per ITEMS, at most a warp.
     block = f"(min(32, cdiv({head_dim}, 8 * ITEMS)), PAIRS)"
     grid = f"(cdiv({tokens} * {heads}, PAIRS),)"
-    # Streamed vectors first: faster than plain ones on every shape but one of the H200 recipe map
-    # (experiments/results/explore-merge-h200.md).
+    # Streamed vectors first: faster than plain ones on every shape of the H200 recipe map (one
+    # loop, experiments/results/explore-merge-h200.md: the hand variant pairs_stream.cu).
     tune = {"PAIRS": (8, 16, 4), "ITEMS": (1, 2), "HINT": (1, 0, 2)}
     return _fill("merge_pairs.cu", spec, grid, block, "32 * PAIRS", tune, call)
 
