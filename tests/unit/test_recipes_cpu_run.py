@@ -7,6 +7,8 @@ a GPU."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from agents.embedded.recipes import recipes_for
@@ -158,8 +160,6 @@ def test_hint_settings_choose_the_cache_path_of_loads_and_stores(kernel, name):
     """In the PTX NVRTC writes: HINT 0 plain 16-byte loads and stores, 1 streamed (``.cs``)
     loads and stores, 2 streamed loads and only plain stores."""
     pytest.importorskip("cuda.bindings.nvrtc")
-    import re
-
     from tests.unit.test_codegen_ptx import ptx_of
 
     spec = load_kernel(kernel)

@@ -1,13 +1,8 @@
-// Shared by the gated_act recipes: the activation, 16-byte loads and stores (streamed as HINT
-// says) and the elementwise act(gate) * up on one vector.
+// Shared by the gated_act recipes (after stream_common.cu, whose load_vec and store_vec move their
+// 16-byte vectors): the activation and the elementwise act(gate) * up on one vector.
 constexpr int VEC = 16 / sizeof(scalar_t);
 
 __device__ __forceinline__ float act(float g) { return ${act}; }
-
-// 16-byte accesses through stream_common.cu's helpers (HINT 1 streams loads and stores, 2 loads).
-__device__ __forceinline__ uint4 load16(const uint4* p) { return load_vec(p); }
-
-__device__ __forceinline__ void store16(uint4* p, uint4 v) { store_vec(p, v); }
 
 // Sixteen bytes seen as raw words (for the load/store instructions) or as elements.
 union Vec16 {

@@ -47,14 +47,14 @@ __device__ __forceinline__ void gated_flat(scalar_t* __restrict__ out, const sca
                     if (i < n) {
                         const unsigned int r = i / pr;
                         const uint4* src = reinterpret_cast<const uint4*>(x + static_cast<long long>(r) * 2 * d) + (i - r * pr);
-                        g[k] = load16(src);
-                        u[k] = load16(src + pr);
+                        g[k] = load_vec(src);
+                        u[k] = load_vec(src + pr);
                     }
                 }
 #pragma unroll
                 for (int k = 0; k < ITEMS; ++k) {
                     const unsigned int i = first + k * nt;
-                    if (i < n) store16(reinterpret_cast<uint4*>(out) + i, gate_times_up(g[k], u[k]));
+                    if (i < n) store_vec(reinterpret_cast<uint4*>(out) + i, gate_times_up(g[k], u[k]));
                 }
             }
             return;
@@ -67,14 +67,14 @@ __device__ __forceinline__ void gated_flat(scalar_t* __restrict__ out, const sca
                 if (i < total) {
                     const long long r = i / per_row;
                     const uint4* src = reinterpret_cast<const uint4*>(x + r * 2 * d) + (i - r * per_row);
-                    g[k] = load16(src);
-                    u[k] = load16(src + per_row);
+                    g[k] = load_vec(src);
+                    u[k] = load_vec(src + per_row);
                 }
             }
 #pragma unroll
             for (int k = 0; k < ITEMS; ++k) {
                 const long long i = first + static_cast<long long>(k) * nt;
-                if (i < total) store16(reinterpret_cast<uint4*>(out) + i, gate_times_up(g[k], u[k]));
+                if (i < total) store_vec(reinterpret_cast<uint4*>(out) + i, gate_times_up(g[k], u[k]));
             }
         }
         return;

@@ -29,14 +29,14 @@ __device__ __forceinline__ void gated_rows(scalar_t* __restrict__ out, const sca
 #pragma unroll
             for (int k = 0; k < ITEMS; ++k) {
                 if (first + k * BLOCK < per_row) {
-                    g[k] = load16(g16 + first + k * BLOCK);
-                    u[k] = load16(u16 + first + k * BLOCK);
+                    g[k] = load_vec(g16 + first + k * BLOCK);
+                    u[k] = load_vec(u16 + first + k * BLOCK);
                 }
             }
 #pragma unroll
             for (int k = 0; k < ITEMS; ++k) {
                 if (first + k * BLOCK < per_row) {
-                    store16(o16 + first + k * BLOCK, gate_times_up(g[k], u[k]));
+                    store_vec(o16 + first + k * BLOCK, gate_times_up(g[k], u[k]));
                 }
             }
         }

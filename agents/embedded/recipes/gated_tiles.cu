@@ -41,14 +41,14 @@ __device__ __forceinline__ void gated_tiles(scalar_t* __restrict__ out, const sc
 #pragma unroll
             for (int k = 0; k < ITEMS; ++k) {
                 if (first + k * nt < per_row) {
-                    g[k] = load16(g16 + first + k * nt);
-                    u[k] = load16(u16 + first + k * nt);
+                    g[k] = load_vec(g16 + first + k * nt);
+                    u[k] = load_vec(u16 + first + k * nt);
                 }
             }
 #pragma unroll
             for (int k = 0; k < ITEMS; ++k) {
                 if (first + k * nt < per_row) {
-                    store16(o16 + first + k * nt, gate_times_up(g[k], u[k]));
+                    store_vec(o16 + first + k * nt, gate_times_up(g[k], u[k]));
                 }
             }
         }
