@@ -26,7 +26,6 @@ import contextlib
 import fcntl
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -35,6 +34,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from evaluators.proc_group import run_group
 from kernels.folders import KernelRef
 
 REPORT = "compiled.json"  # what a compile-ahead process did, in its cache folder
@@ -120,7 +120,7 @@ def compile_kernel(kernel: str, dtype: str, shape_set: str, cache_dir: str | Pat
                    lock: str | Path | None = None) -> dict[str, Any]:
     """Compiles the kernel's torch.compile program in each mode for each shape into
     ``cache_dir`` (one call per shape on the loop's inputs), then calls each of its other
-    peers once per shape (see :func:`_first_calls`); returns and writes :data:`REPORT`: per
+    peers once per shape (see :func:`first_calls`); returns and writes :data:`REPORT`: per
     mode, per shape label, "ok" or why not, ``first_calls`` and the seconds taken."""
     import torch
 
@@ -151,7 +151,7 @@ def compile_kernel(kernel: str, dtype: str, shape_set: str, cache_dir: str | Pat
                     done.setdefault(mode, {})[shape_label(shape)] = f"{type(exc).__name__}: {exc}"[:300]
     # After the compilations: a peer that breaks this process's CUDA context then costs its own
     # first calls only, not the loop's compilations.
-    first = _first_calls(spec, dtype, shape_set, device, lock)
+    first = first_calls(spec, dtype, shape_set, device, lock)
     report = {"kernel": spec.name, "dtype": dtype, "modes": done, "first_calls": first,
               "seconds": time.perf_counter() - start}
     (Path(cache_dir) / REPORT).write_text(json.dumps(report))
@@ -170,7 +170,7 @@ def _inputs_or_why(spec: Any, shape: Any, dtype: str, device: str) -> Any:
         return f"inputs: {type(exc).__name__}: {exc}"[:300]
 
 
-def _first_calls(spec: Any, dtype: str, shape_set: str, device: str, lock: str | Path | None) -> dict[str, str]:
+def first_calls(spec: Any, dtype: str, shape_set: str, device: str, lock: str | Path | None) -> dict[str, str]:
     """Calls each peer that is not a torch.compile program once per shape: a library that
     builds its kernels on first use (FlashInfer JIT-compiles each op, 20-40 s, into an on-disk
     folder) builds them here, beside the other loops' compilations, instead of inside the
@@ -207,17 +207,16 @@ def compile_ahead(kernel: KernelRef | str, dtype: str, shape_set: str, cache_dir
     cmd = [sys.executable, "-m", "evaluators.peer_compile", folder, "--cache-dir", str(cache_dir), "--lock", str(lock),
            "--dtype", dtype, "--shapes", shape_set, "--device", device, *(["--modes", *modes] if modes else [])]
     env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}  # as in the sandbox worker
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env,
-                              cwd=Path(__file__).resolve().parent.parent)
-    except subprocess.TimeoutExpired:
+    # A group of its own: a timeout also ends what it started (FlashInfer's ninja and nvcc).
+    rc, out, err = run_group(cmd, env=env, cwd=Path(__file__).resolve().parent.parent, timeout_s=timeout_s)
+    if rc is None:
         return {"status": "ERROR", "summary": f"compile-ahead of {folder} passed {timeout_s:.0f} s"}
-    if proc.returncode != 0:
-        return {"status": "ERROR", "summary": f"rc {proc.returncode}: {proc.stderr.strip()[-500:]}"}
+    if rc != 0:
+        return {"status": "ERROR", "summary": f"rc {rc}: {err.strip()[-500:]}"}
     try:
-        return {"status": "OK", **json.loads(proc.stdout.strip().splitlines()[-1])}
+        return {"status": "OK", **json.loads(out.strip().splitlines()[-1])}
     except (ValueError, IndexError):
-        return {"status": "ERROR", "summary": f"no report: {proc.stdout.strip()[-300:]}"}
+        return {"status": "ERROR", "summary": f"no report: {out.strip()[-300:]}"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

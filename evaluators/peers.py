@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from evaluators import jit_watch
 from evaluators import validate as V
 from evaluators.context import Context, tolerances, torch_dtype
 from evaluators.launcher import Kernel, LaunchResourceError
@@ -332,7 +333,9 @@ def _run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None], c
         ``prepare_s_by_peer`` (the set-up seconds per peer, every shape's summed; the first
         shape's alone in ``prepare_s_first_shape_by_peer``) with
         ``compile_phases_s`` (per compiled peer, torch.compile's phases in those seconds: where
-        a loop's set-up goes).
+        a loop's set-up goes); with peers, ``jit_builds`` (:mod:`evaluators.jit_watch`: the
+        library modules this loop built or rebuilt, the build files it rewrote, and the settings
+        those depend on).
     """
     spec: KernelSpec = ctx.spec(job["kernel_dir"])
     dtype, shapes = job["dtype"], job["shapes"]
@@ -355,6 +358,9 @@ def _run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None], c
     # JIT build or load) shows there, what it pays per shape (a compilation) on every shape.
     prepare_first: dict[str, float] = {}
     phases_by_peer: dict[str, dict[str, float]] = {}
+    # What the peers' first calls built on disk in this loop (FlashInfer's JIT): a build in a
+    # loop whose process found the module built already is set-up it should not have paid.
+    jit_before = jit_watch.snapshot() if peers else None
     for shape in shapes:
         label = shape_label(shape)
         inputs = RepInputs(spec, _input_sets(ctx, spec, shape, dtype), job["warmup"] + job["repetitions"],
@@ -409,6 +415,8 @@ def _run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None], c
         "prepare_s_by_peer": prepare_by_peer, "prepare_s_first_shape_by_peer": prepare_first,
         "compile_phases_s": {n: dict(sorted(ph.items(), key=lambda kv: -kv[1])) for n, ph in phases_by_peer.items() if ph},
     }
+    if jit_before is not None:
+        reply["jit_builds"] = {**jit_watch.changes(jit_before, jit_watch.snapshot()), **jit_watch.environment()}
     if l2_finding(l2):
         reply["l2_finding"] = l2_finding(l2)
     return reply

@@ -35,8 +35,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -44,6 +42,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from evaluators.proc_group import run_group
 from evaluators.sanitize_report import (
     LAUNCH_MARK,
     LAUNCHER_DONE,
@@ -103,19 +102,12 @@ def _command(exe: str, tool: str, entry: str, folder: str, path: Path, dtype: st
 
 
 def _run(cmd: list[str], timeout_s: float) -> tuple[int | None, str]:
-    """Runs a command in its own process group; returns (exit code or None on timeout, output)."""
+    """Runs a command in its own process group; returns (exit code or None on timeout, output).
+    compute-sanitizer runs the launcher as its child: a timeout ends the whole group."""
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1", PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-        return proc.returncode, out
-    except subprocess.TimeoutExpired:
-        # compute-sanitizer runs the launcher as its child: end the whole group, not one process.
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        return None, out or ""
+    rc, out, _ = run_group(cmd, env=env, cwd=ROOT, timeout_s=timeout_s, merge_stderr=True)
+    return rc, out
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,10 @@
 #   diag    experiments.timing_truth --per-peer (the baseline beside each peer alone) into
 #           runs/diag/timing-truth.json
 #   fisetup experiments.flashinfer_setup (FlashInfer's set-up per fresh process: import, each op's
-#           first call per shape, modules built or rebuilt) into runs/diag/flashinfer-setup.json
+#           first call per shape, modules built or rebuilt) into runs/diag/flashinfer-setup.json;
+#           FI_KERNELS (space-separated) and FI_ROUNDS (fresh processes per kernel, default 2)
+#           choose what it probes: FI_ROUNDS=1 over a sweep's kernels builds their FlashInfer
+#           modules before the sweep
 #   neighbours  experiments.timing_neighbours (what a neighbour in the loop does to the baseline's
 #           time: event window, kernel duration, gap) into runs/diag/neighbours.json
 #   h2h     experiments.head_to_head --old $H2H_OLD --new $H2H_NEW (default: the committed sweep's
@@ -134,7 +137,8 @@ step() {
       run diag "$PY" -m experiments.timing_truth --per-peer --out runs/diag/timing-truth.json ;;
     fisetup)
       mkdir -p runs/diag
-      run fisetup "$PY" -m experiments.flashinfer_setup --out runs/diag/flashinfer-setup.json ;;
+      # shellcheck disable=SC2086  # FI_KERNELS: several names, split on purpose
+      run fisetup "$PY" -m experiments.flashinfer_setup --rounds "${FI_ROUNDS:-2}" --out runs/diag/flashinfer-setup.json ${FI_KERNELS:-} ;;
     neighbours)
       mkdir -p runs/diag
       run neighbours "$PY" -m experiments.timing_neighbours --out runs/diag/neighbours.json ;;

@@ -175,6 +175,7 @@ def kernel_entry(k: dict[str, Any]) -> dict[str, Any]:
         "compiled_won": compiled_won(k), "l2_findings": list(k.get("l2_findings") or []),
         "loop_phase_s": list(k.get("loop_phase_s") or []), "compile_cache": list(k.get("compile_cache") or []),
         "loop_prepare_s_by_peer": list(k.get("loop_prepare_s_by_peer") or []),
+        "loop_jit_builds": list(k.get("loop_jit_builds") or []),
         "bench": bench,
     }
 
@@ -192,7 +193,27 @@ def _loop_cost(e: dict[str, Any]) -> str:
     if by_peer:
         text += "; set-up per peer (median over the loops, the first shape's part in brackets): " + ", ".join(
             f"{name} {total:.1f} s ({first:.1f} s)" for name, (total, first) in by_peer.items())
+    built = _jit_builds(e.get("loop_jit_builds") or [])
+    if built:
+        text += "; library modules built in the loops: " + built
     return text + "."
+
+
+def _jit_builds(loops: list[dict[str, Any]]) -> str:
+    """Which loops built or rebuilt a library module (FlashInfer's JIT) and which build files
+    they rewrote, e.g. ``loop 2 rebuilt silu_and_mul.so (build file rewritten: 1 line)``;
+    empty when no loop built anything."""
+    parts = []
+    for i, loop in enumerate(loops, 1):
+        made = [f"built {Path(m).name}" for m in loop.get("built", [])] + [
+            f"rebuilt {Path(m).name}" for m in loop.get("rebuilt", [])]
+        if not made:
+            continue
+        rewritten = loop.get("rewritten", {})
+        note = (f" (build files rewritten: {', '.join(Path(p).parent.name for p in rewritten)})" if rewritten
+                else " (no build file rewritten)")
+        parts.append(f"loop {i} " + ", ".join(made) + note)
+    return "; ".join(parts)
 
 
 def _setup_by_peer(loops: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:

@@ -105,7 +105,8 @@ def combine_runs(result: KernelResult, runs: list[dict[str, Any]]) -> None:
     ``peer_extra`` keeps, per loop, which torch.compile compilation won each shape, what each
     peer's time covers, the L2 persistence state the loop ran under, its set-up and timed
     seconds (``phase_s``), the set-up seconds per peer (``prepare_s_by_peer``: every shape's and
-    the first shape's) and, compiled ahead, what it loaded (``compile_cache``); with dispatch
+    the first shape's), what the peers' libraries built on disk (``jit_builds``) and, compiled
+    ahead, what it loaded (``compile_cache``); with dispatch
     members (replies made by :func:`compose_reply`), each member's own times per loop and
     the members that failed verification (they were dropped, their shapes given to the
     winner, which the same loops timed: the ratios stand).
@@ -135,6 +136,7 @@ def combine_runs(result: KernelResult, runs: list[dict[str, Any]]) -> None:
              "first_shape": dict(reply.get("prepare_s_first_shape_by_peer", {}))})
         if "compile_cache" in reply:
             extra.setdefault("compile_cache", []).append(dict(reply["compile_cache"]))
+        extra.setdefault("jit_builds", []).append(dict(reply.get("jit_builds", {})))
         if reply.get("l2_finding"):
             extra["l2_findings"].append(f"run {i}: {reply['l2_finding']}")
     if member_failures:

@@ -277,7 +277,7 @@ class EvaluatorActor:
         """The peers' loop: ``peers`` (times), ``errors`` (peers not timed), ``failed`` (our
         kernels that failed verification in the loop), what the loop recorded beside them
         (``compiled``, ``notes``, ``l2_persistence``, ``l2_finding``, ``phase_s``, ``prepare_s_by_peer``,
-        ``compile_phases_s``) and ``busy_s`` (GPU busy, as for evaluate); ``fresh_process``: in a new sandbox process;
+        ``compile_phases_s``, ``jit_builds``) and ``busy_s`` (GPU busy, as for evaluate); ``fresh_process``: in a new sandbox process;
         ``peers`` False: our kernels alone; ``compile_cache``: the folder :meth:`precompile`
         made this loop's compilations in."""
         with self._lock:
@@ -287,7 +287,7 @@ class EvaluatorActor:
                                                    compile_cache=compile_cache)
             kept = {k: reply[k] for k in ("compiled", "notes", "l2_persistence", "l2_finding", "phase_s",
                                           "prepare_s_by_peer", "prepare_s_first_shape_by_peer", "compile_phases_s",
-                                          "compile_cache") if k in reply}
+                                          "compile_cache", "jit_builds") if k in reply}
             return {"peers": dict(reply["peers"]), "errors": dict(reply.get("errors", {})),
                     "failed": dict(reply.get("failed", {})), **kept, "busy_s": time.perf_counter() - start}
 

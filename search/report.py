@@ -133,6 +133,9 @@ def kernel_summary(result: Any, records: list[EvalRecord]) -> dict[str, Any]:
         # per loop and peer: set-up seconds over every shape and on the first shape alone
         "loop_prepare_s_by_peer": list(extra.get("prepare_s_by_peer", [])),
         "compile_cache": list(extra.get("compile_cache", [])),
+        # per loop: the library modules (FlashInfer's JIT) its peers built or rebuilt, the build
+        # files they rewrote and the settings those depend on
+        "loop_jit_builds": list(extra.get("jit_builds", [])),
         "peer_errors": dict(result.peer_errors),
         "peer_failures": failures,
         "copy_bw_fraction": geomean(fractions) if fractions else None,

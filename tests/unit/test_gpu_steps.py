@@ -79,6 +79,13 @@ def test_parts_and_gpu_test_ids_reach_their_commands(work: Path):
     assert calls[1].endswith("tests/gpu/a.py tests/unit/b.py::t[x y]")
 
 
+def test_the_flashinfer_probe_takes_its_kernels_and_rounds(work: Path):
+    r = _call(work, work / "o", "fisetup", limit=30, FI_KERNELS="silu_and_mul gelu_and_mul", FI_ROUNDS="1")
+    assert r.returncode == 0, r.stderr
+    call = (work / "calls.txt").read_text().splitlines()[0]
+    assert call == "-m experiments.flashinfer_setup --rounds 1 --out runs/diag/flashinfer-setup.json silu_and_mul gelu_and_mul"
+
+
 def test_an_unknown_step_stops_the_call(work: Path):
     r = _call(work, work / "o", "tests nonsense unseen", limit=30)
     assert "unknown step: nonsense" in r.stdout and "nonsense: failed" in r.stdout

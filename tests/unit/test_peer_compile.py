@@ -18,9 +18,9 @@ import torch
 from evaluators.peer_compile import (
     REPORT,
     _BenchmarkLock,
-    _first_calls,
     cache_folder,
     compile_ahead,
+    first_calls,
     sharing_the_gpu,
 )
 from evaluators.peers import _cache_counts, compile_name, peer_fns
@@ -85,7 +85,7 @@ def test_the_other_peers_are_called_once_per_shape_ahead_holding_the_gpu_shared(
 
     spec = dataclasses.replace(load_kernel("silu_and_mul"), peers={"watching": watching, "failing": failing},
                                search_shapes=({"num_tokens": 3, "d": 8}, {"num_tokens": 2, "d": 16}))
-    outcome = _first_calls(spec, "float32", "search", "cpu", path)
+    outcome = first_calls(spec, "float32", "search", "cpu", path)
     assert outcome == {"watching": "ok", "failing": "RuntimeError: no kernel for this GPU"}
     assert [d for d, _ in seen if d >= 0] == [s["d"] for s in spec.search_shapes]
     assert {state for d, state in seen if d >= 0} == {"held"}
@@ -150,7 +150,7 @@ def test_a_shape_without_inputs_costs_that_shape_not_the_folder(tmp_path: Path, 
         return base.make_inputs(shape, *args, **kwargs)
 
     spec = dataclasses.replace(base, peers={"watching": watching}, search_shapes=shapes, make_inputs=make_inputs)
-    assert _first_calls(spec, "float32", "search", "cpu", tmp_path / "gpu.lock") == {"watching": "ok"}
+    assert first_calls(spec, "float32", "search", "cpu", tmp_path / "gpu.lock") == {"watching": "ok"}
     assert calls == [16]
 
     # Every shape without inputs: nothing is compiled, and the report says why for each.

@@ -101,6 +101,15 @@ def test_each_loops_setup_per_peer_is_kept() -> None:
         {"total": {"flashinfer": 20.0 + i}, "first_shape": {"flashinfer": 19.0 + i}} for i in range(3)]
 
 
+def test_each_loops_library_builds_are_kept_in_loop_order() -> None:
+    built = {"built": ["90/cached_ops/norm/norm.so"], "cpu_count": 16}
+    runs = [{"peers": {"best": {"a": 1.0}}, "jit_builds": built}, {"peers": {"best": {"a": 1.0}}},
+            {"peers": {"best": {"a": 1.0}}, "jit_builds": {"cpu_count": 16}}]
+    result = _result()
+    combine_runs(result, runs)
+    assert result.peer_extra["jit_builds"] == [built, {}, {"cpu_count": 16}]
+
+
 def test_a_failure_in_any_loop_removes_every_ratio_and_loop_errors_are_kept() -> None:
     runs = [{"peers": {"best": {"a": 1.0}, "baseline": {"a": 2.0}}},
             {"peers": {"best": {"a": 1.0}}, "failed": {"baseline": "REJECTED (replay): wrong"}},

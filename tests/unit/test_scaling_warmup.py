@@ -68,19 +68,65 @@ def test_warmup_stop_kills_what_still_runs(tmp_path):
     assert warm.procs[0].poll() is not None and time.time() - start < 30.0
 
 
+def test_warmup_stop_kills_what_its_processes_started(tmp_path):
+    """A warm-up process's own children (a build it started) end with it, not after it."""
+    import os
+
+    from evaluators.proc_group import start_group
+    from tests.unit.test_proc_group import alive, parent_of_a_child, wait_for_child
+
+    warm = PeerWarmup(["silu_and_mul"], "float16", tmp_path, processes=1)
+    warm.stop()
+    # In its place a process that starts a long child and waits: the child stands for a build.
+    pid_file = tmp_path / "child.pid"
+    warm.procs = [start_group(parent_of_a_child(pid_file), env=dict(os.environ), cwd=tmp_path)]
+    child = wait_for_child(pid_file)
+    warm.stop()
+    assert warm.procs[0].poll() is not None
+    deadline = time.time() + 10
+    while alive(child):
+        assert time.time() < deadline, "the leader's child outlived stop()"
+        time.sleep(0.05)
+
+
 def test_the_end_of_a_run_stops_a_warm_up_that_still_runs_instead_of_waiting(tmp_path, capsys):
-    import subprocess
+    import os
     import sys
 
+    from evaluators.proc_group import start_group
     from search.finalize import stop_warmup
 
     warm = PeerWarmup(["silu_and_mul"], "float16", tmp_path, processes=1)
     warm.stop()
     # In its place a process that would run for a minute: the end of the run must not wait.
-    warm.procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])]
+    warm.procs = [start_group([sys.executable, "-c", "import time; time.sleep(60)"], env=dict(os.environ), cwd=tmp_path)]
     start = time.time()
     ran = stop_warmup(warm)
     assert ran is not None and time.time() - start < 10.0
     assert warm.procs[0].poll() is not None and not warm.running()
     assert "peer warm-up stopped" in capsys.readouterr().out
     assert stop_warmup(warm) is None  # nothing left to stop: no message
+
+
+def test_the_warm_up_builds_every_kernels_libraries_before_compiling_any(monkeypatch, capsys):
+    """A warm-up stopped part way should leave the libraries' builds (FlashInfer's JIT, about 20 s
+    an op, paid again by every loop that finds them missing) done before torch.compile's work."""
+    from evaluators import peer_warmup
+
+    order: list[tuple[str, str]] = []
+    monkeypatch.setattr(peer_warmup, "warm_libraries", lambda k, d, s: order.append(("libraries", k)) or {"kernel": k})
+    monkeypatch.setattr(peer_warmup, "warm_kernel", lambda k, d, s: order.append(("compile", k)) or {"kernel": k})
+    assert peer_warmup.main(["silu_and_mul", "merge_attn_states_lse"]) == 0
+    assert order == [("libraries", "silu_and_mul"), ("libraries", "merge_attn_states_lse"),
+                     ("compile", "silu_and_mul"), ("compile", "merge_attn_states_lse")]
+    assert len(capsys.readouterr().out.splitlines()) == 4  # one report line per step
+
+
+def test_library_warm_up_calls_each_non_compiled_peer_per_shape_on_the_cpu(monkeypatch):
+    """warm_libraries calls first_calls for the kernel's shapes; without CUDA it reports what
+    could not run instead of failing."""
+    from evaluators import peer_warmup
+
+    got = peer_warmup.warm_libraries("silu_and_mul", "float16")
+    assert got["kernel"] == "silu_and_mul" and isinstance(got["libraries"], dict)
+    assert peer_warmup.warm_libraries("silu_and_mul", "float64").get("skipped") == "no float64"

@@ -291,6 +291,16 @@ def test_where_the_loops_time_went_is_said_per_kernel():
                         "gpu_busy_fraction": 0.5}, {}, [kernel_entry(k)], check_targets([e]))
     assert ("set-up per peer (median over the loops, the first shape's part in brackets): flashinfer 21.0 s (20.0 s), "
             "torch_compile 2.5 s (0.5 s).") in text
+    # which loops built a library module, and whether its build file had changed since
+    k["loop_jit_builds"] = [
+        {"built": ["90/cached_ops/silu_and_mul/silu_and_mul.so"], "cpu_count": 16},
+        {"rebuilt": ["90/cached_ops/silu_and_mul/silu_and_mul.so"],
+         "rewritten": {"90/cached_ops/silu_and_mul/build.ninja": "-cuda_cflags = --threads=16\n+cuda_cflags = --threads=4"}},
+        {"cpu_count": 16}]
+    text = to_markdown({"gpu": "G", "command": "c", "evaluator": "gpu", "n_gpus": 1, "wall_s": 1.0,
+                        "gpu_busy_fraction": 0.5}, {}, [kernel_entry(k)], check_targets([e]))
+    assert ("library modules built in the loops: loop 1 built silu_and_mul.so (no build file rewritten); "
+            "loop 2 rebuilt silu_and_mul.so (build files rewritten: silu_and_mul).") in text
 
 
 def test_the_astra_target_is_taken_against_flashinfers_fastest_api():

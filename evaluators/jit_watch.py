@@ -1,0 +1,75 @@
+"""What a peer library built on first use during an end-of-run loop.
+
+FlashInfer JIT-compiles each op the first time a process calls it (ninja and nvcc, about 20 s)
+into an on-disk folder, and later processes load what is there. The sweeps' loops nevertheless
+recorded FlashInfer's set-up at 15-27 s in every fresh loop for some ops and under 1 s for
+others. A loop therefore notes which modules its calls built or rebuilt and which build files
+they rewrote, with the lines that changed: a build file rewritten between two loops names the
+setting that differs between them (a path, a flag), a module rebuilt with its build file
+unchanged points at ninja's own logs instead.
+
+Nothing here imports the library: the folder is found from the variables it reads.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+from typing import Any
+
+# FlashInfer 0.2: $FLASHINFER_WORKSPACE_BASE (default: home)/.cache/flashinfer/<arch>/cached_ops/<op>/
+_BUILD_FILE = "build.ninja"
+_MAX_DIFF = 1500  # characters of changed lines kept per build file
+
+
+def jit_root() -> Path:
+    """FlashInfer's cache folder in this process's environment."""
+    return Path(os.environ.get("FLASHINFER_WORKSPACE_BASE") or Path.home()) / ".cache" / "flashinfer"
+
+
+def snapshot(root: Path | None = None) -> dict[str, Any]:
+    """Every built module (path -> modification time) and build file (path -> text) under ``root``."""
+    root = root or jit_root()
+    modules: dict[str, float] = {}
+    builds: dict[str, str] = {}
+    if root.is_dir():
+        for path in root.rglob("*.so"):
+            modules[str(path.relative_to(root))] = path.stat().st_mtime
+        for path in root.rglob(_BUILD_FILE):
+            try:
+                builds[str(path.relative_to(root))] = path.read_text(errors="replace")
+            except OSError:
+                continue
+    return {"root": str(root), "modules": modules, "builds": builds}
+
+
+def changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """What happened between two snapshots: modules ``built`` (new) and ``rebuilt`` (newer), and
+    build files ``rewritten`` ({path: the changed lines, ``-`` before and ``+`` after}); empty
+    when nothing changed."""
+    built = sorted(k for k in after["modules"] if k not in before["modules"])
+    rebuilt = sorted(k for k, t in after["modules"].items() if k in before["modules"] and t != before["modules"][k])
+    rewritten: dict[str, str] = {}
+    for path, text in after["builds"].items():
+        old = before["builds"].get(path)
+        if old is not None and old != text:
+            lines = [d for d in difflib.unified_diff(old.splitlines(), text.splitlines(), lineterm="", n=0)
+                     if d[:1] in "+-" and not d.startswith(("+++", "---"))]
+            rewritten[path] = "\n".join(lines)[:_MAX_DIFF]
+    out: dict[str, Any] = {}
+    if built:
+        out["built"] = built
+    if rebuilt:
+        out["rebuilt"] = rebuilt
+    if rewritten:
+        out["rewritten"] = rewritten
+    return out
+
+
+def environment() -> dict[str, Any]:
+    """The settings that enter FlashInfer's build files or its folder's name, as this process sees them."""
+    keys = ("HOME", "FLASHINFER_WORKSPACE_BASE", "TORCH_CUDA_ARCH_LIST", "FLASHINFER_CUDA_ARCH_LIST", "CUDA_HOME",
+            "CC", "CXX", "PYTORCH_NVCC", "MAX_JOBS", "CUDA_VISIBLE_DEVICES")
+    return {"env": {k: os.environ[k] for k in keys if k in os.environ}, "cpu_count": os.cpu_count(),
+            "cwd": os.getcwd()}
