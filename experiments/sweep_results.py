@@ -5,8 +5,10 @@
     python -m experiments.sweep_results runs/c/sweep-<id3> --earlier OUT-partial.json --out ...  # parts already reported
 
 A library too long to sweep in one sitting can be swept in parts (``search.sweep --kernel``
-for each part, all at one commit on one kind of GPU) and reported as one: the parts' kernels
+for each part, all of the same code on one kind of GPU) and reported as one: the parts' kernels
 are pooled, their targets checked together, and the file names every part (commands, date).
+The same code is one commit, or commits between which git finds only results, prose and tests
+changed (so that parts can be swept in sittings with results committed in between).
 
 Reads the sweep's run summary (``summary.json``, written by the run's end: every winner
 re-validated on the held-out shapes, then re-timed in a fresh evaluator in one interleaved
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -68,12 +71,34 @@ def _same(key: str, a: object, b: object) -> bool:
     return a == b
 
 
+# Changes that cannot alter what a sweep ran: results, prose and tests.
+NOT_CODE_PREFIXES = ("experiments/results/", "docs/", "tests/")
+NOT_CODE_SUFFIXES = (".md",)
+REPO = Path(__file__).resolve().parents[1]
+
+
+def code_changes(a: str, b: str, repo: Path = REPO) -> list[str] | None:
+    """The files that differ between commits ``a`` and ``b`` other than results, prose and
+    tests (:data:`NOT_CODE_PREFIXES`, :data:`NOT_CODE_SUFFIXES`); None when git cannot compare
+    them (a commit it does not have, no repository)."""
+    try:
+        out = subprocess.run(["git", "-C", str(repo), "diff", "--name-only", a, b], capture_output=True, text=True,
+                             timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return [f for f in out.stdout.split() if not f.startswith(NOT_CODE_PREFIXES) and not f.endswith(NOT_CODE_SUFFIXES)]
+
+
 def merge_parts(parts: list[tuple[Path, dict[str, Any], dict[str, Any]]]) -> tuple[dict[str, Any], dict[str, Any]]:
     """One (summary, meta) from the sweeps of one library split by ``--kernel`` into parts, run
-    one after the other (a sweep too long for one sitting): the parts must share the commit, the
+    one after the other (a sweep too long for one sitting): the parts must share the code, the
     GPU, the evaluator and its GPU count, and the library, and each kernel may be in one part
-    only. Wall time is their sum, busy fraction their wall-weighted mean; every part's commands
-    and date are kept (``parts``).
+    only. The code is shared when the commits are one, or when git finds nothing between them
+    but results, prose and tests (:func:`code_changes`; ``meta["commits"]`` then lists every
+    part's commit). Wall time is their sum, busy fraction their wall-weighted mean; every part's
+    commands and date are kept (``parts``).
 
     Raises:
         ValueError: parts that differ in any of those, or that share a kernel.
@@ -82,8 +107,14 @@ def merge_parts(parts: list[tuple[Path, dict[str, Any], dict[str, Any]]]) -> tup
         return parts[0][1], parts[0][2]
     first_path, first, first_meta = parts[0]
     seen: dict[str, Path] = {}
+    commits: list[str] = []
     for path, summary, meta in parts:
         differ = [k for k in PART_KEYS if not _same(k, summary.get(k), first.get(k))]
+        if "git_commit" in differ and _same_code(str(summary.get("git_commit")), str(first.get("git_commit"))):
+            differ.remove("git_commit")
+        commit = str(summary.get("git_commit"))
+        if not any(_same("git_commit", commit, c) for c in commits):
+            commits.append(commit)
         if (meta.get("library") or None) != (first_meta.get("library") or None):  # "" and None: the built-in one
             differ.append("library")
         if differ:
@@ -100,10 +131,19 @@ def merge_parts(parts: list[tuple[Path, dict[str, Any], dict[str, Any]]]) -> tup
     summary = {**first, "kernels": [k for _, s, _ in parts for k in s["kernels"]], "wall_s": wall,
                "gpu_busy_fraction": busy, "date": max(str(s.get("date", "")) for _, s, _ in parts)}
     meta = {**first_meta, "sweep_id": "+".join(str(m.get("sweep_id", p.name)) for p, _, m in parts),
+            **({"commits": commits} if len(commits) > 1 else {}),
             "skipped": {k: v for _, _, m in parts for k, v in (m.get("skipped") or {}).items()},
             "attempts": [a for _, _, m in parts for a in m.get("attempts", [])],
             "parts": [part for p, s, m in parts for part in _parts_of(p, s, m)]}
     return summary, meta
+
+
+def _same_code(a: str, b: str) -> bool:
+    """Two commits whose difference git can tell and holds no code (:func:`code_changes`)."""
+    if min(len(a), len(b)) < 7 or a == "None" or b == "None":
+        return False  # as for one commit: a shorter prefix may name another
+    changed = code_changes(a, b)
+    return changed is not None and not changed
 
 
 def _parts_of(path: Path, summary: dict[str, Any], meta: dict[str, Any]) -> list[dict[str, Any]]:
@@ -359,7 +399,10 @@ def to_markdown(summary: dict[str, Any], meta: dict[str, Any], entries: list[dic
     verdict = spread.verdict_text
     lines = [f"# Library sweep on {summary['gpu']}", "",
              f"- command: {commands}", f"- git commit at the end of the run: {summary.get('git_commit')}", f"- date: {summary.get('date')}",
-             *([f"- parts: {len(meta['parts'])} sweeps of this commit, one after the other, the library split by "
+             *([f"- parts: {len(meta['parts'])} sweeps of "
+                + (f"the same code at commits {', '.join(c[:7] for c in meta['commits'])} (between them git finds "
+                   "changes to results, prose and tests only)" if meta.get("commits") else "this commit")
+                + ", one after the other, the library split by "
                 "`--kernel`: " + "; ".join(f"{p['sweep_id']} ({p['date']}, {float(p['wall_s']):.0f} s: "
                                            f"{', '.join(p['kernels'])})" for p in meta["parts"])]
                if meta.get("parts") else []),
@@ -468,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     slim = {k: v for k, v in summary.items() if k != "kernels"}
     args.out.with_suffix(".json").write_text(json.dumps(
-        {"summary": slim, "sweep": {k: meta[k] for k in ("sweep_id", "skipped", "attempts", "parts", "library") if k in meta},
+        {"summary": slim, "sweep": {k: meta[k] for k in ("sweep_id", "skipped", "attempts", "parts", "commits", "library") if k in meta},
          "targets": targets, "kernels": entries}, indent=1, default=str))
     text = to_markdown(summary, meta, entries, targets)
     args.out.with_suffix(".md").write_text(text)

@@ -209,6 +209,54 @@ def test_parts_of_different_code_or_sharing_a_kernel_are_refused(tmp_path: Path,
     assert not out.with_suffix(".json").exists()
 
 
+def test_parts_at_two_commits_of_the_same_code_are_one_sweep(tmp_path: Path, monkeypatch, capsys):
+    """A library swept over two sittings, with only results and notes committed in between, is
+    one sweep; the report names both commits. Any other change between them refuses it."""
+    import experiments.sweep_results as sr
+
+    changed: list[str] = []
+    monkeypatch.setattr(sr, "code_changes", lambda a, b, repo=sr.REPO: list(changed))
+    a = _sweep_dir(tmp_path, "p1", [_kernel("silu_and_mul", 2.0, 1.2)], commit="abc1234")
+    b = _sweep_dir(tmp_path, "p2", [_kernel("rmsnorm", 2.0, 1.2)], commit="def5678")
+    out = tmp_path / "res" / "x"
+    assert main([str(a), str(b), "--out", str(out), "--no-plots"]) == 0
+    assert json.loads(out.with_suffix(".json").read_text())["sweep"]["commits"] == ["abc1234", "def5678"]
+    assert ("- parts: 2 sweeps of the same code at commits abc1234, def5678 (between them git finds changes to "
+            "results, prose and tests only)") in out.with_suffix(".md").read_text()
+    changed.append("evaluators/timing.py")
+    assert main([str(a), str(b), "--out", str(out), "--no-plots"]) == 2
+    assert "differ in git_commit ('def5678' vs 'abc1234')" in capsys.readouterr().err
+
+
+def test_code_changes_leave_out_results_prose_and_tests(tmp_path: Path):
+    import subprocess
+
+    from experiments.sweep_results import code_changes
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    git("config", "user.email", "t@example.com")
+    git("config", "user.name", "t")
+    (tmp_path / "agents").mkdir()
+    (tmp_path / "agents" / "a.py").write_text("x = 1\n")
+    git("add", "-A")
+    git("commit", "-q", "-m", "one")
+    first = git("rev-parse", "HEAD")
+    for name in ("README.md", "experiments/results/r.json", "tests/unit/test_t.py", "docs/notes.txt"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("y\n")
+    git("add", "-A")
+    git("commit", "-q", "-m", "two")
+    second = git("rev-parse", "HEAD")
+    assert code_changes(first, second, tmp_path) == []
+    (tmp_path / "agents" / "a.py").write_text("x = 2\n")
+    git("commit", "-q", "-am", "three")
+    assert code_changes(first, git("rev-parse", "HEAD"), tmp_path) == ["agents/a.py"]
+    assert code_changes(first, "0" * 40, tmp_path) is None  # a commit git does not have
+
+
 def test_a_commit_given_short_in_one_part_and_in_full_in_another_is_one_commit(tmp_path: Path, capsys):
     full = "750c6702e4f08171f9cea5f57203c01eea74bdfc"
     a = _sweep_dir(tmp_path, "p1", [_kernel("silu_and_mul", 2.0, 1.2)], commit="750c670")
