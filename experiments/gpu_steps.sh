@@ -36,6 +36,8 @@
 #           limits it to those kernels
 #   fill    experiments.codegen_probe --compare-fill --loops 3 --no-peers, one kernel folder at
 #           a time (FILL: space-separated folders; each tried once, its probe.json kept)
+#   explore=k1,k2,...  experiments.explore_recipes for each kernel named, into
+#           runs/explore/<kernel>/explore-<kernel>.{md,json}; a kernel done is not run again
 set -uo pipefail
 : "${OUT:?OUT: the folder whose files come back}"
 LIMIT=${LIMIT:-550}        # seconds this call may use, packing included
@@ -156,6 +158,15 @@ step() {
         rc=$?; [ "$rc" = 124 ] && return 124
         [ "$rc" = 0 ] || echo "[steps] fill: $tag failed (rc $rc), kept going"
         mkdir -p runs/fill/"$tag" && touch runs/fill/"$tag"/.tried
+      done ;;
+    explore=*)
+      local k rc list=${1#*=}
+      for k in ${list//,/ }; do
+        [ -f runs/explore/"$k"/.done ] && continue
+        mkdir -p runs/explore/"$k"
+        run explore "$PY" -m experiments.explore_recipes --kernel "$k" --out runs/explore/"$k"/explore-"$k"
+        rc=$?; [ "$rc" = 0 ] || return "$rc"
+        touch runs/explore/"$k"/.done
       done ;;
     *) echo "[steps] unknown step: $1"; return 2 ;;
   esac

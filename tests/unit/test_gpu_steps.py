@@ -86,6 +86,21 @@ def test_the_flashinfer_probe_takes_its_kernels_and_rounds(work: Path):
     assert call == "-m experiments.flashinfer_setup --rounds 1 --out runs/diag/flashinfer-setup.json silu_and_mul gelu_and_mul"
 
 
+def test_recipe_maps_run_per_kernel_and_a_kernel_done_is_skipped(work: Path):
+    r = _call(work, work / "o", "explore=merge_attn_states_lse,silu_and_mul", limit=30)
+    assert r.returncode == 0, r.stderr
+    calls = (work / "calls.txt").read_text().splitlines()
+    assert calls == ["-m experiments.explore_recipes --kernel merge_attn_states_lse "
+                     "--out runs/explore/merge_attn_states_lse/explore-merge_attn_states_lse",
+                     "-m experiments.explore_recipes --kernel silu_and_mul --out runs/explore/silu_and_mul/explore-silu_and_mul"]
+    assert (work / "o" / "done.txt").read_text().split() == ["explore"]
+    # a later call with another list runs only the kernel not mapped yet
+    (work / "runs" / ".done" / "explore").unlink()
+    _call(work, work / "o2", "explore=silu_and_mul,gelu_and_mul", limit=30)
+    assert (work / "calls.txt").read_text().splitlines()[2:] == [
+        "-m experiments.explore_recipes --kernel gelu_and_mul --out runs/explore/gelu_and_mul/explore-gelu_and_mul"]
+
+
 def test_an_unknown_step_stops_the_call(work: Path):
     r = _call(work, work / "o", "tests nonsense unseen", limit=30)
     assert "unknown step: nonsense" in r.stdout and "nonsense: failed" in r.stdout
