@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.embedded.recipes import recipes_for
+from agents.embedded.source import insert_header
 from experiments.bench_library import exit_without_gpu
 from kernels.spec import load_kernel, shape_label
 from kernels.variant import Variant
@@ -33,12 +34,21 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 PEERS_FIRST = ("baseline", "flashinfer", "torch_compile", "torch_eager")
 
 
-def candidates(kernel: str, max_per_recipe: int) -> dict[str, tuple[str, dict[str, int]]]:
-    """``{name: (source, params)}``: every recipe at each grid point, and the hand-written files."""
+FAST_MATH = "// flags: --use_fast_math"
+
+
+def candidates(kernel: str, max_per_recipe: int, fast_math: bool = True) -> dict[str, tuple[str, dict[str, int]]]:
+    """``{name: (source, params)}``: every recipe at each grid point, and the hand-written files.
+
+    ``fast_math``: the recipes compiled with ``--use_fast_math``, the flag the search's
+    ``fast_math_flag`` adds and every recipe winner of the sweeps carried; off, they are timed
+    as written (exact expf, erff, division). Hand-written files keep their own flags."""
     spec = load_kernel(kernel)
     out: dict[str, tuple[str, dict[str, int]]] = {"baseline": (spec.baseline_source(), {})}
     for recipe in recipes_for(spec):
         source = recipe.build(spec)
+        if fast_math:
+            source = insert_header(source, FAST_MATH)
         for i, params in enumerate(Variant(spec.name, source).launch().param_grid()):
             if i >= max_per_recipe:
                 break
@@ -71,6 +81,9 @@ def to_markdown(meta: dict[str, Any], rows: list[dict[str, Any]], labels: list[s
              f"- command: `{meta['command']}`", f"- git commit: {meta['git_commit']}", f"- date: {meta['date']}",
              "- kernel times (us): CUDA events around one launch (ours) or one CUDA-graph replay (peers); L2 "
              f"flushed before every repetition; all interleaved in one loop; median of {meta['repetitions']}",
+             "- recipes compiled " + ("with --use_fast_math (as the search's fast_math_flag compiles them)"
+                                      if meta.get("fast_math", False) else "as written, without --use_fast_math")
+             + "; hand-written files (file:) with the flags their headers give",
              "- not validated here: a timing map, not a verdict; its 'vs' ratios come from this one loop and "
              "carry no spread, so they rank candidates and are no headline (experiments.bench_library repeats "
              "its loop in fresh processes for that)", ""]
@@ -91,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float16")
     p.add_argument("--max-per-recipe", type=int, default=24, help="grid points per recipe, in grid order")
     p.add_argument("--repetitions", type=int, default=100)
+    p.add_argument("--no-fast-math", action="store_true",
+                   help="time the recipes as written, without --use_fast_math (default: with it, as the search's winners)")
     p.add_argument("--out", type=Path, required=True, help="writes OUT.json and OUT.md")
     args = p.parse_args(argv)
     if (code := exit_without_gpu("experiments.explore_recipes")) is not None:
@@ -98,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     from evaluators.gpu import GpuEvaluator
 
     spec = load_kernel(args.kernel)
-    ours = candidates(spec.name, args.max_per_recipe)
+    ours = candidates(spec.name, args.max_per_recipe, fast_math=not args.no_fast_math)
     print(f"{spec.name}: timing {len(ours)} variants beside the peers", flush=True)
     evaluator = GpuEvaluator(step_timeout_s=60.0)
     try:
@@ -109,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     labels = [shape_label(s) for s in spec.shapes("search")]
     rows = table(reply, labels)
     meta = {"kernel": spec.name, "dtype": args.dtype, "gpu": gpu, "repetitions": args.repetitions,
+            "fast_math": not args.no_fast_math,
             "command": "python -m experiments.explore_recipes " + " ".join(argv if argv is not None else sys.argv[1:]),
             "git_commit": git_commit(REPO_ROOT), "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "errors": reply.get("errors", {}), "copy_bw_tb_s": reply["copy_bw_bytes_per_s"] / 1e12}

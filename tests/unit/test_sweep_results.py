@@ -135,6 +135,14 @@ def test_recipe_map_candidates_and_ranking():
     found = candidates("silu_and_mul", max_per_recipe=2)
     assert "baseline" in found and "file:vec_flat.cu" in found
     assert sum(n.startswith("gated_act/tiles") for n in found) == 2
+    # recipes as the search's winners were compiled (fast math), or as written; hand files as they are
+    from kernels.nvrtc import variant_flags
+
+    tiles = next(n for n in found if n.startswith("gated_act/tiles"))
+    assert variant_flags(found[tiles][0]) == ["--use_fast_math"]
+    assert variant_flags(candidates("silu_and_mul", max_per_recipe=2, fast_math=False)[tiles][0]) == []
+    assert found["file:vec_flat.cu"][0] == (Path(__file__).resolve().parents[2] / "experiments/results/variants/silu_and_mul/vec_flat.cu").read_text()
+    assert "--use_fast_math" not in found["baseline"][0]
     reply = {"peers": {"a": {"s1": 1.0, "s2": 2.0}, "torch_compile": {"s1": 2.0, "s2": 2.0}, "b": {"s1": 4.0}}}
     rows = table(reply, ["s1", "s2"])
     assert [r["impl"] for r in rows][0] == "a" and abs(rows[0]["vs_torch_compile"] - 2 ** 0.5) < 1e-9
