@@ -16,9 +16,10 @@ __device__ __forceinline__ void merge_states(scalar_t* v_out, float* s_out, cons
     const long long pairs = static_cast<long long>(tokens) * heads;
     const unsigned long long addr = reinterpret_cast<unsigned long long>(v_out) | reinterpret_cast<unsigned long long>(v_a) |
                                     reinterpret_cast<unsigned long long>(v_b);
-    if (head_dim % VEC == 0 && (addr & 15) == 0) {
-        merge_body<VEC>(v_out, s_out, v_a, s_a, v_b, s_b, pairs, head_dim);
-    } else {
+    // Expected false, so that the vector path is the one laid straight after the entry.
+    if (__builtin_expect(head_dim % VEC != 0 || (addr & 15) != 0, 0)) {
         merge_body_scalar(v_out, s_out, v_a, s_a, v_b, s_b, pairs, head_dim);
+        return;
     }
+    merge_body<VEC>(v_out, s_out, v_a, s_a, v_b, s_b, pairs, head_dim);
 }

@@ -11,37 +11,21 @@ ${guards}
 ${mergecommon}
 ${streamcommon}
 
+// The pair's vectors past the first pass (head_dim over 256 * ITEMS, or the scalar path), out of line.
 template <int V>
-__device__ __forceinline__ void merge_body(scalar_t* __restrict__ v_out, float* __restrict__ s_out,
-                                           const scalar_t* __restrict__ v_a, const float* __restrict__ s_a,
-                                           const scalar_t* __restrict__ v_b, const float* __restrict__ s_b,
-                                           long long pairs, int head_dim) {
+__device__ __noinline__ void merge_rest(Pack<V>* __restrict__ o, const Pack<V>* __restrict__ a,
+                                        const Pack<V>* __restrict__ b, int per_pair, int first, int step,
+                                        float fa, float fb) {
     using P = Pack<V>;
-    const long long pair = static_cast<long long>(blockIdx.x) * blockDim.y + threadIdx.y;
-    if (pair >= pairs) return;
-    // The weights are computed after the first vectors' loads are issued, not before: computed
-    // first, they held every vector load back until the two lse loads had come back, two trips
-    // to memory one after the other instead of one (nvdisasm, sm_90).
-    const float sa = s_a[pair], sb = s_b[pair];
-    float fa = 0.0f, fb = 0.0f, lse = 0.0f;
-    bool weighed = false;
-    const int per_pair = head_dim / V;
-    const P* a = reinterpret_cast<const P*>(v_a) + pair * per_pair;
-    const P* b = reinterpret_cast<const P*>(v_b) + pair * per_pair;
-    P* o = reinterpret_cast<P*>(v_out) + pair * per_pair;
-    for (int first = threadIdx.x; first < per_pair; first += blockDim.x * ITEMS) {
+    for (; first < per_pair; first += step) {
         P ra[ITEMS], rb[ITEMS];
 #pragma unroll
-        for (int k = 0; k < ITEMS; ++k) {  // every load first, then the math
+        for (int k = 0; k < ITEMS; ++k) {
             const int j = first + k * blockDim.x;
             if (j < per_pair) {
                 ra[k] = load_vec(a + j);
                 rb[k] = load_vec(b + j);
             }
-        }
-        if (!weighed) {
-            merge_weights(sa, sb, fa, fb, lse);
-            weighed = true;
         }
 #pragma unroll
         for (int k = 0; k < ITEMS; ++k) {
@@ -55,7 +39,52 @@ __device__ __forceinline__ void merge_body(scalar_t* __restrict__ v_out, float* 
             store_vec(o + j, r);
         }
     }
-    if (threadIdx.x == 0) s_out[pair] = lse;  // thread 0 always has vectors (head_dim >= V): it has weighed
+}
+
+template <int V>
+__device__ __forceinline__ void merge_body(scalar_t* __restrict__ v_out, float* __restrict__ s_out,
+                                           const scalar_t* __restrict__ v_a, const float* __restrict__ s_a,
+                                           const scalar_t* __restrict__ v_b, const float* __restrict__ s_b,
+                                           long long pairs, int head_dim) {
+    using P = Pack<V>;
+    const long long pair = static_cast<long long>(blockIdx.x) * blockDim.y + threadIdx.y;
+    if (pair >= pairs) return;
+    const float sa = s_a[pair], sb = s_b[pair];
+    const int per_pair = head_dim / V;
+    const P* a = reinterpret_cast<const P*>(v_a) + pair * per_pair;
+    const P* b = reinterpret_cast<const P*>(v_b) + pair * per_pair;
+    P* o = reinterpret_cast<P*>(v_out) + pair * per_pair;
+    // The first pass with no loop around it (a row of threads is sized so that it covers the
+    // pair in one pass up to head_dim 256 * ITEMS): a loop put a test and a branch between the
+    // entry and the first vector load of every block, and a block lives about one trip to memory.
+    P ra[ITEMS], rb[ITEMS];
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {  // every load first, then the math
+        const int j = threadIdx.x + k * blockDim.x;
+        if (j < per_pair) {
+            ra[k] = load_vec(a + j);
+            rb[k] = load_vec(b + j);
+        }
+    }
+    // The weights after the vectors' loads are issued, not before: computed first, they held
+    // every vector load back until the two lse loads had come back, two trips to memory one
+    // after the other instead of one (nvdisasm, sm_90).
+    float fa, fb, lse;
+    merge_weights(sa, sb, fa, fb, lse);
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        const int j = threadIdx.x + k * blockDim.x;
+        if (j >= per_pair) continue;
+        P r;
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+            r.v[e] = static_cast<scalar_t>(static_cast<float>(ra[k].v[e]) * fa + static_cast<float>(rb[k].v[e]) * fb);
+        }
+        store_vec(o + j, r);
+    }
+    const int step = blockDim.x * ITEMS;
+    if (static_cast<int>(threadIdx.x) + step < per_pair) merge_rest<V>(o, a, b, per_pair, threadIdx.x + step, step, fa, fb);
+    if (threadIdx.x == 0) s_out[pair] = lse;
 }
 
 ${mergedispatch}
