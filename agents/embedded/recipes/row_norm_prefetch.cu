@@ -196,6 +196,12 @@ __device__ __noinline__ void norm_row_scalar(scalar_t* dst, scalar_t* res, const
     norm_row<1>(dst, res, src, weight, hidden, eps);
 }
 
+#if !WARP_ROW
+// The threads of a row past the end (a block's last rows) join the reduction's one barrier and
+// do nothing else; out of line, so that the active path is the one laid after the entry.
+__device__ __noinline__ void idle_row() { row_total(0.0f); }
+#endif
+
 __device__ __forceinline__ void row_norm(scalar_t* dst, scalar_t* res, const scalar_t* src, const scalar_t* weight,
                                          int rows, int hidden, float eps) {
     const int row = blockIdx.x * blockDim.y + threadIdx.y;
@@ -211,17 +217,18 @@ __device__ __forceinline__ void row_norm(scalar_t* dst, scalar_t* res, const sca
                                     reinterpret_cast<unsigned long long>(res) | reinterpret_cast<unsigned long long>(weight);
     scalar_t* res_row = FUSED ? res + off : nullptr;
 #if !WARP_ROW
-    if (!active) {
-        row_total(0.0f);
+    if (__builtin_expect(!active, 0)) {
+        idle_row();
         return;
     }
 #endif
     // Uniform over the row's threads, so the barrier in row_total is reached by all of them.
-    if (hidden % VEC == 0 && (addr & 15) == 0) {
-        norm_row<VEC>(dst + off, res_row, src + off, weight, hidden, eps);
-    } else {
+    // Expected false, so that the vector path is the one laid straight after the entry.
+    if (__builtin_expect(hidden % VEC != 0 || (addr & 15) != 0, 0)) {
         norm_row_scalar(dst + off, res_row, src + off, weight, hidden, eps);
+        return;
     }
+    norm_row<VEC>(dst + off, res_row, src + off, weight, hidden, eps);
 }
 
 ${entry}
