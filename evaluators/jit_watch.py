@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +69,13 @@ def changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
 
 
 def environment() -> dict[str, Any]:
-    """The settings that enter FlashInfer's build files or its folder's name, as this process sees them."""
+    """The settings that enter FlashInfer's build files or its folder's name, as this process sees
+    them, and the folder FlashInfer chose (``workspace``) where a peer has imported it."""
     keys = ("HOME", "FLASHINFER_WORKSPACE_BASE", "TORCH_CUDA_ARCH_LIST", "FLASHINFER_CUDA_ARCH_LIST", "CUDA_HOME",
             "CC", "CXX", "PYTORCH_NVCC", "MAX_JOBS", "CUDA_VISIBLE_DEVICES")
-    return {"env": {k: os.environ[k] for k in keys if k in os.environ}, "cpu_count": os.cpu_count(),
-            "cwd": os.getcwd()}
+    out: dict[str, Any] = {"env": {k: os.environ[k] for k in keys if k in os.environ}, "cpu_count": os.cpu_count(),
+                           "cwd": os.getcwd()}
+    loaded = sys.modules.get("flashinfer.jit.env")  # imported by a peer's first call, if any
+    if loaded is not None:
+        out["workspace"] = str(getattr(loaded, "FLASHINFER_WORKSPACE_DIR", ""))
+    return out

@@ -53,3 +53,14 @@ def test_the_environment_names_what_the_build_files_depend_on(monkeypatch):
     env = jit_watch.environment()
     assert env["env"]["CUDA_HOME"] == "/usr/local/cuda" and env["cpu_count"] == os.cpu_count()
     assert "OPENAI_API_KEY" not in env["env"]  # an allow-list: nothing else of the environment
+
+
+def test_the_workspace_flashinfer_chose_is_named_once_it_is_imported(monkeypatch):
+    import sys
+    import types
+
+    assert "workspace" not in jit_watch.environment() or "flashinfer.jit.env" in sys.modules
+    fake = types.ModuleType("flashinfer.jit.env")
+    fake.FLASHINFER_WORKSPACE_DIR = "/root/.cache/flashinfer/90"  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "flashinfer.jit.env", fake)
+    assert jit_watch.environment()["workspace"] == "/root/.cache/flashinfer/90"
