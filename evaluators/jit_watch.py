@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import difflib
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from typing import Any
 # FlashInfer 0.2: $FLASHINFER_WORKSPACE_BASE (default: home)/.cache/flashinfer/<arch>/cached_ops/<op>/
 _BUILD_FILE = "build.ninja"
 _MAX_DIFF = 1500  # characters of changed lines kept per build file
+_MAX_EXPLAIN = 8  # lines of ninja's explanation kept per module
 
 
 def jit_root() -> Path:
@@ -68,6 +71,30 @@ def changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def still_dirty(root: Path, modules: list[str], ninja: str | None = None) -> dict[str, list[str]]:
+    """For modules just built: would ninja build them again now? A dry run (``ninja -n -d
+    explain``, which builds nothing) of each module's build file in the folder FlashInfer runs
+    ninja in; per module, ninja's reasons (its first lines), empty when it is up to date. A
+    module still dirty right after its build is one every later process rebuilds."""
+    ninja = ninja or shutil.which("ninja")
+    out: dict[str, list[str]] = {}
+    if ninja is None:
+        return out
+    for module in modules:
+        build = root / Path(module).parent / _BUILD_FILE
+        if not build.is_file():
+            continue
+        try:
+            run = subprocess.run([ninja, "-n", "-d", "explain", "-C", str(build.parent.parent), "-f", str(build)],
+                                 capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            out[module] = [f"{type(exc).__name__}: {exc}"[:200]]
+            continue
+        lines = (run.stdout + run.stderr).splitlines()
+        out[module] = [line[:300] for line in lines if line.startswith("ninja explain:")][:_MAX_EXPLAIN]
+    return out
+
+
 def environment() -> dict[str, Any]:
     """The settings that enter FlashInfer's build files or its folder's name, as this process sees
     them, and the folder FlashInfer chose (``workspace``) where a peer has imported it."""
@@ -79,3 +106,17 @@ def environment() -> dict[str, Any]:
     if loaded is not None:
         out["workspace"] = str(getattr(loaded, "FLASHINFER_WORKSPACE_DIR", ""))
     return out
+
+
+def report(before: dict[str, Any]) -> dict[str, Any]:
+    """What a loop records (its reply's ``jit_builds``): the changes since ``before``, whether the
+    modules it built would be built again (``still_dirty``, only where some are), and the
+    environment."""
+    after = snapshot(Path(before["root"]))
+    out = changes(before, after)
+    made = out.get("built", []) + out.get("rebuilt", [])
+    if made:
+        dirty = {m: why for m, why in still_dirty(Path(before["root"]), made).items() if why}
+        if dirty:
+            out["still_dirty"] = dirty
+    return {**out, **environment()}

@@ -416,7 +416,7 @@ def _run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None], c
         "compile_phases_s": {n: dict(sorted(ph.items(), key=lambda kv: -kv[1])) for n, ph in phases_by_peer.items() if ph},
     }
     if jit_before is not None:
-        reply["jit_builds"] = {**jit_watch.changes(jit_before, jit_watch.snapshot()), **jit_watch.environment()}
+        reply["jit_builds"] = jit_watch.report(jit_before)
     if l2_finding(l2):
         reply["l2_finding"] = l2_finding(l2)
     return reply

@@ -252,6 +252,10 @@ def _jit_builds(loops: list[dict[str, Any]]) -> str:
         rewritten = loop.get("rewritten", {})
         note = (f" (build files rewritten: {', '.join(Path(p).parent.name for p in rewritten)})" if rewritten
                 else " (no build file rewritten)")
+        dirty = loop.get("still_dirty", {})
+        if dirty:
+            module, why = next(iter(dirty.items()))
+            note += f", {len(dirty)} still out of date for ninja ({Path(module).name}: {why[0] if why else '?'})"
         parts.append(f"loop {i} " + ", ".join(made) + note)
     return "; ".join(parts)
 

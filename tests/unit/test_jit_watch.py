@@ -64,3 +64,47 @@ def test_the_workspace_flashinfer_chose_is_named_once_it_is_imported(monkeypatch
     fake.FLASHINFER_WORKSPACE_DIR = "/root/.cache/flashinfer/90"  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "flashinfer.jit.env", fake)
     assert jit_watch.environment()["workspace"] == "/root/.cache/flashinfer/90"
+
+
+def _ninja_module(root, op):
+    """A module folder as FlashInfer lays it out, built by a real ninja from one source."""
+    import shutil
+
+    if shutil.which("ninja") is None:
+        import pytest
+
+        pytest.skip("needs ninja")
+    ops = root / "90" / "cached_ops"
+    folder = ops / op
+    folder.mkdir(parents=True)
+    (folder / "src.txt").write_text("source\n")
+    (folder / "build.ninja").write_text(
+        f"rule copy\n  command = cp $in $out\nbuild {op}/{op}.so: copy {folder / 'src.txt'}\ndefault {op}/{op}.so\n")
+    return ops, folder
+
+
+def test_a_module_built_and_up_to_date_is_not_dirty_and_one_with_a_newer_source_is(tmp_path):
+    import subprocess
+
+    ops, folder = _ninja_module(tmp_path, "norm")
+    subprocess.run(["ninja", "-C", str(ops), "-f", str(folder / "build.ninja")], check=True, capture_output=True)
+    module = "90/cached_ops/norm/norm.so"
+    assert jit_watch.still_dirty(tmp_path, [module]) == {module: []}
+    later = time.time() + 10
+    os.utime(folder / "src.txt", (later, later))
+    why = jit_watch.still_dirty(tmp_path, [module])[module]
+    assert why and all(line.startswith("ninja explain:") for line in why)
+    assert (folder / "norm.so").exists()  # a dry run: nothing was built
+
+
+def test_the_report_names_modules_that_would_be_built_again(tmp_path):
+    import subprocess
+
+    before = jit_watch.snapshot(tmp_path)
+    ops, folder = _ninja_module(tmp_path, "cascade")
+    subprocess.run(["ninja", "-C", str(ops), "-f", str(folder / "build.ninja")], check=True, capture_output=True)
+    got = jit_watch.report(before)
+    assert got["built"] == ["90/cached_ops/cascade/cascade.so"] and "still_dirty" not in got
+    later = time.time() + 10
+    os.utime(folder / "src.txt", (later, later))
+    assert list(jit_watch.report(before)["still_dirty"]) == ["90/cached_ops/cascade/cascade.so"]

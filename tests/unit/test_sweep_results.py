@@ -352,11 +352,13 @@ def test_where_the_loops_time_went_is_said_per_kernel():
         {"built": ["90/cached_ops/silu_and_mul/silu_and_mul.so"], "cpu_count": 16},
         {"rebuilt": ["90/cached_ops/silu_and_mul/silu_and_mul.so"],
          "rewritten": {"90/cached_ops/silu_and_mul/build.ninja": "-cuda_cflags = --threads=16\n+cuda_cflags = --threads=4"}},
-        {"cpu_count": 16}]
+        {"built": ["90/cached_ops/norm/norm.so"],
+         "still_dirty": {"90/cached_ops/norm/norm.so": ["ninja explain: norm/norm.o is dirty"]}}]
     text = to_markdown({"gpu": "G", "command": "c", "evaluator": "gpu", "n_gpus": 1, "wall_s": 1.0,
                         "gpu_busy_fraction": 0.5}, {}, [kernel_entry(k)], check_targets([e]))
     assert ("library modules built in the loops: loop 1 built silu_and_mul.so (no build file rewritten); "
-            "loop 2 rebuilt silu_and_mul.so (build files rewritten: silu_and_mul).") in text
+            "loop 2 rebuilt silu_and_mul.so (build files rewritten: silu_and_mul); loop 3 built norm.so (no build "
+            "file rewritten), 1 still out of date for ninja (norm.so: ninja explain: norm/norm.o is dirty).") in text
 
 
 def test_the_astra_target_is_taken_against_flashinfers_fastest_api():
