@@ -3,10 +3,11 @@
 FlashInfer JIT-compiles each op the first time a process calls it (ninja and nvcc, about 20 s)
 into an on-disk folder, and later processes load what is there. The sweeps' loops nevertheless
 recorded FlashInfer's set-up at 15-27 s in every fresh loop for some ops and under 1 s for
-others. A loop therefore notes which modules its calls built or rebuilt and which build files
-they rewrote, with the lines that changed: a build file rewritten between two loops names the
-setting that differs between them (a path, a flag), a module rebuilt with its build file
-unchanged points at ninja's own logs instead.
+others. A loop therefore notes which modules its calls built or rebuilt, which build files
+they rewrote, with the lines that changed, and whether ninja would build those modules again
+right away (a dry run's reasons): a build file rewritten between two loops names the setting
+that differs between them (a path, a flag); a module out of date straight after its own build
+names what ninja finds newer or missing.
 
 Nothing here imports the library: the folder is found from the variables it reads.
 """
