@@ -464,7 +464,7 @@ def _search(prep: Prepared, command: str, progress_cls: Any) -> dict[str, Any]:
     from search.records import AttemptClock, load_history
     from search.report import build_summary, write_tables
     from search.state import KernelState
-    from search.tuning import TuningStore
+    from search.tuning import JOURNAL, TuningStore
 
     cfg = prep.config
     check_recorded_kernels(prep.run_dir, prep.kernels)
@@ -492,7 +492,7 @@ def _search(prep: Prepared, command: str, progress_cls: Any) -> dict[str, Any]:
                          for i in range(cfg.search.population)]
     pool = EvalPool(cfg.evaluator.kind, n_gpus, cfg.evaluator.retries, cfg.evaluator.standin_latency_s)
     progress = (progress_cls or Progress)(n_gpus=n_gpus, evaluator_kind=cfg.evaluator.kind)
-    ctl = Controller(cfg, states, records, pool, agents, TuningStore(cfg.seed), progress, history,
+    ctl = Controller(cfg, states, records, pool, agents, TuningStore(cfg.seed, prep.run_dir / JOURNAL), progress, history,
                      on_tick=lambda: clock.tick(pool.busy_s))
     # Asked now (behind each actor's start), read after the search: no wait before it starts.
     where = None if staged is None else [[a.whereabouts.remote(staged.kernels) for a in actors]

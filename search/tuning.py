@@ -14,18 +14,25 @@ next parameters, a coordinate search across generations; TPE draws what budget i
 three or four trials per variant, TPE alone drew two parameters at random, and a value that
 mattered most (a row schedule's ITEMS=1) could go untried while a second parameter was added.
 
-Studies live in memory. Each ask draws from a sampler seeded by the run's seed, the study's
-name and the trial's number, so a study is a pure function of the verdicts told to it and to
-its parent's study (finished before anything is derived from it): a
-resumed run asks the same parameters in the same order and finds their verdicts in
-``evaluations.jsonl`` (each record holds its trial number and parameters), which is why no
-separate Optuna storage is needed to resume, and none can disagree with the records.
+Each ask draws from a sampler seeded by the run's seed, the study's name and the trial's
+number, so a study is a pure function of the verdicts told to it and to its parent's study
+(finished before anything is derived from it): a resumed run asks the same parameters in the
+same order and finds their verdicts in ``evaluations.jsonl`` (each record holds its trial
+number and parameters). The records are the truth; the studies are kept on disk as well, in
+the run's ``optuna.journal`` (Optuna's journal storage), for anyone to load with
+``optuna.load_study`` or a dashboard while the run goes on or after it. A resumed run starts
+that file afresh and rebuilds it from the records as it replays them, so it can never disagree
+with them:
+
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend("runs/<id>/optuna.journal"))
+    optuna.get_all_study_names(storage)
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
+from pathlib import Path
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
@@ -133,16 +140,35 @@ class VariantStudy:
         return {k: int(v) for k, v in best.params.items()}
 
 
+JOURNAL = "optuna.journal"  # the run folder's study file
+
+
+def journal_storage(path: Path) -> optuna.storages.BaseStorage:
+    """Optuna's journal storage in the file ``path`` (read it while a run writes it)."""
+    from optuna.storages.journal import JournalFileBackend
+
+    return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+
+
 class TuningStore:
-    """The run's tuning studies (in memory; see the module docstring for resume).
+    """The run's tuning studies (see the module docstring for resume).
 
     Args:
         seed: the run's seed.
+        path: the study file (Optuna's journal storage), started afresh here; None keeps the
+            studies in memory only.
     """
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, path: Path | None = None) -> None:
         self.seed = seed
-        self.storage = optuna.storages.InMemoryStorage()
+        self.path = path
+        if path is None:
+            self.storage: optuna.storages.BaseStorage = optuna.storages.InMemoryStorage()
+        else:
+            # Afresh: a resumed run replays its records into it, trial by trial, as they were.
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.unlink(missing_ok=True)
+            self.storage = journal_storage(path)
 
     def study(self, kernel: str, variant_id: str, dtype: str, tune: Mapping[str, tuple[int, ...]], budget: int,
               parent: str = "") -> VariantStudy:

@@ -153,3 +153,36 @@ def test_compile_ahead_asks_one_compilation_per_loop_before_the_loops_and_again_
     assert ("loop 1: loop done before; loop 2: stand-in evaluator: no peers to compile; "
             "loop 3: stand-in evaluator: no peers to compile") in err
     assert [a["method"] for a in read_jsonl(path) if a["method"] != "sanitize"] == ["time_peers"] * loops
+
+
+def _journal_trials(run_dir: Path) -> dict[str, list[tuple[int, str, dict[str, Any], float | None]]]:
+    """Every study in the run's Optuna journal: its trials as (number, state, params, value)."""
+    import optuna
+
+    from search.tuning import JOURNAL, journal_storage
+
+    storage = journal_storage(run_dir / JOURNAL)
+    return {name: [(t.number, t.state.name, dict(t.params), t.value)
+                   for t in optuna.load_study(study_name=name, storage=storage).trials]
+            for name in sorted(optuna.get_all_study_names(storage))}
+
+
+def test_the_studies_are_on_disk_and_a_resumed_run_rebuilds_them_as_they_were(local_ray, tmp_path):
+    """optuna.journal holds one study per tuned variant, its trials those the records hold;
+    a run cut short and resumed ends with the same studies, trial for trial."""
+    whole = _prepare(tmp_path / "whole")
+    run_search(whole, "test")
+    studies = _journal_trials(whole.run_dir)
+    assert studies and all(trials for trials in studies.values())
+    # every trial told is a screening the records hold (the defaults' first one among them)
+    screened = {(e["variant"]["id"], json.dumps(e["params"], sort_keys=True))
+                for e in read_jsonl(whole.run_dir / "evaluations.jsonl") if e["stage"] == "screen"}
+    told = {(name.split(".")[1], json.dumps(params, sort_keys=True))
+            for name, trials in studies.items() for _, state, params, _ in trials if state in ("COMPLETE", "FAIL")}
+    assert told and told <= screened
+    times = sorted(json.loads(line)["time"] for line in (whole.run_dir / "evaluations.jsonl").read_text().splitlines())
+    cut = tmp_path / "cut"
+    shutil.copytree(whole.run_dir, cut)
+    _cut_at(cut, times[len(times) // 2])
+    run_search(Prepared(whole.config, whole.kernels, cut, resume=True), "test --resume")
+    assert _journal_trials(cut) == studies
