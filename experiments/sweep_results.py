@@ -112,9 +112,10 @@ def merge_parts(parts: list[tuple[Path, dict[str, Any], dict[str, Any]]]) -> tup
         differ = [k for k in PART_KEYS if not _same(k, summary.get(k), first.get(k))]
         if "git_commit" in differ and _same_code(str(summary.get("git_commit")), str(first.get("git_commit"))):
             differ.remove("git_commit")
-        commit = str(summary.get("git_commit"))
-        if not any(_same("git_commit", commit, c) for c in commits):
-            commits.append(commit)
+        # an earlier report of parts at several commits of the same code names them all
+        for commit in [str(summary.get("git_commit")), *meta.get("commits", [])]:
+            if not any(_same("git_commit", commit, c) for c in commits):
+                commits.append(commit)
         if (meta.get("library") or None) != (first_meta.get("library") or None):  # "" and None: the built-in one
             differ.append("library")
         if differ:
@@ -240,9 +241,9 @@ def _loop_cost(e: dict[str, Any]) -> str:
 
 
 def _jit_builds(loops: list[dict[str, Any]]) -> str:
-    """Which loops built or rebuilt a library module (FlashInfer's JIT) and which build files
-    they rewrote, e.g. ``loop 2 rebuilt silu_and_mul.so (build file rewritten: 1 line)``;
-    empty when no loop built anything."""
+    """Which loops built or rebuilt a library module (FlashInfer's JIT), which build files they
+    rewrote and whether ninja would build a module again right after, e.g. ``loop 2 rebuilt
+    silu_and_mul.so (build files rewritten: silu_and_mul)``; empty when no loop built anything."""
     parts = []
     for i, loop in enumerate(loops, 1):
         made = [f"built {Path(m).name}" for m in loop.get("built", [])] + [
@@ -494,7 +495,7 @@ def to_markdown(summary: dict[str, Any], meta: dict[str, Any], entries: list[dic
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("sweep_dir", type=Path, nargs="*",
-                   help="a sweep directory, or several: the parts of one sweep split by --kernel (same commit and GPU)")
+                   help="a sweep directory, or several: the parts of one sweep split by --kernel (same code and GPU)")
     p.add_argument("--earlier", type=Path, action="append", default=[], metavar="REPORT.json",
                    help="a results file this script wrote for earlier parts of the same sweep whose directories "
                         "are gone: its kernels are pooled as reported")

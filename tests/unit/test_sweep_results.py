@@ -231,6 +231,11 @@ def test_parts_at_two_commits_of_the_same_code_are_one_sweep(tmp_path: Path, mon
     assert json.loads(out.with_suffix(".json").read_text())["sweep"]["commits"] == ["abc1234", "def5678"]
     assert ("- parts: 2 sweeps of the same code at commits abc1234, def5678 (between them git finds changes to "
             "results, prose and tests only)") in out.with_suffix(".md").read_text()
+    # a later part at a third commit of the same code, pooled with that report: all three named
+    c = _sweep_dir(tmp_path, "p3", [_kernel("layernorm", 2.0, 1.2)], commit="0123abc")
+    whole = tmp_path / "res" / "whole"
+    assert main([str(c), "--earlier", str(out.with_suffix(".json")), "--out", str(whole), "--no-plots"]) == 0
+    assert json.loads(whole.with_suffix(".json").read_text())["sweep"]["commits"] == ["abc1234", "def5678", "0123abc"]
     changed.append("evaluators/timing.py")
     assert main([str(a), str(b), "--out", str(out), "--no-plots"]) == 2
     assert "differ in git_commit ('def5678' vs 'abc1234')" in capsys.readouterr().err
