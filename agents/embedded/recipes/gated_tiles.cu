@@ -59,7 +59,7 @@ __device__ __forceinline__ void gated_tiles(scalar_t* __restrict__ out, const sc
                                             int rows, int d) {
     const unsigned long long addr = reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(out);
     // The grid counts tiles of 8-element vectors (2-byte types); other types take the scalar path.
-    // Expected taken, so that the vector path is the one laid straight after the entry.
+    // Expected false, so that the vector path is the one laid straight after the entry.
     if (__builtin_expect(!(VEC == 8 && d % VEC == 0 && (addr & 15) == 0), 0)) {
         gated_tiles_scalar(out, x, rows, d);
         return;
