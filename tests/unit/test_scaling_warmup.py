@@ -122,9 +122,9 @@ def test_the_warm_up_builds_every_kernels_libraries_before_compiling_any(monkeyp
     assert len(capsys.readouterr().out.splitlines()) == 4  # one report line per step
 
 
-def test_library_warm_up_calls_each_non_compiled_peer_per_shape_on_the_cpu(monkeypatch):
-    """warm_libraries calls first_calls for the kernel's shapes; without CUDA it reports what
-    could not run instead of failing."""
+def test_library_warm_up_reports_per_kernel_and_skips_a_dtype_the_kernel_lacks():
+    """warm_libraries reports a kernel's library first calls (without CUDA no shape gets inputs,
+    so none is called, and it still returns); a dtype the kernel lacks is skipped."""
     from evaluators import peer_warmup
 
     got = peer_warmup.warm_libraries("silu_and_mul", "float16")
