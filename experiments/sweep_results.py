@@ -7,7 +7,7 @@
 A library too long to sweep in one sitting can be swept in parts (``search.sweep --kernel``
 for each part, all of the same code on one kind of GPU) and reported as one: the parts' kernels
 are pooled, their targets checked together, and the file names every part (commands, date).
-The same code is one commit, or commits between which git finds only results, prose and tests
+The same code is one commit, or commits between which git finds only results and prose
 changed (so that parts can be swept in sittings with results committed in between).
 
 Reads the sweep's run summary (``summary.json``, written by the run's end: every winner
@@ -71,16 +71,16 @@ def _same(key: str, a: object, b: object) -> bool:
     return a == b
 
 
-# Changes that cannot alter what a sweep ran: results, prose and tests.
-NOT_CODE_PREFIXES = ("experiments/results/", "docs/", "tests/")
+# Changes that cannot alter what a sweep ran: results and prose.
+NOT_CODE_PREFIXES = ("experiments/results/", "docs/")
 NOT_CODE_SUFFIXES = (".md",)
 REPO = Path(__file__).resolve().parents[1]
 
 
 def code_changes(a: str, b: str, repo: Path = REPO) -> list[str] | None:
-    """The files that differ between commits ``a`` and ``b`` other than results, prose and
-    tests (:data:`NOT_CODE_PREFIXES`, :data:`NOT_CODE_SUFFIXES`); None when git cannot compare
-    them (a commit it does not have, no repository)."""
+    """The files that differ between commits ``a`` and ``b`` other than results and prose
+    (:data:`NOT_CODE_PREFIXES`, :data:`NOT_CODE_SUFFIXES`); None when git cannot compare them
+    (a commit it does not have, no repository)."""
     try:
         out = subprocess.run(["git", "-C", str(repo), "diff", "--name-only", a, b], capture_output=True, text=True,
                              timeout=60)
@@ -96,7 +96,7 @@ def merge_parts(parts: list[tuple[Path, dict[str, Any], dict[str, Any]]]) -> tup
     one after the other (a sweep too long for one sitting): the parts must share the code, the
     GPU, the evaluator and its GPU count, and the library, and each kernel may be in one part
     only. The code is shared when the commits are one, or when git finds nothing between them
-    but results, prose and tests (:func:`code_changes`; ``meta["commits"]`` then lists every
+    but results and prose (:func:`code_changes`; ``meta["commits"]`` then lists every
     part's commit). Wall time is their sum, busy fraction their wall-weighted mean; every part's
     commands and date are kept (``parts``).
 
@@ -406,7 +406,7 @@ def to_markdown(summary: dict[str, Any], meta: dict[str, Any], entries: list[dic
              f"- command: {commands}", f"- git commit at the end of the run: {summary.get('git_commit')}", f"- date: {summary.get('date')}",
              *([f"- parts: {len(meta['parts'])} sweeps of "
                 + (f"the same code at commits {', '.join(c[:7] for c in meta['commits'])} (between them git finds "
-                   "changes to results, prose and tests only)" if meta.get("commits") else "this commit")
+                   "changes to results and prose only)" if meta.get("commits") else "this commit")
                 + ", one after the other, the library split by "
                 "`--kernel`: " + "; ".join(f"{p['sweep_id']} ({p['date']}, {float(p['wall_s']):.0f} s: "
                                            f"{', '.join(p['kernels'])})" for p in meta["parts"])]

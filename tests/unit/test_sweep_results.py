@@ -218,7 +218,7 @@ def test_parts_of_different_code_or_sharing_a_kernel_are_refused(tmp_path: Path,
 
 
 def test_parts_at_two_commits_of_the_same_code_are_one_sweep(tmp_path: Path, monkeypatch, capsys):
-    """A library swept over two sittings, with only results and notes committed in between, is
+    """A library swept over two sittings, with only results and prose committed in between, is
     one sweep; the report names both commits. Any other change between them refuses it."""
     import experiments.sweep_results as sr
 
@@ -230,7 +230,7 @@ def test_parts_at_two_commits_of_the_same_code_are_one_sweep(tmp_path: Path, mon
     assert main([str(a), str(b), "--out", str(out), "--no-plots"]) == 0
     assert json.loads(out.with_suffix(".json").read_text())["sweep"]["commits"] == ["abc1234", "def5678"]
     assert ("- parts: 2 sweeps of the same code at commits abc1234, def5678 (between them git finds changes to "
-            "results, prose and tests only)") in out.with_suffix(".md").read_text()
+            "results and prose only)") in out.with_suffix(".md").read_text()
     # a later part at a third commit of the same code, pooled with that report: all three named
     c = _sweep_dir(tmp_path, "p3", [_kernel("layernorm", 2.0, 1.2)], commit="0123abc")
     whole = tmp_path / "res" / "whole"
@@ -241,7 +241,7 @@ def test_parts_at_two_commits_of_the_same_code_are_one_sweep(tmp_path: Path, mon
     assert "differ in git_commit ('def5678' vs 'abc1234')" in capsys.readouterr().err
 
 
-def test_code_changes_leave_out_results_prose_and_tests(tmp_path: Path):
+def test_code_changes_leave_out_results_and_prose(tmp_path: Path):
     import subprocess
 
     from experiments.sweep_results import code_changes
@@ -257,7 +257,7 @@ def test_code_changes_leave_out_results_prose_and_tests(tmp_path: Path):
     git("add", "-A")
     git("commit", "-q", "-m", "one")
     first = git("rev-parse", "HEAD")
-    for name in ("README.md", "experiments/results/r.json", "tests/unit/test_t.py", "docs/notes.txt"):
+    for name in ("README.md", "experiments/results/r.json", "docs/notes.txt"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("y\n")
     git("add", "-A")
@@ -265,8 +265,11 @@ def test_code_changes_leave_out_results_prose_and_tests(tmp_path: Path):
     second = git("rev-parse", "HEAD")
     assert code_changes(first, second, tmp_path) == []
     (tmp_path / "agents" / "a.py").write_text("x = 2\n")
-    git("commit", "-q", "-am", "three")
-    assert code_changes(first, git("rev-parse", "HEAD"), tmp_path) == ["agents/a.py"]
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a.py").write_text("y\n")  # tests count as code: the rule stays simple
+    git("add", "-A")
+    git("commit", "-q", "-m", "three")
+    assert code_changes(first, git("rev-parse", "HEAD"), tmp_path) == ["agents/a.py", "tests/test_a.py"]
     assert code_changes(first, "0" * 40, tmp_path) is None  # a commit git does not have
 
 
