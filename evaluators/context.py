@@ -86,6 +86,9 @@ class Context:
             "copy_bw_bytes_per_s": self.copy_bw,
             "limits": self.limits,
             "pid": os.getpid(),
+            # what the peers' figures depend on beside the GPU model (search.peer_cache)
+            "driver": int(cupy.cuda.runtime.driverGetVersion()),
+            "runtime": int(cupy.cuda.runtime.runtimeGetVersion()),
         }
 
     def spec(self, kernel_dir: str) -> KernelSpec:

@@ -295,7 +295,9 @@ class GpuEvaluator(Evaluator):
         the folder this loop's compilations were made in ahead of it (loaded from there).
         """
         spec = self.spec(kernel)
-        key = str(spec.directory)
+        # one loop per process for each kernel and shape set: the held-out loop may follow a
+        # search loop of the same kernel in one process, never another held-out loop
+        key = f"{spec.directory}:{shape_set}"
         if fresh_process and self._worker is not None and key in self._looped.get(self._worker.info["pid"], set()):
             self.close()
         shapes = spec.shapes(shape_set)

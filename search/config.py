@@ -100,7 +100,14 @@ class EvaluatorConfig:
             reported; a winner with findings is replaced by the baseline.
         compile_ahead: compile each loop's torch.compile programs ahead of it, in processes
             beside each other (never beside a timed call), each loop from a cache folder of its
-            own (:mod:`evaluators.peer_compile`); off: every loop compiles for itself.
+            own (:mod:`evaluators.peer_compile`); off: every loop compiles for itself. On by
+            default; only loops whose peers' figures are not in the peer cache compile anything.
+        peer_cache: keep the peers' figures of each end-of-run loop on disk and reuse them in
+            later runs on the same GPU model, driver and library versions (:mod:`search.peer_cache`);
+            our kernels and the baseline are always timed afresh.
+        peer_cache_dir: the folder of that cache (None: ``~/.cache/kernel-search/peer-times``).
+        fresh_peers: time every peer afresh even where the cache has its figures (the new
+            figures replace the stored ones).
     """
 
     kind: str = "gpu"
@@ -112,7 +119,10 @@ class EvaluatorConfig:
     peer_runs: int = 3
     compile_trials: int = 1
     sanitize: bool = True
-    compile_ahead: bool = False
+    compile_ahead: bool = True
+    peer_cache: bool = True
+    peer_cache_dir: str | None = None
+    fresh_peers: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in ("gpu", "standin"):
@@ -126,7 +136,8 @@ class EvaluatorConfig:
         if self.compile_ahead and self.compile_trials != 1:
             # A loop's cache folder holds one compilation per mode: a second trial would load the first.
             raise ConfigError("evaluator.compile_ahead needs evaluator.compile_trials 1 "
-                              f"(one compilation per mode and loop), got {self.compile_trials}")
+                              f"(one compilation per mode and loop), got {self.compile_trials}: "
+                              "pass --no-compile-ahead (or set evaluator.compile_ahead: false) to compile more")
         if not isinstance(self.retries, int) or self.retries < 0:
             raise ConfigError(f"evaluator.retries must be >= 0, got {self.retries!r}")
         if not isinstance(self.standin_latency_s, (int, float)) or self.standin_latency_s < 0:

@@ -33,15 +33,21 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
+from ray.exceptions import RayError
+
 from evaluators.peer_warmup import PeerWarmup
 from kernels.records import ShapeSet, Stage
 from kernels.spec import shape_label
 from kernels.verdict import Evaluation, ShapeResult
+from search.config import EvaluatorConfig
 from search.controller import Controller
 from search.dispatch import Dispatch, choose, single
 from search.jobs import Job
+from search.peer_cache import PeerCache, default_folder, with_cached
+from search.pool import EvalPool
 from search.selection import Scored
 from search.spread import median_times
+from search.stages import StageClock, by_kind
 from search.state import KernelState
 
 LOOP_ERROR = "peers' loop"  # key of peer_errors when the whole loop could not run
@@ -94,6 +100,21 @@ class KernelResult:
     member_final: dict[str, Evaluation] = field(default_factory=dict)
     member_sanitizer: dict[str, dict[str, Any]] = field(default_factory=dict)
     choice_ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    heldout_peers: dict[str, dict[str, float]] = field(default_factory=dict)
+    heldout_peer_runs: list[dict[str, dict[str, float]]] = field(default_factory=list)
+    heldout_peer_extra: dict[str, Any] = field(default_factory=dict)
+
+
+def combine_heldout(result: KernelResult, runs: list[dict[str, Any]]) -> None:
+    """Fills the held-out fields of ``result`` from the replies of the loops on the spec's fixed
+    held-out shapes, as :func:`combine_runs` fills the search shapes' (a kernel of ours that
+    failed verification there gets no held-out ratios)."""
+    scratch = KernelResult(result.state, result.winner, result.heldout, result.final)
+    combine_runs(scratch, runs)
+    result.heldout_peers, result.heldout_peer_runs = scratch.peers, scratch.peer_runs
+    result.heldout_peer_extra = {**scratch.peer_extra, "errors": scratch.peer_errors,
+                                 "failures": scratch.peer_failures,
+                                 "shapes": [shape_label(dict(s)) for s in result.state.spec.heldout_shapes]}
 
 
 def combine_runs(result: KernelResult, runs: list[dict[str, Any]]) -> None:
@@ -139,6 +160,8 @@ def combine_runs(result: KernelResult, runs: list[dict[str, Any]]) -> None:
         extra.setdefault("jit_builds", []).append(dict(reply.get("jit_builds", {})))
         if reply.get("l2_finding"):
             extra["l2_findings"].append(f"run {i}: {reply['l2_finding']}")
+        # where this loop's peer figures come from: None when it timed them itself
+        extra.setdefault("cached_peers", []).append(reply.get("cached_peers"))
     if member_failures:
         extra["member_failures"] = member_failures
     result.peer_errors, result.peer_failures, result.peer_extra = errors, failed, extra
@@ -173,13 +196,17 @@ def member_name(item: Scored) -> str:
     return f"{MEMBER_PREFIX}{item.variant.id}"
 
 
-def compose_reply(reply: dict[str, Any], dispatch: Dispatch) -> dict[str, Any]:
+def compose_reply(reply: dict[str, Any], dispatch: Dispatch,
+                  shapes: Sequence[Mapping[str, int]] | None = None) -> dict[str, Any]:
     """A loop's reply with ``best`` made of each shape's member (``members_ms`` keeps every
-    member's own times, which are not peers and leave ``peers``)."""
+    member's own times, which are not peers and leave ``peers``); ``shapes``: the loop's shapes
+    when they are not the search shapes (each shape's member by the dispatch rule)."""
     peers = {n: dict(t) for n, t in reply.get("peers", {}).items()}
     members = {n: peers.pop(n) for n in list(peers) if n.startswith(MEMBER_PREFIX)}
+    chosen = (dispatch.table.items() if shapes is None
+              else [(shape_label(dict(s)), dispatch.member_for(s)) for s in shapes])
     if "best" in peers:
-        for label, i in dispatch.table.items():
+        for label, i in chosen:
             if i > 0:
                 mine = members.get(member_name(dispatch.members[i]), {})
                 if label in mine:
@@ -217,8 +244,15 @@ class EndOfRun:
         ctl: the controller whose search has finished.
     """
 
-    def __init__(self, ctl: Controller) -> None:
+    def __init__(self, ctl: Controller, cache: PeerCache | None = None) -> None:
         self.ctl = ctl
+        self.cache = cache
+        # progress over the peers' loops (one line each, with an estimate of what is left)
+        cfg = ctl.config.evaluator
+        self.loops_expected = (sum(cfg.peer_runs * (2 if st.spec.heldout_shapes else 1) for st in ctl.states)
+                               if cfg.peers else 0)
+        self.loops_done = 0
+        self.loops_started = time.time()
         self.kernels: dict[str, _Progress] = {}
         for st in ctl.states:
             assert st.baseline_scored is not None
@@ -401,94 +435,157 @@ class EndOfRun:
                                what=f"{k.st.name} dispatch choice loop")
 
     def _peers(self, k: _Progress, final: Evaluation) -> None:
-        """The end-of-run loop (winner, dispatch members, baseline and peers interleaved),
-        repeated in ``peer_runs`` fresh sandbox processes one after the other; every ratio
-        reported comes from these loops (:mod:`search.spread`)."""
+        """The end-of-run loops (winner, dispatch members, baseline and peers interleaved),
+        repeated in ``peer_runs`` fresh sandbox processes one after the other, on the search
+        shapes and then on the spec's fixed held-out shapes; every ratio reported comes from
+        these loops (:mod:`search.spread`)."""
         assert k.winner is not None and k.heldout is not None and k.dispatch is not None
         heldout = compose_evaluation(k.dispatch, k.member_heldout, k.st.heldout_shapes())
         result = KernelResult(k.st, k.winner, heldout, final, rejected=k.rejected, sanitizer=k.sanitizer,
                               dispatch=k.dispatch, member_heldout=dict(k.member_heldout),
                               member_final=dict(k.member_final), member_sanitizer=dict(k.member_sanitizer),
                               choice_ms=dict(k.choice_ms))
-        cfg = self.ctl.config.evaluator
-        if not cfg.peers:
+        if not self.ctl.config.evaluator.peers:
             self._done(k, result)
             return
-        runs: list[dict[str, Any]] = []
         # The winner, its dispatch members and the baseline are timed again in the same
         # interleaved loop as the peers, so that "vs baseline" and "vs peers" are ratios of
         # one loop's times; which member runs on which shape was fixed before (no member is
         # chosen on the times it is reported with).
         ours = {**_ours(k), "baseline": (k.st.baseline.source, {})}
-        names = sorted(ours)
+
+        def searched(runs: list[dict[str, Any]]) -> None:
+            assert result.dispatch is not None
+            combine_runs(result, [r if "loop_error" in r else compose_reply(r, result.dispatch) for r in runs])
+            result.rejected_why = dict(k.rejected_why)
+            if not k.st.spec.heldout_shapes:
+                self._done(k, result)
+                return
+            self._loops(k, ShapeSet.HELDOUT, ours, partial(held_out, result))
+
+        def held_out(result: KernelResult, runs: list[dict[str, Any]]) -> None:
+            assert result.dispatch is not None
+            shapes = k.st.spec.heldout_shapes
+            combine_heldout(result, [r if "loop_error" in r else compose_reply(r, result.dispatch, shapes)
+                                     for r in runs])
+            result.rejected_why = dict(k.rejected_why)
+            self._done(k, result)
+
+        self._loops(k, ShapeSet.SEARCH, ours, searched)
+
+    def _loops(self, k: _Progress, shape_set: ShapeSet, ours: dict[str, tuple[str, dict[str, int]]],
+               then: Callable[[list[dict[str, Any]]], None]) -> None:
+        """``peer_runs`` loops of our kernels ``ours`` and the peers on one shape set, one after
+        the other, each in a fresh sandbox process; ``then`` gets their replies. A loop whose
+        peers' figures are in the peer cache (:mod:`search.peer_cache`) times our kernels alone
+        and takes the peers' from there; one that times the peers stores them. A winner that
+        fails verification in a loop is replaced by the baseline, whose loops start anew."""
+        cfg = self.ctl.config.evaluator
+        n, names = cfg.peer_runs, sorted(ours)
+        shapes = [dict(s) for s in k.st.spec.shapes(shape_set.value)]
+        cache = self.cache
+        keys = [cache.key(k.st.ref.digest, k.st.dtype, shape_set.value, shapes, i, cfg.compile_trials)
+                if cache is not None else "" for i in range(n)]
+        hits = [cache.get(key) if cache is not None and not cfg.fresh_peers else None for key in keys]
+        runs: list[dict[str, Any]] = []
         # With compile_ahead, loop i loads its torch.compile programs from folders[i] (None: it
         # compiles them itself, as every loop does without).
         folders: list[str | None] = []
+        label = "" if shape_set is ShapeSet.SEARCH else " (held-out shapes)"
 
         def loop_key(i: int) -> str:
-            return _call_key("peers", k, i, *([names] if len(names) > 2 else []))
+            more: list[Any] = [names] if len(names) > 2 else []
+            if shape_set is not ShapeSet.SEARCH:
+                more.append(shape_set.value)
+            if hits[i] is not None:
+                more.append("cached peers")
+            return _call_key("peers", k, i, *more)
 
         def submit() -> None:
-            cache = folders[len(runs)] if len(runs) < len(folders) else None
-            self.ctl.recorded_call(loop_key(len(runs)), done,
-                                   "time_peers", k.st.ref, k.st.dtype, ShapeSet.SEARCH.value, ours, True,
-                                   cfg.compile_trials, True, cache,
-                                   what=f"{k.st.name} peers, run {len(runs) + 1} of {cfg.peer_runs}")
+            i = len(runs)
+            folder = folders[i] if i < len(folders) else None
+            self.ctl.recorded_call(loop_key(i), done, "time_peers", k.st.ref, k.st.dtype, shape_set.value, ours, True,
+                                   cfg.compile_trials, hits[i] is None, folder,
+                                   what=f"{k.st.name} peers{label}, run {i + 1} of {n}"
+                                        + (" (peers from the cache)" if hits[i] is not None else ""))
 
         def done(reply: dict[str, Any] | None, error: str) -> None:
             assert k.winner is not None and k.dispatch is not None
+            i = len(runs)
+            hit = hits[i]
+            if reply is not None and hit is not None:
+                reply = with_cached(reply, hit)
+            elif reply is not None and cache is not None:
+                reply["peers_stored"] = cache.put(keys[i], reply, names, self.ctl.records.run_id)
             failed = reply.get("failed", {}) if reply is not None else {}
             if "best" in failed and k.winner.variant.id != k.st.baseline.id:
                 # A winner that misbehaves in the peers' loop is a cheat or a latent bug:
                 # it is not reported, as for a sanitizer finding; the baseline is.
-                k.rejected_why[k.winner.variant.id] = f"failed in the peers' loop: {failed['best']}"
+                k.rejected_why[k.winner.variant.id] = f"failed in the peers' loop{label}: {failed['best']}"
                 self._to_baseline(k)
                 return
             for item in list(k.dispatch.members[1:]):
                 if member_name(item) in failed:  # its shapes go to the winner, timed in the same loop
-                    self._drop_member(k, item, f"failed in the peers' loop: {failed[member_name(item)]}")
-                    result.dispatch = k.dispatch
+                    self._drop_member(k, item, f"failed in the peers' loop{label}: {failed[member_name(item)]}")
             runs.append(reply if reply is not None else {"loop_error": error})
-            print(f"end {k.st.name}: peers' loop {len(runs)} of {cfg.peer_runs} "
-                  + ("done" if reply is not None else f"failed: {error}"), file=sys.stderr, flush=True)
-            if len(runs) < cfg.peer_runs:
+            self._loop_done(k, f"peers' loop{label} {len(runs)} of {n}", reply, error)
+            if len(runs) < n:
                 submit()
                 return
-            assert result.dispatch is not None
-            combine_runs(result, [r if "loop_error" in r else compose_reply(r, result.dispatch) for r in runs])
-            result.rejected_why = dict(k.rejected_why)
             for folder in folders:
                 if folder:
                     shutil.rmtree(folder, ignore_errors=True)  # where this machine holds it
-            self._done(k, result)
+            then(runs)
 
-        if not cfg.compile_ahead:
+        if not cfg.compile_ahead or all(h is not None for h in hits):
             submit()
             return
+        self._compile_ahead(k, shape_set, [i for i in range(n) if hits[i] is None],
+                            {i for i in range(n) if loop_key(i) in self.ctl.answers}, n, folders, submit)
+
+    def _compile_ahead(self, k: _Progress, shape_set: ShapeSet, todo: list[int], done_before: set[int], n: int,
+                       folders: list[str | None], then: Callable[[], None]) -> None:
+        """Compiles the torch.compile programs of loops ``todo`` ahead of them, each in a process
+        of its own (they overlap each other, never a timed call), filling ``folders``; a loop in
+        ``done_before`` (a resumed run's loop on record, replayed) needs nothing compiled."""
         made: dict[int, dict[str, Any]] = {}
 
         def compiled(i: int, reply: dict[str, Any] | None, error: str) -> None:
             made[i] = reply if reply is not None else {"status": "ERROR", "summary": error}
-            if len(made) < cfg.peer_runs:
+            if len(made) < len(todo):
                 return
-            folders.extend(made[j].get("folder") if made[j].get("status") == "OK" else None
-                           for j in range(cfg.peer_runs))
-            why = "; ".join(f"loop {j + 1}: {made[j].get('summary', '')}"[:200] for j in range(cfg.peer_runs)
+            folders.extend(made[j].get("folder") if made.get(j, {}).get("status") == "OK" else None for j in range(n))
+            why = "; ".join(f"loop {j + 1}: {made[j].get('summary', '')}"[:200] for j in todo
                             if made[j].get("status") != "OK")
-            print(f"end {k.st.name}: compiled ahead for {sum(1 for f in folders if f)} of {cfg.peer_runs} loops"
+            print(f"end {k.st.name}: compiled ahead for {sum(1 for f in folders if f)} of {n} loops"
                   + (f" ({why})" if why else ""), file=sys.stderr, flush=True)
-            submit()
+            then()
 
-        for i in range(cfg.peer_runs):
-            if loop_key(i) in self.ctl.answers:  # a resumed run's loop done before: it is replayed
+        if not todo:
+            then()
+            return
+        for i in todo:
+            if i in done_before:
                 compiled(i, {"status": "SKIPPED", "summary": "loop done before"}, "")
                 continue
-            # Separate processes, like sanitizer runs: they overlap each other, never a timed call.
             # Not recorded: what they make lies on this machine only, and a run resumed on another
             # (or after this one's temporary files went) must make it again.
-            self.ctl.pool.call(partial(compiled, i), "precompile", k.st.ref, k.st.dtype, ShapeSet.SEARCH.value,
-                               f"{self.ctl.records.run_id}/{k.st.name}-{k.st.ref.digest[:8]}/loop-{i + 1}",
+            self.ctl.pool.call(partial(compiled, i), "precompile", k.st.ref, k.st.dtype, shape_set.value,
+                               f"{self.ctl.records.run_id}/{k.st.name}-{k.st.ref.digest[:8]}/{shape_set.value}-{i + 1}",
                                exclusive=False, what=f"{k.st.name} compile ahead, loop {i + 1}")
+
+    def _loop_done(self, k: _Progress, what: str, reply: dict[str, Any] | None, error: str) -> None:
+        """One line per finished loop, with how many loops are left in the run and, at the pace
+        of the loops so far, about how long they will take."""
+        self.loops_done += 1
+        elapsed = time.time() - self.loops_started
+        left = max(0, self.loops_expected - self.loops_done)
+        pace = f", about {elapsed / self.loops_done * left:.0f} s left at this pace" if left else ""
+        how = "done" if reply is not None else f"failed: {error}"
+        if reply is not None and reply.get("cached_peers"):
+            how += f" (peers from the cache, measured {reply['cached_peers'].get('measured_at')})"
+        print(f"end {k.st.name}: {what} {how}; {self.loops_done} loops done, {left} to go{pace}",
+              file=sys.stderr, flush=True)
 
     def _done(self, k: _Progress, result: KernelResult) -> None:
         k.result = result
@@ -529,30 +626,64 @@ def stop_warmup(warmup: PeerWarmup) -> float | None:
     return ran
 
 
-def finalize(ctl: Controller, warmup: PeerWarmup | None = None) -> tuple[list[KernelResult], str]:
+def finalize(ctl: Controller, warmup: PeerWarmup | None = None, cache: PeerCache | None = None,
+             clock: StageClock | None = None) -> tuple[list[KernelResult], str]:
     """Re-validates, re-times and writes ``best/``; returns the results and the device name.
 
     The end of the run works over as many fresh evaluator actors as the search had GPUs (no
-    more than there are kernels), several sanitizer runs at once on each.
+    more than there are kernels), several sanitizer runs at once on each. ``cache``: the peer
+    figures kept from earlier runs (:mod:`search.peer_cache`); ``clock`` gets the seconds of
+    each stage and, as ``end_calls_s``, of each kind of call after the held-out checks.
     """
-    end = EndOfRun(ctl)
-    end.heldout()
-    if warmup is not None:
-        stop_warmup(warmup)
-    # Non-exclusive calls overlap on an actor: a sanitizer run per kernel, and with compile_ahead
-    # compilations, one per kernel and loop up to one per two CPU cores (each is a process with
-    # torch and a CUDA context of its own).
-    cfg = ctl.config.evaluator
-    sharing = len(ctl.states)
-    if cfg.compile_ahead and cfg.peers:
-        sharing = max(sharing, min(sharing * cfg.peer_runs, (os.cpu_count() or 2) // 2))
-    ctl.pool.renew(size=max(1, min(len(ctl.pool.actors), len(ctl.states))), max_concurrency=sharing)
-    device = ctl.pool.device_name()
-    results = end.finish()
+    clock = clock or StageClock()
+    end = EndOfRun(ctl, cache)
+    with clock.stage("held-out"):
+        end.heldout()
+    with clock.stage("end set-up"):
+        if warmup is not None:
+            stop_warmup(warmup)
+        # Non-exclusive calls overlap on an actor: a sanitizer run per kernel, and with compile_ahead
+        # compilations, one per kernel and loop up to one per two CPU cores (each is a process with
+        # torch and a CUDA context of its own).
+        cfg = ctl.config.evaluator
+        sharing = len(ctl.states)
+        if cfg.compile_ahead and cfg.peers:
+            sharing = max(sharing, min(sharing * cfg.peer_runs, (os.cpu_count() or 2) // 2))
+        ctl.pool.renew(size=max(1, min(len(ctl.pool.actors), len(ctl.states))), max_concurrency=sharing)
+        device = ctl.pool.device_name()
+    since = time.time()
+    end.loops_started = since
+    with clock.stage("sanitizer, final timing and peers"):
+        results = end.finish()
+    clock.calls = by_kind(ctl.pool.spans, since)
     ctl.pool.close()
     for result in results:
         write_best(ctl, result)
     return results, device
+
+
+def open_peer_cache(cfg: EvaluatorConfig, pool: EvalPool) -> PeerCache | None:
+    """The peer cache of a GPU run that times peers with the cache on, keyed by the environment
+    of the pool's first evaluator (:meth:`search.pool.EvalPool.environment`, which waits for its
+    worker); else None."""
+    if cfg.kind != "gpu" or not cfg.peers or not cfg.peer_cache:
+        return None
+    try:
+        environment = pool.environment()
+    except RayError as exc:  # the search reports the evaluator's failure; the run goes on without the cache
+        print(f"!! peer cache off: the evaluator's environment could not be read ({exc})"[:300], file=sys.stderr)
+        return None
+    return PeerCache(cfg.peer_cache_dir or default_folder(), environment)
+
+
+def all_cached(cache: PeerCache | None, cfg: EvaluatorConfig, st: KernelState) -> bool:
+    """Whether every end-of-run loop of the kernel would take its peers' figures from the cache
+    (then nothing of its peers needs compiling or building in this run)."""
+    if cache is None or cfg.fresh_peers:
+        return False
+    sets = [ShapeSet.SEARCH, *([ShapeSet.HELDOUT] if st.spec.heldout_shapes else [])]
+    return all(cache.get(cache.key(st.ref.digest, st.dtype, s.value, st.spec.shapes(s.value), i, cfg.compile_trials))
+               is not None for s in sets for i in range(cfg.peer_runs))
 
 
 def write_best(ctl: Controller, result: KernelResult) -> None:

@@ -328,6 +328,19 @@ class EvaluatorActor:
 
         return torch.cuda.get_device_name(0)
 
+    def environment(self) -> dict[str, Any]:
+        """What the peers' figures measured on this evaluator depend on beside their programs
+        (:mod:`search.peer_cache`): the GPU model and architecture, the driver and CUDA runtime
+        versions and the peer libraries' versions (starts the worker). The stand-in: its name."""
+        if self.kind != "gpu":
+            return {"gpu": self.device_name()}
+        from search.peer_cache import library_versions
+
+        with self._lock:
+            info = self.evaluator.info()
+        return {"gpu": info["gpu"], "arch": info["arch"], "driver": info.get("driver"), "runtime": info.get("runtime"),
+                **library_versions()}
+
     def whereabouts(self, kernels: Mapping[str, str]) -> dict[str, Any]:
         """Where this actor runs and takes the project and kernel folders from (no turn taken:
         it touches neither the evaluator nor the GPU)."""
@@ -390,6 +403,7 @@ class Call:
     tries: int = 0
     slot: int = field(default=-1, compare=False)
     actor: Any = field(default=None, compare=False, repr=False)
+    started: float = field(default=0.0, compare=False)
 
 
 @dataclass(frozen=True)
@@ -430,6 +444,8 @@ class EvalPool:
         self.inflight: dict[Any, Call] = {}
         self.busy_s = 0.0
         self.replaced = 0
+        # (method, dispatched, answered) of every call answered: where the wall time went (search.stages)
+        self.spans: list[tuple[str, float, float]] = []
 
     def submit(self, job: Any, request: EvalRequest, artifact: Any = None) -> None:
         """Queues an evaluation; ``artifact`` is the admitted artifact's object reference."""
@@ -454,6 +470,7 @@ class EvalPool:
             else:
                 self.sharing[slot] += 1
             call.actor = self.actors[call.slot]
+            call.started = time.time()
             ref = getattr(call.actor, call.method).remote(*call.args)
             self.inflight[ref] = call
         self.queue = waiting
@@ -505,6 +522,7 @@ class EvalPool:
         return Answer(call, value, busy)
 
     def _release(self, call: Call) -> None:
+        self.spans.append((call.method, call.started, time.time()))
         self._free(call)
         self._dispatch()
 
@@ -543,6 +561,11 @@ class EvalPool:
     def device_name(self) -> str:
         """The name of the device the first actor evaluates on."""
         return str(ray.get(self.actors[0].device_name.remote()))
+
+    def environment(self) -> dict[str, Any]:
+        """The first actor's :meth:`EvaluatorActor.environment` (every evaluator of a pool is
+        taken to run the same GPU model and software; peer figures are keyed by it)."""
+        return dict(ray.get(self.actors[0].environment.remote()))
 
     def close(self) -> None:
         """Closes the evaluators (their sandbox workers) and ends the actors."""

@@ -138,6 +138,10 @@ def kernel_summary(result: Any, records: list[EvalRecord]) -> dict[str, Any]:
         "loop_jit_builds": list(extra.get("jit_builds", [])),
         "peer_errors": dict(result.peer_errors),
         "peer_failures": failures,
+        # per loop, where its peer figures came from: None when it timed them itself, else the
+        # cached entry's date and run (search.peer_cache)
+        "peer_cache": list(extra.get("cached_peers", [])),
+        "heldout_loops": heldout_loops(result),
         "copy_bw_fraction": geomean(fractions) if fractions else None,
         "variants_evaluated": len({r.variant.id for r in mine}),
         "trials_evaluated": sum(1 for r in mine if r.stage is Stage.SCREEN),
@@ -148,6 +152,22 @@ def kernel_summary(result: Any, records: list[EvalRecord]) -> dict[str, Any]:
         "sanitizer_status": getattr(result, "sanitizer", {}).get("status", "SKIPPED"),
         "lineage": st.lineage(result.winner.variant.id),
     }
+
+
+def heldout_loops(result: Any) -> dict[str, Any] | None:
+    """The end-of-run loops on the spec's fixed held-out shapes (our kernel, the baseline and
+    the peers interleaved, as on the search shapes): per implementation the spread of its ratio
+    over the loops, per shape the median times; None where no such loop ran."""
+    runs = list(getattr(result, "heldout_peer_runs", []))
+    extra = dict(getattr(result, "heldout_peer_extra", {}))
+    if not runs and not extra:
+        return None
+    failures = dict(extra.get("failures", {}))
+    labels = list(extra.get("shapes", []))
+    ratios = {} if OURS in failures else spread.spreads(runs, exclude=list(failures), labels=labels or None)
+    return {"shapes": labels, "loops": len(runs), "spreads": {k: v.to_dict() for k, v in ratios.items()},
+            "loop_ms": dict(getattr(result, "heldout_peers", {})), "peer_errors": dict(extra.get("errors", {})),
+            "failures": failures, "peer_cache": list(extra.get("cached_peers", []))}
 
 
 def build_summary(run_dir: Path, results: Sequence[Any], meta: dict[str, Any]) -> dict[str, Any]:
@@ -184,6 +204,10 @@ def print_summary(summary: dict[str, Any], out: TextIO | None = None) -> None:
       f"wall {summary.get('wall_s', 0):.0f}s, {busy_label(summary.get('evaluator', ''))} "
       f"{summary.get('gpu_busy_fraction', 0):.0%}\n")
     w(f"times: {TIMES}\n")
+    if summary.get("stage_s"):
+        w("stages: " + ", ".join(f"{name} {sec:.0f} s" for name, sec in summary["stage_s"].items())
+          + ("; end-of-run calls: " + ", ".join(f"{m} {sec:.0f} s" for m, sec in summary["end_calls_s"].items())
+             if summary.get("end_calls_s") else "") + "\n")
     for k in summary["kernels"]:
         loops = k.get("peer_runs", 0)
         w(f"\n== {k['kernel']} ({k['dtype']}): winner {k['winner']} {k['params'] or ''}\n")
@@ -202,6 +226,15 @@ def print_summary(summary: dict[str, Any], out: TextIO | None = None) -> None:
             ranged = k.get("spreads", {}).get(peer)
             part = spread.over_shapes(sum(1 for s in k["shapes"] if peer in s.get("loop_ms", {})), len(k["shapes"]))
             w(f"   vs {peer}: {spread.text(ranged) if ranged else f'{value:.3f}x (one run, no spread)'}{part}\n")
+        held = k.get("heldout_loops")
+        if held and held.get("spreads"):
+            parts = [f"vs {p} {spread.text(v)}" for p, v in sorted(held["spreads"].items())]
+            w(f"   held-out shapes (loop, the spec's {len(held['shapes'])} fixed ones): {' | '.join(parts)}\n")
+        cached = [c for c in k.get("peer_cache", []) if c]
+        if cached:
+            dates = sorted({str(c.get("measured_at")) for c in cached})
+            w(f"   peers' figures from the peer cache in {len(cached)} of {len(k.get('peer_cache', []))} loops "
+              f"(measured {', '.join(dates)}; our kernels and the baseline timed in this run)\n")
         for finding in k.get("l2_findings", []):
             w(f"   !! {finding}\n")
         for peer, why in k.get("peer_errors", {}).items():

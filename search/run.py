@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from search.cluster import Staged
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+PROCESS_START = time.time()  # the set-up stage counts from here (imports included)
 EXTRA_SHAPES_FILE = "extra_shapes.json"
 HELDOUT_SHAPES_FILE = "heldout_shapes.json"
 SUMMARY_FILE = "summary.json"
@@ -81,8 +82,15 @@ def add_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="model name for --agent llm")
     p.add_argument("--evaluator", choices=("gpu", "standin"), help="standin: CPU test double, never for reported numbers")
     p.add_argument("--seed", type=int)
-    p.add_argument("--compile-ahead", action="store_true", default=None,
-                   help="compile the end-of-run loops' torch.compile programs ahead of them, in parallel")
+    p.add_argument("--compile-ahead", action=argparse.BooleanOptionalAction, default=None,
+                   help="compile the end-of-run loops' torch.compile programs ahead of them, in parallel "
+                        "(default on)")
+    p.add_argument("--fresh-peers", action="store_true", default=None,
+                   help="time every production peer afresh instead of reusing its cached figures")
+    p.add_argument("--peer-cache", metavar="DIR", dest="peer_cache_dir", help="folder of the peer-timing cache "
+                                                       "(default ~/.cache/kernel-search/peer-times)")
+    p.add_argument("--no-peer-cache", action="store_false", dest="use_peer_cache", default=None,
+                   help="neither read nor write the peer-timing cache")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,7 +120,14 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
         "search.population": args.population, "search.rounds": args.rounds, "search.variants": args.variants,
         "search.trials": args.trials, "search.dispatch": args.dispatch, "agent.kind": args.agent, "agent.model": args.model,
         "evaluator.kind": args.evaluator, "evaluator.gpus": args.gpus, "evaluator.compile_ahead": args.compile_ahead,
+        **peer_overrides(args),
     })
+
+
+def peer_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The peer-cache options of :func:`add_search_options` as config overrides."""
+    return {"evaluator.fresh_peers": args.fresh_peers, "evaluator.peer_cache_dir": args.peer_cache_dir,
+            "evaluator.peer_cache": args.use_peer_cache}
 
 
 def resolve_kernels(config: RunConfig) -> list[tuple[KernelSpec, KernelRef]]:
@@ -268,9 +283,10 @@ def start_ray(config: RunConfig, kernels: Sequence[KernelRef] = ()) -> Staged | 
     return staged
 
 
-def start_peer_warmup(config: RunConfig, prep: Prepared) -> Any:
+def start_peer_warmup(config: RunConfig, prep: Prepared, skip: Sequence[str] = ()) -> Any:
     """Starts compiling the peers (torch.compile, FlashInfer JIT) in the background, so the
-    end-of-run peer timing finds them in the on-disk caches instead of idling the GPU.
+    end-of-run peer timing finds them in the on-disk caches instead of idling the GPU; not for
+    the kernels named in ``skip`` (their peers' figures are all in the peer cache).
 
     Only for GPU runs on a local Ray cluster: on a cluster the final evaluator may land on a
     node whose caches these processes never touch.
@@ -279,8 +295,12 @@ def start_peer_warmup(config: RunConfig, prep: Prepared) -> Any:
         return None
     from evaluators.peer_warmup import PeerWarmup
 
+    kernels = [ref for _, ref in prep.kernels if ref.name not in skip]
+    if not kernels:
+        print("peers: every loop's peer figures are in the peer cache; nothing to compile ahead", flush=True)
+        return None
     processes = max(1, min(4, (os.cpu_count() or 2) // 4))
-    return PeerWarmup([ref for _, ref in prep.kernels], config.dtype, prep.run_dir, processes)
+    return PeerWarmup(kernels, config.dtype, prep.run_dir, processes)
 
 
 def evaluator_count(config: RunConfig) -> int:
@@ -458,15 +478,17 @@ def _search(prep: Prepared, command: str, progress_cls: Any) -> dict[str, Any]:
     import ray
 
     from search.controller import Controller
-    from search.finalize import finalize
+    from search.finalize import all_cached, finalize, open_peer_cache
     from search.pool import AgentActor, EvalPool
     from search.progress import Progress, busy_fraction
     from search.records import AttemptClock, load_history
     from search.report import build_summary, write_tables
+    from search.stages import StageClock
     from search.state import KernelState
     from search.tuning import JOURNAL, TuningStore
 
     cfg = prep.config
+    stages = StageClock(PROCESS_START)
     check_recorded_kernels(prep.run_dir, prep.kernels)
     clock = AttemptClock(prep.run_dir)
     dump_config(cfg, prep.run_dir / "config.yaml")
@@ -481,7 +503,6 @@ def _search(prep: Prepared, command: str, progress_cls: Any) -> dict[str, Any]:
     except BaseException:
         records.close()
         raise
-    warmup = start_peer_warmup(cfg, prep)
     states = [KernelState(spec, ref, cfg.dtype, cfg.search.population, cfg.search.top_k, cfg.search.migrate_every,
                           tuple(extra.get(ref.name, ())), tuple(heldout.get(ref.name, ())))
               for spec, ref in prep.kernels]
@@ -491,6 +512,10 @@ def _search(prep: Prepared, command: str, progress_cls: Any) -> dict[str, Any]:
     agents: list[Any] = [actor_cls.remote(cfg.agent.kind, cfg.agent, cfg.seed * 1000 + i)
                          for i in range(cfg.search.population)]
     pool = EvalPool(cfg.evaluator.kind, n_gpus, cfg.evaluator.retries, cfg.evaluator.standin_latency_s)
+    # Peers whose figures are all kept from earlier runs need no compiling during this one.
+    peer_cache = open_peer_cache(cfg.evaluator, pool)
+    warmup = start_peer_warmup(cfg, prep, [st.name for st in states if all_cached(peer_cache, cfg.evaluator, st)])
+    stages.add("set-up", time.time() - stages.started)
     progress = (progress_cls or Progress)(n_gpus=n_gpus, evaluator_kind=cfg.evaluator.kind)
     ctl = Controller(cfg, states, records, pool, agents, TuningStore(cfg.seed, prep.run_dir / JOURNAL), progress, history,
                      on_tick=lambda: clock.tick(pool.busy_s))
@@ -498,11 +523,12 @@ def _search(prep: Prepared, command: str, progress_cls: Any) -> dict[str, Any]:
     where = None if staged is None else [[a.whereabouts.remote(staged.kernels) for a in actors]
                                          for actors in (pool.actors, agents)]
     try:
-        ctl.run()
+        with stages.stage("search"):
+            ctl.run()
         if staged is not None and where is not None:
             write_placement(prep.run_dir, staged, where)
         progress.finish()
-        results, device = finalize(ctl, warmup)
+        results, device = finalize(ctl, warmup, peer_cache, stages)
     finally:
         clock.stop(pool.busy_s)
         if warmup is not None:
@@ -515,8 +541,13 @@ def _search(prep: Prepared, command: str, progress_cls: Any) -> dict[str, Any]:
             "n_gpus": n_gpus, "wall_s": wall, "gpu_busy_fraction": busy_fraction(clock.total_busy_s(), wall, n_gpus),
             "evaluator_actors_replaced": pool.replaced, "resumed": prep.resume, "attempts": len(clock.earlier) + 1,
             "extra_shapes": {st.name: list(st.extra_shapes) for st in states},
-            "heldout_drawn_shapes": {st.name: list(st.heldout_extra) for st in states}}
-    write_tables(prep.run_dir)
+            "heldout_drawn_shapes": {st.name: list(st.heldout_extra) for st in states},
+            "peer_cache": ({"folder": str(peer_cache.folder), "environment": peer_cache.environment}
+                           if peer_cache is not None else None)}
+    with stages.stage("report"):
+        write_tables(prep.run_dir)
+    # this attempt's stages (a resumed run's earlier attempts are not in them)
+    meta.update(stage_s=dict(stages.seconds), end_calls_s=dict(stages.calls))
     return build_summary(prep.run_dir, results, meta)  # summary.json last: the run is finished
 
 

@@ -46,6 +46,7 @@ from search.run import (
     UsageError,
     add_search_options,
     checked_kernels,
+    peer_overrides,
 )
 
 SWEEP_FILE = "sweep.json"
@@ -123,6 +124,7 @@ def _new_sweep(args: argparse.Namespace) -> tuple[RunConfig, Path, dict[str, Any
         "search.rounds": args.budget_rounds, "search.population": args.population, "search.variants": args.variants,
         "search.trials": args.trials, "agent.kind": args.agent, "agent.model": args.model,
         "evaluator.kind": args.evaluator, "evaluator.gpus": args.gpus, "evaluator.compile_ahead": args.compile_ahead,
+        **peer_overrides(args),
     })
     config.kernel_dir = None
     sweep_id = "sweep-" + time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)

@@ -111,9 +111,10 @@ def test_a_resumed_run_replays_the_answers_of_its_end(local_ray, tmp_path):
     run_search(prep, "test")
     path = prep.run_dir / "answers.jsonl"
     answers = list(read_jsonl(path))
-    # The sanitizer's (a stand-in says SKIPPED) and each of the peers' loops (none timed here).
+    # The sanitizer's (a stand-in says SKIPPED) and each of the peers' loops (none timed here), on
+    # the search shapes and on the spec's held-out shapes.
     assert sorted({a["method"] for a in answers}) == ["sanitize", "time_peers"]
-    assert sum(a["method"] == "time_peers" for a in answers) == prep.config.evaluator.peer_runs
+    assert sum(a["method"] == "time_peers" for a in answers) == 2 * prep.config.evaluator.peer_runs
     # As a kill in the end of the run leaves it; the answer on record is marked to be recognised.
     for name in ("summary.json", "evaluations.parquet", "best.parquet"):
         (prep.run_dir / name).unlink()
@@ -139,7 +140,7 @@ def test_compile_ahead_asks_one_compilation_per_loop_before_the_loops_and_again_
     path = prep.run_dir / "answers.jsonl"
     answers = list(read_jsonl(path))
     loops = prep.config.evaluator.peer_runs
-    assert [a["method"] for a in answers if a["method"] != "sanitize"] == ["time_peers"] * loops
+    assert [a["method"] for a in answers if a["method"] != "sanitize"] == ["time_peers"] * 2 * loops
     err = capsys.readouterr().err
     assert f"compiled ahead for 0 of {loops} loops (loop 1: stand-in evaluator: no peers to compile" in err
     # Cut after the first loop: the resumed run compiles ahead for the two loops left only.
@@ -152,7 +153,7 @@ def test_compile_ahead_asks_one_compilation_per_loop_before_the_loops_and_again_
     err = capsys.readouterr().err
     assert ("loop 1: loop done before; loop 2: stand-in evaluator: no peers to compile; "
             "loop 3: stand-in evaluator: no peers to compile") in err
-    assert [a["method"] for a in read_jsonl(path) if a["method"] != "sanitize"] == ["time_peers"] * loops
+    assert [a["method"] for a in read_jsonl(path) if a["method"] != "sanitize"] == ["time_peers"] * 2 * loops
 
 
 def _journal_trials(run_dir: Path) -> dict[str, list[tuple[int, str, dict[str, Any], float | None]]]:

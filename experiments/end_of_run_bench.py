@@ -1,0 +1,190 @@
+"""Wall time of the default search command with a cold and a warm peer cache (GPU machine).
+
+Each run is the README's command, ``python -m search.run --population 8 --rounds 5``, in a
+process of its own, timed from its start to its exit. ``cold``: the peer cache is emptied
+first, so every production peer is compiled and timed in the end-of-run loops (as every run
+did before the cache); ``warm``: the cache holds the figures the runs before it measured, so
+the loops time our kernels and the baseline alone. Every run's summary gives the seconds per
+stage and the ratios, so the warm runs' ratios can be set beside the cold runs' (which
+measured every peer afresh).
+
+    python -m experiments.end_of_run_bench --runs cold,warm --json OUT/part1.json
+    python -m experiments.end_of_run_bench --report OUT/part*.json --md experiments/results/end-of-run-h200.md
+
+Other compilers' caches (Triton's binaries, FlashInfer's JIT folder) are not emptied between
+runs: "cold" is about the peer cache alone, and the first run on a fresh machine is the only
+one that also builds FlashInfer's ops and Triton's binaries from nothing (it is marked so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from search.spread import from_dict
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMAND = ["--population", "8", "--rounds", "5"]
+RATIOS = ("baseline", "torch_compile", "flashinfer", "flashinfer_in_place", "liger", "torch_eager")
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def one_run(mode: str, cache: Path, out: Path, extra: Sequence[str], first: bool) -> dict[str, Any]:
+    """Runs the command once; returns what its summary says and the wall time around it."""
+    if mode == "cold":
+        shutil.rmtree(cache, ignore_errors=True)
+    before = set(out.glob("*")) if out.is_dir() else set()
+    cmd = [sys.executable, "-m", "search.run", *COMMAND, "--out", str(out), "--peer-cache", str(cache), *extra]
+    start = time.time()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    wall = time.time() - start
+    made = sorted(set(out.glob("*")) - before)
+    record: dict[str, Any] = {"mode": mode, "first_on_machine": first, "command": "python -m search.run "
+                              + " ".join(cmd[3:]), "wall_s": wall, "exit_code": proc.returncode,
+                              "stderr_tail": proc.stderr[-3000:]}
+    summary_path = made[-1] / "summary.json" if made else None
+    if summary_path is None or not summary_path.is_file():
+        return record
+    summary = json.loads(summary_path.read_text())
+    record.update(run_id=summary.get("run_id"), gpu=summary.get("gpu"), summary_wall_s=summary.get("wall_s"),
+                  stage_s=summary.get("stage_s"), end_calls_s=summary.get("end_calls_s"),
+                  kernels={k["kernel"]: kernel_figures(k) for k in summary["kernels"]})
+    return record
+
+
+def kernel_figures(k: dict[str, Any]) -> dict[str, Any]:
+    held = k.get("heldout_loops") or {}
+    return {"winner": k["winner"], "search": {p: v for p, v in k.get("spreads", {}).items() if p in RATIOS},
+            "heldout": {p: v for p, v in held.get("spreads", {}).items() if p in RATIOS},
+            "cached_loops": sum(1 for c in k.get("peer_cache", []) + held.get("peer_cache", []) if c),
+            "loops": len(k.get("peer_cache", [])) + len(held.get("peer_cache", []))}
+
+
+def _text(d: dict[str, Any] | None) -> str:
+    s = from_dict(d)
+    return "-" if s is None else s.text()
+
+
+def _spread(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.0f} s [{min(values):.0f}-{max(values):.0f}] ({len(values)} runs)"
+
+
+def report(runs: list[dict[str, Any]]) -> str:
+    """The markdown: every run's wall and stages, the wall per mode, and each kernel's ratios in
+    the warm runs beside those of the cold ones."""
+    meta = runs[0].get("meta", {})
+    lines = ["# End of run: wall time of the default command, cold and warm peer cache", "",
+             f"- command: `python -m experiments.end_of_run_bench` (each run: `{runs[0]['command']}`)",
+             f"- git commit: {meta.get('commit')}; GPU: {runs[0].get('gpu')}; date: {meta.get('date')}",
+             "- wall: seconds from the command's start to its exit (Ray start-up and imports included); "
+             "stages and calls from its summary.json (`stage_s`, `end_calls_s`: seconds during which at least "
+             "one call of that kind ran)",
+             "- cold: the peer cache emptied before the run (every peer compiled and timed in the end-of-run "
+             "loops); warm: the cache as the runs before left it (peers' figures reused, our kernels and the "
+             "baseline timed afresh in three fresh-process loops). Triton's and FlashInfer's own on-disk caches "
+             "are not emptied; a run marked 'first' was the first on a fresh machine.",
+             "- ratios: other implementation's time / our winner's, geometric mean over the shapes per loop, "
+             "median over the 3 loops [min-max]; kernel times (CUDA events around our launches, CUDA-graph "
+             "replays for the peers, L2 flushed before every repetition)", "",
+             "| run | mode | exit | wall | stages | end-of-run calls |", "|---|---|---|---|---|---|"]
+    for i, r in enumerate(runs, 1):
+        stages = ", ".join(f"{k} {v:.0f}" for k, v in (r.get("stage_s") or {}).items())
+        calls = ", ".join(f"{k} {v:.0f}" for k, v in (r.get("end_calls_s") or {}).items())
+        lines.append(f"| {i} | {r['mode']}{' (first)' if r.get('first_on_machine') else ''} | {r['exit_code']} | "
+                     f"{r['wall_s']:.0f} s | {stages} | {calls} |")
+    lines += ["", "| mode | wall, median [min-max] |", "|---|---|"]
+    for mode in ("cold", "warm"):
+        lines.append(f"| {mode} | {_spread([r['wall_s'] for r in runs if r['mode'] == mode and r['exit_code'] == 0])} |")
+    lines += ["", "## Ratios per run (search shapes; held-out: the spec's fixed held-out shapes)", "",
+              "| run | mode | kernel | loops with cached peers | search: vs " + ", ".join(RATIOS[:3])
+              + " | held-out: vs " + ", ".join(RATIOS[:3]) + " |", "|---|---|---|---|---|---|"]
+    for i, r in enumerate(runs, 1):
+        for name, k in (r.get("kernels") or {}).items():
+            def cells(part: dict[str, Any]) -> str:
+                return "; ".join(f"{p} {_text(part.get(p))}" for p in sorted(part))
+            lines.append(f"| {i} | {r['mode']} | {name} | {k['cached_loops']} of {k['loops']} | "
+                         f"{cells(k['search'])} | {cells(k['heldout'])} |")
+    lines += ["", agreement(runs)]
+    return "\n".join(lines) + "\n"
+
+
+def agreement(runs: list[dict[str, Any]]) -> str:
+    """Whether each warm run's ratio ranges overlap the cold runs' (which measured the peers)."""
+    out = ["## Warm ratios against cold ones", "",
+           "Per kernel and peer: the cold runs' medians (each run's median over its loops), and whether each "
+           "warm run's median lies within the cold runs' overall range [lowest min - highest max].", "",
+           "| kernel | ratio | cold medians | cold range | warm medians | warm within cold range |", "|---|---|---|---|---|---|"]
+    names = sorted({n for r in runs for n in (r.get("kernels") or {})})
+    for name in names:
+        for part in ("search", "heldout"):
+            peers = sorted({p for r in runs for p in ((r.get("kernels") or {}).get(name, {}).get(part) or {})})
+            for p in peers:
+                cold = [from_dict(r["kernels"][name][part].get(p)) for r in runs
+                        if r["mode"] == "cold" and name in (r.get("kernels") or {})]
+                warm = [from_dict(r["kernels"][name][part].get(p)) for r in runs
+                        if r["mode"] == "warm" and name in (r.get("kernels") or {})]
+                cold_s = [c for c in cold if c is not None]
+                warm_s = [w for w in warm if w is not None]
+                if not cold_s or not warm_s:
+                    continue
+                low, high = min(c.low for c in cold_s), max(c.high for c in cold_s)
+                inside = sum(1 for w in warm_s if low <= w.median <= high)
+                out.append(f"| {name} | {part}: vs {p} | {', '.join(f'{c.median:.3f}' for c in cold_s)} | "
+                           f"[{low:.3f}-{high:.3f}] | {', '.join(f'{w.median:.3f}' for w in warm_s)} | "
+                           f"{inside} of {len(warm_s)} |")
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", default="cold,warm", help="comma-separated modes in order: cold, warm")
+    p.add_argument("--json", type=Path, help="where this call's runs are written (JSON), after every run")
+    p.add_argument("--cache", type=Path, default=ROOT / "runs" / "bench-peer-cache")
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-end-of-run", help="parent of the run folders")
+    p.add_argument("--first", action="store_true", help="the first run is the first on this machine")
+    p.add_argument("--report", nargs="*", type=Path, help="JSON files of earlier calls: write the markdown only")
+    p.add_argument("--md", type=Path, help="markdown report (with --report)")
+    args, extra = p.parse_known_args(argv)
+    if args.report:
+        runs = [r for path in args.report for r in json.loads(path.read_text())["runs"]]
+        text = report(runs)
+        if args.md:
+            args.md.write_text(text)
+        print(text)
+        return 0
+    if args.json is None:
+        p.error("--json is required unless --report")
+    meta = {"commit": _git_commit(), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+    done: list[dict[str, Any]] = []
+    for i, mode in enumerate(args.runs.split(",")):
+        if mode not in ("cold", "warm"):
+            p.error(f"--runs: unknown mode {mode!r}")
+        record = one_run(mode, args.cache, args.out, extra, first=args.first and i == 0)
+        record["meta"] = meta
+        done.append(record)
+        args.json.write_text(json.dumps({"runs": done}, indent=1, default=str))
+        print(f"{mode}: exit {record['exit_code']}, wall {record['wall_s']:.0f} s, stages {record.get('stage_s')}",
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
