@@ -191,6 +191,27 @@ class _Progress:
     choice_ms: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
+@dataclass
+class _LoopPlan:
+    """The end-of-run loops of one kernel on one shape set.
+
+    Attributes:
+        shape_set: the shapes they time.
+        ours: our kernels in them, ``{name: (source, params)}``.
+        keys: per loop, its peer-cache key ("" without a cache).
+        hits: per loop, the cached entry whose peer figures it takes (None: it times the peers).
+        record_keys: per loop, the key its answer is recorded under (for resume).
+        folders: per loop, the folder its torch.compile programs were compiled into ahead of it.
+    """
+
+    shape_set: ShapeSet
+    ours: dict[str, tuple[str, dict[str, int]]]
+    keys: list[str]
+    hits: list[dict[str, Any] | None]
+    record_keys: list[str]
+    folders: list[str | None]
+
+
 def member_name(item: Scored) -> str:
     """A dispatch member's name in the peers' loop (the primary is ``best``)."""
     return f"{MEMBER_PREFIX}{item.variant.id}"
@@ -438,7 +459,8 @@ class EndOfRun:
         """The end-of-run loops (winner, dispatch members, baseline and peers interleaved),
         repeated in ``peer_runs`` fresh sandbox processes one after the other, on the search
         shapes and then on the spec's fixed held-out shapes; every ratio reported comes from
-        these loops (:mod:`search.spread`)."""
+        these loops (:mod:`search.spread`). With compile_ahead, the torch.compile programs of
+        every loop that the peer cache lacks, on both shape sets, are compiled first, all at once."""
         assert k.winner is not None and k.heldout is not None and k.dispatch is not None
         heldout = compose_evaluation(k.dispatch, k.member_heldout, k.st.heldout_shapes())
         result = KernelResult(k.st, k.winner, heldout, final, rejected=k.rejected, sanitizer=k.sanitizer,
@@ -453,15 +475,18 @@ class EndOfRun:
         # one loop's times; which member runs on which shape was fixed before (no member is
         # chosen on the times it is reported with).
         ours = {**_ours(k), "baseline": (k.st.baseline.source, {})}
+        plans = [self._plan(k, ShapeSet.SEARCH, ours)]
+        if k.st.spec.heldout_shapes:
+            plans.append(self._plan(k, ShapeSet.HELDOUT, ours))
 
         def searched(runs: list[dict[str, Any]]) -> None:
             assert result.dispatch is not None
             combine_runs(result, [r if "loop_error" in r else compose_reply(r, result.dispatch) for r in runs])
             result.rejected_why = dict(k.rejected_why)
-            if not k.st.spec.heldout_shapes:
-                self._done(k, result)
+            if len(plans) == 1:
+                self._finish_loops(k, plans, result)
                 return
-            self._loops(k, ShapeSet.HELDOUT, ours, partial(held_out, result))
+            self._loops(k, plans[1], partial(held_out, result))
 
         def held_out(result: KernelResult, runs: list[dict[str, Any]]) -> None:
             assert result.dispatch is not None
@@ -469,54 +494,61 @@ class EndOfRun:
             combine_heldout(result, [r if "loop_error" in r else compose_reply(r, result.dispatch, shapes)
                                      for r in runs])
             result.rejected_why = dict(k.rejected_why)
-            self._done(k, result)
+            self._finish_loops(k, plans, result)
 
-        self._loops(k, ShapeSet.SEARCH, ours, searched)
+        self._compile_ahead(k, plans, lambda: self._loops(k, plans[0], searched))
 
-    def _loops(self, k: _Progress, shape_set: ShapeSet, ours: dict[str, tuple[str, dict[str, int]]],
-               then: Callable[[list[dict[str, Any]]], None]) -> None:
-        """``peer_runs`` loops of our kernels ``ours`` and the peers on one shape set, one after
-        the other, each in a fresh sandbox process; ``then`` gets their replies. A loop whose
-        peers' figures are in the peer cache (:mod:`search.peer_cache`) times our kernels alone
-        and takes the peers' from there; one that times the peers stores them. A winner that
-        fails verification in a loop is replaced by the baseline, whose loops start anew."""
-        cfg = self.ctl.config.evaluator
+    def _finish_loops(self, k: _Progress, plans: list[_LoopPlan], result: KernelResult) -> None:
+        for plan in plans:
+            for folder in plan.folders:
+                if folder:
+                    shutil.rmtree(folder, ignore_errors=True)  # where this machine holds it
+        self._done(k, result)
+
+    def _plan(self, k: _Progress, shape_set: ShapeSet, ours: dict[str, tuple[str, dict[str, int]]]) -> _LoopPlan:
+        """The loops of one shape set: each one's cache key, cached entry (if any) and record key."""
+        cfg, cache = self.ctl.config.evaluator, self.cache
         n, names = cfg.peer_runs, sorted(ours)
         shapes = [dict(s) for s in k.st.spec.shapes(shape_set.value)]
-        cache = self.cache
         keys = [cache.key(k.st.ref.digest, k.st.dtype, shape_set.value, shapes, i, cfg.compile_trials)
                 if cache is not None else "" for i in range(n)]
         hits = [cache.get(key) if cache is not None and not cfg.fresh_peers else None for key in keys]
-        runs: list[dict[str, Any]] = []
-        # With compile_ahead, loop i loads its torch.compile programs from folders[i] (None: it
-        # compiles them itself, as every loop does without).
-        folders: list[str | None] = []
-        label = "" if shape_set is ShapeSet.SEARCH else " (held-out shapes)"
-
-        def loop_key(i: int) -> str:
+        record_keys = []
+        for i in range(n):
             more: list[Any] = [names] if len(names) > 2 else []
             if shape_set is not ShapeSet.SEARCH:
                 more.append(shape_set.value)
             if hits[i] is not None:
                 more.append("cached peers")
-            return _call_key("peers", k, i, *more)
+            record_keys.append(_call_key("peers", k, i, *more))
+        return _LoopPlan(shape_set, ours, keys, hits, record_keys, [None] * n)
+
+    def _loops(self, k: _Progress, plan: _LoopPlan, then: Callable[[list[dict[str, Any]]], None]) -> None:
+        """``peer_runs`` loops of our kernels and the peers on one shape set, one after the other,
+        each in a fresh sandbox process; ``then`` gets their replies. A loop whose peers' figures
+        are in the peer cache (:mod:`search.peer_cache`) times our kernels alone and takes the
+        peers' from there; one that times the peers stores them. A winner that fails verification
+        in a loop is replaced by the baseline, whose loops start anew."""
+        cfg, cache = self.ctl.config.evaluator, self.cache
+        n, names = cfg.peer_runs, sorted(plan.ours)
+        runs: list[dict[str, Any]] = []
+        label = "" if plan.shape_set is ShapeSet.SEARCH else " (held-out shapes)"
 
         def submit() -> None:
             i = len(runs)
-            folder = folders[i] if i < len(folders) else None
-            self.ctl.recorded_call(loop_key(i), done, "time_peers", k.st.ref, k.st.dtype, shape_set.value, ours, True,
-                                   cfg.compile_trials, hits[i] is None, folder,
+            self.ctl.recorded_call(plan.record_keys[i], done, "time_peers", k.st.ref, k.st.dtype, plan.shape_set.value,
+                                   plan.ours, True, cfg.compile_trials, plan.hits[i] is None, plan.folders[i],
                                    what=f"{k.st.name} peers{label}, run {i + 1} of {n}"
-                                        + (" (peers from the cache)" if hits[i] is not None else ""))
+                                        + (" (peers from the cache)" if plan.hits[i] is not None else ""))
 
         def done(reply: dict[str, Any] | None, error: str) -> None:
             assert k.winner is not None and k.dispatch is not None
             i = len(runs)
-            hit = hits[i]
+            hit = plan.hits[i]
             if reply is not None and hit is not None:
                 reply = with_cached(reply, hit)
             elif reply is not None and cache is not None:
-                reply["peers_stored"] = cache.put(keys[i], reply, names, self.ctl.records.run_id)
+                reply["peers_stored"] = cache.put(plan.keys[i], reply, names, self.ctl.records.run_id)
             failed = reply.get("failed", {}) if reply is not None else {}
             if "best" in failed and k.winner.variant.id != k.st.baseline.id:
                 # A winner that misbehaves in the peers' loop is a cheat or a latent bug:
@@ -532,47 +564,47 @@ class EndOfRun:
             if len(runs) < n:
                 submit()
                 return
-            for folder in folders:
-                if folder:
-                    shutil.rmtree(folder, ignore_errors=True)  # where this machine holds it
             then(runs)
 
-        if not cfg.compile_ahead or all(h is not None for h in hits):
-            submit()
+        submit()
+
+    def _compile_ahead(self, k: _Progress, plans: list[_LoopPlan], then: Callable[[], None]) -> None:
+        """With compile_ahead, compiles the torch.compile programs of every loop of ``plans``
+        that the peer cache lacks, each in a process of its own (they overlap each other, never
+        a timed call), filling the plans' ``folders``; a loop on record (a resumed run's, replayed)
+        needs nothing compiled. Then ``then``."""
+        n = self.ctl.config.evaluator.peer_runs
+        todo = [(plan, i) for plan in plans for i in range(n) if plan.hits[i] is None]
+        if not self.ctl.config.evaluator.compile_ahead or not todo:
+            then()
             return
-        self._compile_ahead(k, shape_set, [i for i in range(n) if hits[i] is None],
-                            {i for i in range(n) if loop_key(i) in self.ctl.answers}, n, folders, submit)
+        made: dict[tuple[str, int], dict[str, Any]] = {}
 
-    def _compile_ahead(self, k: _Progress, shape_set: ShapeSet, todo: list[int], done_before: set[int], n: int,
-                       folders: list[str | None], then: Callable[[], None]) -> None:
-        """Compiles the torch.compile programs of loops ``todo`` ahead of them, each in a process
-        of its own (they overlap each other, never a timed call), filling ``folders``; a loop in
-        ``done_before`` (a resumed run's loop on record, replayed) needs nothing compiled."""
-        made: dict[int, dict[str, Any]] = {}
-
-        def compiled(i: int, reply: dict[str, Any] | None, error: str) -> None:
-            made[i] = reply if reply is not None else {"status": "ERROR", "summary": error}
+        def compiled(plan: _LoopPlan, i: int, reply: dict[str, Any] | None, error: str) -> None:
+            made[(plan.shape_set.value, i)] = reply if reply is not None else {"status": "ERROR", "summary": error}
             if len(made) < len(todo):
                 return
-            folders.extend(made[j].get("folder") if made.get(j, {}).get("status") == "OK" else None for j in range(n))
-            why = "; ".join(f"loop {j + 1}: {made[j].get('summary', '')}"[:200] for j in todo
-                            if made[j].get("status") != "OK")
-            print(f"end {k.st.name}: compiled ahead for {sum(1 for f in folders if f)} of {n} loops"
-                  + (f" ({why})" if why else ""), file=sys.stderr, flush=True)
+            for p, j in todo:
+                if made[(p.shape_set.value, j)].get("status") == "OK":
+                    p.folders[j] = made[(p.shape_set.value, j)].get("folder")
+            for p in plans:
+                mine = [j for q, j in todo if q is p]
+                why = "; ".join(f"loop {j + 1}: {made[(p.shape_set.value, j)].get('summary', '')}"[:200] for j in mine
+                                if made[(p.shape_set.value, j)].get("status") != "OK")
+                print(f"end {k.st.name}: compiled ahead for {sum(1 for f in p.folders if f)} of {n} loops"
+                      + ("" if p.shape_set is ShapeSet.SEARCH else " on the held-out shapes")
+                      + (f" ({why})" if why else ""), file=sys.stderr, flush=True)
             then()
 
-        if not todo:
-            then()
-            return
-        for i in todo:
-            if i in done_before:
-                compiled(i, {"status": "SKIPPED", "summary": "loop done before"}, "")
+        for plan, i in todo:
+            if plan.record_keys[i] in self.ctl.answers:
+                compiled(plan, i, {"status": "SKIPPED", "summary": "loop done before"}, "")
                 continue
             # Not recorded: what they make lies on this machine only, and a run resumed on another
             # (or after this one's temporary files went) must make it again.
-            self.ctl.pool.call(partial(compiled, i), "precompile", k.st.ref, k.st.dtype, shape_set.value,
-                               f"{self.ctl.records.run_id}/{k.st.name}-{k.st.ref.digest[:8]}/{shape_set.value}-{i + 1}",
-                               exclusive=False, what=f"{k.st.name} compile ahead, loop {i + 1}")
+            where = f"{self.ctl.records.run_id}/{k.st.name}-{k.st.ref.digest[:8]}/{plan.shape_set.value}-{i + 1}"
+            self.ctl.pool.call(partial(compiled, plan, i), "precompile", k.st.ref, k.st.dtype, plan.shape_set.value,
+                               where, exclusive=False, what=f"{k.st.name} compile ahead, loop {i + 1}")
 
     def _loop_done(self, k: _Progress, what: str, reply: dict[str, Any] | None, error: str) -> None:
         """One line per finished loop, with how many loops are left in the run and, at the pace

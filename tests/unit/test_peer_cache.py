@@ -160,7 +160,8 @@ def _loops(tmp_path: Path, fresh: bool = False, cache: PeerCache | None = None) 
     got: list[Any] = []
     from kernels.records import ShapeSet
 
-    end._loops(k, ShapeSet.SEARCH, {"best": ("// b\n", {}), "baseline": ("// baseline\n", {})}, got.extend)
+    ours = {"best": ("// b\n", {}), "baseline": ("// baseline\n", {})}
+    end._loops(k, end._plan(k, ShapeSet.SEARCH, ours), got.extend)
     return calls, got
 
 
