@@ -146,6 +146,43 @@ def _fastest_flashinfer(k: dict[str, Any]) -> str:
     return _ratio(k, api, k["speedup_over_peers"].get(api)) + (f" ({api})" if several else "")
 
 
+def _stages(summary: dict[str, Any]) -> list[str]:
+    if not summary.get("stage_s"):
+        return []
+    calls = summary.get("end_calls_s") or {}
+    return ["- stages (s): " + ", ".join(f"{n} {v:.0f}" for n, v in summary["stage_s"].items())
+            + ("; after the held-out checks, seconds with at least one call of each kind running: "
+               + ", ".join(f"{n} {v:.0f}" for n, v in calls.items()) if calls else "")]
+
+
+def heldout_table(summary: dict[str, Any]) -> list[str]:
+    """The winners against the baseline and the peers on the search shapes and, beside them, on
+    the spec's fixed held-out shapes (the same loops' protocol), with where the peers' figures
+    came from: a dispatch table or tuning chosen on the search shapes cannot flatter the first
+    without the second showing it."""
+    rows = []
+    for k in summary["kernels"]:
+        held = k.get("heldout_loops") or {}
+        if not held:
+            continue
+        fi, _ = flashinfer_at_best(k)
+        cells = []
+        for part in (k.get("spreads", {}), held.get("spreads", {})):
+            cells += [spread.text(part.get(p)) for p in ("baseline", fi, "torch_compile")]
+        cached = [c for c in k.get("peer_cache", []) + held.get("peer_cache", []) if c]
+        dates = sorted({str(c.get("measured_at")) for c in cached})
+        where = (f"cache, {len(cached)} of {len(k.get('peer_cache', [])) + len(held.get('peer_cache', []))} loops "
+                 f"(measured {', '.join(dates)})" if cached else "timed in this run")
+        rows.append(f"| {k['kernel']} | {' | '.join(cells)} | {len(held.get('shapes', []))} | {where} |")
+    if not rows:
+        return []
+    return ["", "Search shapes against the spec's fixed held-out shapes (loop; ratios as above; FlashInfer: its "
+                "API we lead by least on the search shapes):", "",
+            "| kernel | search: vs baseline | search: vs FlashInfer | search: vs torch.compile | held-out: vs baseline "
+            "| held-out: vs FlashInfer | held-out: vs torch.compile | held-out shapes | peers' figures |",
+            "|---|---|---|---|---|---|---|---|---|", *rows]
+
+
 def to_markdown(summary: dict[str, Any], targets: list[dict[str, Any]]) -> str:
     evaluations = sum(k["evaluations"] for k in summary["kernels"])
     per_min = evaluations / (summary["wall_s"] / 60.0)
@@ -160,6 +197,7 @@ def to_markdown(summary: dict[str, Any], targets: list[dict[str, Any]]) -> str:
                 "figure also counts Ray start-up and the end of the run (held-out checks, sanitizer, fresh "
                 "evaluators, final timing)"]
                if "search_phase_busy_fraction" in summary else []),
+             *_stages(summary),
              "- times: kernel times. Evaluator: CUDA events around one launch of ours, 100 repetitions after 20 "
              "warm-ups in a fresh evaluator, L2 flushed before every repetition (the held-out verdict and the "
              "per-shape 'evaluator' columns). Loop: the end-of-run loop, where our winner and our baseline (CUDA "
@@ -186,6 +224,7 @@ def to_markdown(summary: dict[str, Any], targets: list[dict[str, Any]]) -> str:
                      f"{largest(k)['copy_bw_fraction']:.0%} {largest(k)['label']} | {k['variants_evaluated']} | "
                      f"{k['trials_evaluated']} | "
                      f"{'-' if k['noise_floor'] is None else format(k['noise_floor'], '.3f')} |")
+    lines += heldout_table(summary)
     for k in summary["kernels"]:
         # Two timings side by side, each labelled: the evaluator's (validated, one run) and the
         # end-of-run loops' (every ratio is taken within one loop, then the median over the loops).
