@@ -47,7 +47,6 @@ if TYPE_CHECKING:
     from search.cluster import Staged
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-PROCESS_START = time.time()  # the set-up stage counts from here (imports included)
 EXTRA_SHAPES_FILE = "extra_shapes.json"
 HELDOUT_SHAPES_FILE = "heldout_shapes.json"
 SUMMARY_FILE = "summary.json"
@@ -488,7 +487,7 @@ def _search(prep: Prepared, command: str, progress_cls: Any) -> dict[str, Any]:
     from search.tuning import JOURNAL, TuningStore
 
     cfg = prep.config
-    stages = StageClock(PROCESS_START)
+    stages = StageClock()  # set-up: Ray, the records, the evaluators' start (not the imports before)
     check_recorded_kernels(prep.run_dir, prep.kernels)
     clock = AttemptClock(prep.run_dir)
     dump_config(cfg, prep.run_dir / "config.yaml")

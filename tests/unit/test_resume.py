@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kernels.records import read_jsonl
+from kernels.spec import shape_label
 from search.run import Prepared, build_parser, resolve_config, resolve_kernels, run_search
 
 TOY = "tests.unit.search_toy_agent:ToyAgent"
@@ -187,3 +188,22 @@ def test_the_studies_are_on_disk_and_a_resumed_run_rebuilds_them_as_they_were(lo
     _cut_at(cut, times[len(times) // 2])
     run_search(Prepared(whole.config, whole.kernels, cut, resume=True), "test --resume")
     assert _journal_trials(cut) == studies
+
+
+def test_the_summary_says_where_the_wall_time_went(local_ray, tmp_path, capsys):
+    """Every run's summary has the seconds of each stage, in order, and of each kind of call of
+    the end of the run (counted once where calls overlap); the end prints a line per loop with
+    how many are left."""
+    prep = _prepare(tmp_path / "run")
+    summary = run_search(prep, "test")
+    stages = summary["stage_s"]
+    assert list(stages) == ["set-up", "search", "held-out", "end set-up", "sanitizer, final timing and peers", "report"]
+    assert all(v >= 0 for v in stages.values())
+    assert sum(stages.values()) <= summary["wall_s"] + 1.0
+    assert {"sanitize", "time_peers", "evaluate"} <= set(summary["end_calls_s"])
+    loops = 2 * prep.config.evaluator.peer_runs  # search and held-out shapes
+    err = capsys.readouterr().err
+    assert f"{loops} loops done, 0 to go" in err and f"1 loops done, {loops - 1} to go" in err
+    held = summary["kernels"][0]["heldout_loops"]
+    assert held["loops"] == 0 or held["loops"] == prep.config.evaluator.peer_runs  # the stand-in times nothing
+    assert held["shapes"] == [shape_label(s) for s in prep.kernels[0][0].heldout_shapes]
