@@ -22,6 +22,7 @@ from kernels.records import EvalRecord, Stage, atomic_write, read_evaluations
 from kernels.spec import shape_label
 from kernels.verdict import geomean
 from search import spread
+from search.outcome import outcome_line, proposal_outcome
 from search.progress import busy_label
 
 STANDIN_WARNING = "STAND-IN EVALUATOR: synthetic numbers from a CPU test double, not measurements"
@@ -158,6 +159,8 @@ def build_summary(run_dir: Path, results: Sequence[Any], meta: dict[str, Any]) -
         "git_commit": git_commit(Path(__file__).resolve().parent.parent),
         "kernels": [kernel_summary(r, records) for r in results],
     }
+    for k in summary["kernels"]:
+        k["proposals"] = proposal_outcome(run_dir, k["kernel"], records).to_dict()
     if meta.get("evaluator") == "standin":
         summary["warning"] = STANDIN_WARNING
     atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
@@ -187,6 +190,8 @@ def print_summary(summary: dict[str, Any], out: TextIO | None = None) -> None:
     for k in summary["kernels"]:
         loops = k.get("peer_runs", 0)
         w(f"\n== {k['kernel']} ({k['dtype']}): winner {k['winner']} {k['params'] or ''}\n")
+        if outcome_line(k):
+            w(f"   !! {outcome_line(k)}\n")
         w(f"   evaluator (one run):\n   {'shape':<22}{'baseline ms':>14}{'best ms':>12}{'speedup':>10}{'copy bw':>9}\n")
         for s in k["shapes"]:
             w(f"   {s['label']:<22}{s['baseline_ms']:>14.4f}{s['best_ms']:>12.4f}{_fmt(s['speedup'], '.2f'):>10}"

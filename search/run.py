@@ -41,6 +41,7 @@ from kernels.folders import KernelRef
 from kernels.records import atomic_write, read_jsonl
 from kernels.spec import KernelSpec, KernelSpecError, kernel_ref, list_kernels, load_kernel
 from search.config import ConfigError, RunConfig, dump_config, load_config, override
+from search.outcome import never_admitted
 from search.records import RunRecords
 
 if TYPE_CHECKING:
@@ -529,10 +530,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     command = "python -m search.run " + shlex.join(sys.argv[1:] if argv is None else list(argv))
     try:
-        run_search(prep, command)
+        summary = run_search(prep, command)
     except UsageError as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
+    failed = never_admitted(summary)
+    if failed:
+        print(f"error: no proposal was admitted for {', '.join(failed)}: the agents produced nothing that compiled "
+              f"and ran (see the report above and {prep.run_dir / 'proposals.jsonl'})", file=sys.stderr)
+        return 1
     return 0
 
 
