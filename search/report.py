@@ -24,6 +24,7 @@ from kernels.verdict import geomean
 from search import spread
 from search.outcome import outcome_line, proposal_outcome
 from search.progress import busy_label
+from search.run_report import SPEEDUPS, dispatch_lines, print_synthetic_summary
 
 STANDIN_WARNING = "STAND-IN EVALUATOR: synthetic numbers from a CPU test double, not measurements"
 
@@ -180,6 +181,9 @@ def _vs_baseline(k: dict[str, Any]) -> str:
 
 
 def print_summary(summary: dict[str, Any], out: TextIO | None = None) -> None:
+    if summary.get("evaluator") == "standin":
+        print_synthetic_summary(summary, out or sys.stdout)
+        return
     w = (out or sys.stdout).write
     if summary.get("warning"):
         w(f"!! {summary['warning']}\n")
@@ -187,11 +191,14 @@ def print_summary(summary: dict[str, Any], out: TextIO | None = None) -> None:
       f"wall {summary.get('wall_s', 0):.0f}s, {busy_label(summary.get('evaluator', ''))} "
       f"{summary.get('gpu_busy_fraction', 0):.0%}\n")
     w(f"times: {TIMES}\n")
+    w(f"speedups: {SPEEDUPS}\n")
     for k in summary["kernels"]:
         loops = k.get("peer_runs", 0)
         w(f"\n== {k['kernel']} ({k['dtype']}): winner {k['winner']} {k['params'] or ''}\n")
         if outcome_line(k):
             w(f"   !! {outcome_line(k)}\n")
+        for line in dispatch_lines(k):
+            w(f"   {line}\n")
         w(f"   evaluator (one run):\n   {'shape':<22}{'baseline ms':>14}{'best ms':>12}{'speedup':>10}{'copy bw':>9}\n")
         for s in k["shapes"]:
             w(f"   {s['label']:<22}{s['baseline_ms']:>14.4f}{s['best_ms']:>12.4f}{_fmt(s['speedup'], '.2f'):>10}"

@@ -443,6 +443,7 @@ def run_search(prep: Prepared, command: str, progress_cls: Any = None) -> dict[s
     sweep's per-library progress line. A resumed run that had finished is only reported.
     """
     from search.report import print_summary
+    from search.run_report import write_run_report
 
     done = finished_summary(prep.run_dir) if prep.resume else None
     if done is not None:
@@ -451,7 +452,8 @@ def run_search(prep: Prepared, command: str, progress_cls: Any = None) -> dict[s
         return done
     summary = _search(prep, command, progress_cls)
     print_summary(summary)
-    print(f"\nrun directory: {prep.run_dir}")
+    report = write_run_report(prep.run_dir, summary, print_summary)
+    print(f"\nrun directory: {prep.run_dir} (report: {report.name})")
     return summary
 
 
