@@ -192,3 +192,18 @@ def test_a_run_whose_every_proposal_fails_says_so_and_exits_1(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["kernels"][0]["proposals"] == {"proposals": 1, "failed": 1, "admitted": 0, "correct": 0,
                                                   "reasons": ["1 x planner: the planner's reply held no suggestions"]}
+
+
+def test_the_demo_writes_under_runs_unless_told(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    seen = []
+
+    def fake_run_demo(evaluator, out, timeout_s, command):
+        seen.append(out)
+        return {"checks": {"ran": True}, "ok": True, "returncode": 0}
+
+    monkeypatch.setattr(llm_demo, "run_demo", fake_run_demo)
+    assert llm_demo.main(["--evaluator", "standin"]) == 0
+    (out,) = seen
+    assert out.parent == tmp_path / "runs" and out.name.startswith("llm-demo-")
+    assert (out / "llm-demo.json").is_file() and not (tmp_path / "experiments").exists()
