@@ -45,3 +45,17 @@ def test_the_results_log_moved_beside_the_results():
     assert "experiments/results/README.md" in README and len(README.splitlines()) < 450
     log = (ROOT / "experiments" / "results" / "README.md").read_text()
     assert "unseen-h200.md" in log and "unseen-h200.md" not in README
+
+
+def test_every_module_a_kernels_doc_snippet_calls_is_imported_in_it():
+    """A snippet copied into spec.py must not fail with a NameError on a module it uses."""
+    text = (ROOT / "docs" / "kernels.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert blocks
+    for block in blocks:
+        used = set(re.findall(r"(?<![\w.])([a-z_]+)\.[a-z_]+\(", block))
+        imported = {name.strip() for line in re.findall(r"^\s*(?:from \S+ )?import (.+?)(?:\s+#.*)?$", block, re.M)
+                    for name in line.split(",")}
+        local = set(re.findall(r"^\s*([a-z_]+)\s*=", block, re.M))  # variables, not modules
+        local |= {p.strip().split("=")[0] for params in re.findall(r"def \w+\((.*?)\)", block) for p in params.split(",")}
+        assert used - local <= imported, (used - local - imported, block[:80])
