@@ -109,7 +109,7 @@ class Evaluations:
 
     def await_ref(self, ref: Any, then: Callable[[Any], None], kind: str = "") -> None:
         """Calls ``then(ray.get(ref))`` once ``ref`` is ready; ``kind`` names what the loop
-        waits for while it is not (``proposals``, ``compiles``) on the progress line."""
+        waits for while it is not (``agent answer``, ``compile``) on the progress line."""
         self._tasks[ref] = then
         if kind:
             self._task_kinds[ref] = kind
@@ -120,7 +120,7 @@ class Evaluations:
         for kind in self._task_kinds.values():
             out[kind] = out.get(kind, 0) + 1
         if self.pool.pending():
-            out["evaluator calls"] = self.pool.pending()
+            out["evaluator call"] = self.pool.pending()
         return out
 
     def drain(self, done: Callable[[], bool]) -> None:
@@ -157,7 +157,7 @@ class Evaluations:
         # Two return objects (num_returns=2): Ray's stubs type them as one.
         refs: Any = admission_task.remote(st.ref, variant.source, st.dtype, dict(params), st.all_shapes())
         summary_ref, artifact_ref = refs
-        self.await_ref(summary_ref, lambda summary: then((summary, artifact_ref)), "compiles")
+        self.await_ref(summary_ref, lambda summary: then((summary, artifact_ref)), "compile")
 
     def submit(self, job: Job) -> None:
         """Evaluates a job (admission, then an evaluator), unless a record already has it."""

@@ -27,13 +27,13 @@ def busy_label(evaluator_kind: str) -> str:
 
 
 def waiting_text(controller: Any) -> str:
-    """`` | waiting for 8 agents' proposals, 2 compiles``: what the loop waits on, so a line that
+    """`` | waiting for 8 agent answers, 2 compiles``: what the loop waits on, so a line that
     does not move for a while says why (agents thinking, NVRTC, evaluators starting)."""
     waiting = getattr(controller, "waiting", None)
     counts = waiting() if callable(waiting) else {}
     if not counts:
         return ""
-    return " | waiting for " + ", ".join(f"{n} {kind}" for kind, n in counts.items())
+    return " | waiting for " + ", ".join(f"{n} {kind}{'' if n == 1 else 's'}" for kind, n in counts.items())
 
 
 class Progress:

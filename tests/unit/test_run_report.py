@@ -76,8 +76,8 @@ def test_the_progress_line_says_what_it_waits_for_and_which_speedup_it_shows():
     st = SimpleNamespace(rounds_done=0, baseline_scored=object(), name="k", best=lambda: SimpleNamespace(score=1.25))
     ctl = SimpleNamespace(states=[st], config=SimpleNamespace(search=SimpleNamespace(rounds=2)), cache={"a": 1},
                           start=0.0, pool=SimpleNamespace(busy_s=0.0),
-                          waiting=lambda: {"agents' proposals": 8, "compiles": 2})
+                          waiting=lambda: {"agent answer": 8, "compile": 1})
     line = Progress(stream=io.StringIO(), evaluator_kind="standin").line(ctl)
-    assert "best screened k=1.250x" in line and line.endswith("| waiting for 8 agents' proposals, 2 compiles")
+    assert "best screened k=1.250x" in line and line.endswith("| waiting for 8 agent answers, 1 compile")
     ctl.waiting = dict
     assert "waiting" not in Progress(stream=io.StringIO()).line(ctl)
