@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from evaluators.child_env import compile_environment
 from kernels.nvrtc import compile_program
 
 # Measured: compiling every library baseline and embedded recipe (fp16 and bf16, several
@@ -43,11 +44,8 @@ DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_CUBIN_BYTES = 16 << 20  # the library's cubins are 4-60 KB
 DEFAULT_STACK_BYTES = 64 << 10  # per thread; the library's kernels use 0-1 KB
 _START_TIMEOUT_S = 120.0
-# Variables NVRTC and the child's Python may need; everything else of the parent stays out.
-_ENV_ALLOWED = ("PATH", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "LANG", "LC_ALL")
 _LEN = struct.Struct("<Q")
 _WORKDIR_PREFIX = "nvrtc-sandbox-"  # the child's empty working directory, one per child
-_PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 
 
 @dataclass(frozen=True)
@@ -94,12 +92,10 @@ class SandboxOutcome:
 
 
 def child_environment(workdir: str) -> dict[str, str]:
-    """The child's whole environment: allow-listed variables, the project on PYTHONPATH, and
-    the empty working directory as HOME and TMPDIR."""
-    env = {name: os.environ[name] for name in _ENV_ALLOWED if name in os.environ}
-    env.update(HOME=workdir, TMPDIR=workdir, PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1",
-               PYTHONPATH=os.pathsep.join([_PROJECT_ROOT, *(p for p in sys.path if p and os.path.isdir(p))]))
-    return env
+    """The child's whole environment: the allow-listed variables of
+    :data:`evaluators.child_env.COMPILE_NAMES`, the project on PYTHONPATH, and the empty
+    working directory as HOME and TMPDIR."""
+    return compile_environment(workdir)
 
 
 def _gib(n: int) -> str:

@@ -9,13 +9,17 @@ Either way the next request starts a fresh worker, so one bad kernel costs one v
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import socket
+import subprocess
+import sys
 import time
 from dataclasses import replace
+from multiprocessing.connection import Connection
 from typing import Any
 
 from evaluators.admit import Artifact, Refusal, admit
 from evaluators.api import EvalRequest, Evaluator
+from evaluators.child_env import run_environment
 from kernels.folders import KernelRef
 from kernels.launch import DeviceLimits, LaunchLimitError, LaunchSpecError
 from kernels.spec import KernelSpec, Shape, load_kernel, shape_label
@@ -28,32 +32,49 @@ class EvaluatorError(RuntimeError):
     """A failure of the evaluator itself (a bug or a broken installation), not of a kernel."""
 
 
+WORKER_MODULE = "evaluators.worker"  # run as ``python -m WORKER_MODULE --fd N --device D``
+
+
 class _Worker:
-    """Handle on one sandbox process."""
+    """Handle on one sandbox process.
+
+    The process is started with :func:`evaluators.child_env.run_environment`, not the
+    parent's environment (a Ray actor's holds the LLM endpoint's key), and talks over one end
+    of a socket pair wrapped as a :class:`multiprocessing.connection.Connection`.
+    """
 
     def __init__(self, device: int, start_timeout_s: float) -> None:
-        ctx = mp.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        from evaluators.worker import serve
-
-        self.proc = ctx.Process(target=serve, args=(child, device), name=f"kernel-sandbox-{device}")
-        self.proc.start()
-        child.close()
+        ours, theirs = socket.socketpair()
+        self.conn = Connection(ours.detach())
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", WORKER_MODULE, "--fd", str(theirs.fileno()), "--device", str(device)],
+                env=run_environment(), pass_fds=(theirs.fileno(),), close_fds=True)
+        finally:
+            theirs.close()
         if not self.conn.poll(start_timeout_s):
             self.kill()
             raise EvaluatorError(f"sandbox worker did not start within {start_timeout_s:.0f} s")
-        kind, info = self.conn.recv()
+        try:
+            kind, info = self.conn.recv()
+        except (EOFError, ConnectionError, OSError):
+            self.kill()
+            raise EvaluatorError(f"sandbox worker exited while starting (exit code {self.proc.returncode}); "
+                                 "its error is on stderr above") from None
         if kind != "ready":
             raise EvaluatorError(f"sandbox worker sent {kind!r} instead of ready")
         self.info: dict[str, Any] = info
 
     def alive(self) -> bool:
-        return self.proc.is_alive()
+        return self.proc.poll() is None
 
     def kill(self) -> None:
-        if self.proc.is_alive():
+        if self.proc.poll() is None:
             self.proc.kill()
-        self.proc.join(timeout=10)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
         self.conn.close()
 
     def run(self, job: dict[str, Any], step_timeout_s: float) -> tuple[str, dict[str, Any]]:
@@ -66,8 +87,11 @@ class _Worker:
             try:
                 kind, payload = self.conn.recv()
             except (EOFError, ConnectionError, OSError):
-                self.proc.join(timeout=5)
-                return "died", {"exitcode": self.proc.exitcode, "last_step": last}
+                try:
+                    self.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+                return "died", {"exitcode": self.proc.returncode, "last_step": last}
             if kind == "beat":
                 last = payload
             else:

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from evaluators.child_env import run_environment
 from evaluators.proc_group import run_group
 from evaluators.sanitize_report import (
     LAUNCH_MARK,
@@ -104,8 +105,8 @@ def _command(exe: str, tool: str, entry: str, folder: str, path: Path, dtype: st
 def _run(cmd: list[str], timeout_s: float) -> tuple[int | None, str]:
     """Runs a command in its own process group; returns (exit code or None on timeout, output).
     compute-sanitizer runs the launcher as its child: a timeout ends the whole group."""
-    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1", PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    # The launcher runs the candidate: an allow-listed environment (no secrets), as the worker's.
+    env = run_environment({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "PYTHONUNBUFFERED": "1"})
     rc, out, _ = run_group(cmd, env=env, cwd=ROOT, timeout_s=timeout_s, merge_stderr=True)
     return rc, out
 

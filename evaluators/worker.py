@@ -8,10 +8,12 @@ the parent starts a fresh one.
 
 from __future__ import annotations
 
+import argparse
 import os
 import random
 import traceback
 from collections.abc import Callable, Mapping
+from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
@@ -311,3 +313,17 @@ def release_cached_memory() -> None:
     would then find missing (seen on the H200 as out-of-memory verdicts of honest kernels)."""
     if torch.cuda.memory_reserved() - torch.cuda.memory_allocated() > RELEASE_ABOVE_BYTES:
         torch.cuda.empty_cache()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry of the worker process that :class:`evaluators.gpu.GpuEvaluator` starts: serves
+    jobs over the socket inherited as ``--fd`` on CUDA device ``--device``."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--fd", type=int, required=True, help="the inherited socket's file descriptor")
+    parser.add_argument("--device", type=int, default=0, help="CUDA device index as this process sees it")
+    args = parser.parse_args(argv)
+    serve(Connection(args.fd), args.device)
+
+
+if __name__ == "__main__":
+    main()

@@ -173,6 +173,8 @@ def implementations(results: list[dict[str, Any]]) -> list[str]:
 def shape_table(result: dict[str, Any]) -> list[str]:
     """Markdown lines: one row per shape, microseconds and copy-bandwidth fraction per implementation."""
     impls = implementations([result])
+    if not impls:  # nothing timed (a stand-in run has no loop): a header without columns is no table
+        return ["No per-shape times: no implementation was timed in an end-of-run loop."]
     lines = ["| shape | " + " | ".join(f"{i} us (% copy)" for i in impls) + " |", "|---|" + "---|" * len(impls)]
     for row in result["rows"]:
         cells = [f"{v['median_us']:.2f} ({v['copy_bw_fraction']:.0%})" if (v := row["impl"].get(i)) else "-"

@@ -1,7 +1,7 @@
 """An LLM search run end to end against a scripted OpenAI-compatible server.
 
     python -m experiments.llm_demo --evaluator gpu --out experiments/results/llm-demo-h200
-    python -m experiments.llm_demo --evaluator standin --out /tmp/llm-demo   # the CPU twin
+    python -m experiments.llm_demo --evaluator standin   # the CPU twin, into a new runs/llm-demo-<time>
 
 A local server (``agents/llm/scripted_server.py``) answers each role with a fixed reply: the tester
 proposes one extra search shape for silu_and_mul, the planner suggests 16-byte vector loads
@@ -11,7 +11,8 @@ that the scripted variant travelled tester -> planner -> coder -> evaluator -> s
 the tester's shape is in the winner's search evaluations (and in none on held-out shapes),
 the planner and coder calls in ``llm_calls.jsonl`` point at the winner, the winner is OK in
 ``evaluations.jsonl``, and ``summary.json`` names it the winner. Writes ``OUT/llm-demo.json``
-and ``OUT/llm-demo.md``; exits 1 when a check fails.
+and ``OUT/llm-demo.md`` (OUT: ``--out``, else a new ``runs/llm-demo-<UTC time>``); exits 1
+when a check fails.
 """
 
 from __future__ import annotations
@@ -211,13 +212,22 @@ def run_demo(evaluator: str, out: Path, timeout_s: float, command: str) -> dict[
     return report
 
 
+def default_out(now: dt.datetime | None = None) -> Path:
+    """OUT when none is given: a new ``runs/llm-demo-<UTC time>``, so a demonstration never
+    writes into the kept results."""
+    return Path("runs") / f"llm-demo-{(now or dt.datetime.now(dt.UTC)).strftime('%Y%m%d-%H%M%S')}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.llm_demo", description=__doc__.split("\n")[0])
     p.add_argument("--evaluator", choices=("gpu", "standin"), default="gpu")
-    p.add_argument("--out", type=Path, default=Path("experiments/results/llm-demo"))
+    p.add_argument("--out", type=Path, default=None,
+                   help="folder of the report and the run (default: a new runs/llm-demo-<UTC time>; name "
+                        "experiments/results/... to keep a result)")
     p.add_argument("--timeout-s", type=float, default=1200.0, help="limit of the search run")
     args = p.parse_args(argv)
     command = "python -m experiments.llm_demo " + shlex.join(sys.argv[1:] if argv is None else argv)
+    args.out = args.out or default_out()
     report = run_demo(args.evaluator, args.out.resolve(), args.timeout_s, command)
     atomic_write(args.out / "llm-demo.json", json.dumps(report, indent=2, default=str))
     if "chain" in report:

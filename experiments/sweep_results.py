@@ -403,6 +403,7 @@ def to_markdown(summary: dict[str, Any], meta: dict[str, Any], entries: list[dic
     loops = _loops(entries)
     verdict = spread.verdict_text
     lines = [f"# Library sweep on {summary['gpu']}", "",
+             *([f"**{summary['warning']}**", ""] if summary.get("warning") else []),
              f"- command: {commands}", f"- git commit at the end of the run: {summary.get('git_commit')}", f"- date: {summary.get('date')}",
              *([f"- parts: {len(meta['parts'])} sweeps of "
                 + (f"the same code at commits {', '.join(c[:7] for c in meta['commits'])} (between them git finds "

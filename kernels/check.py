@@ -179,7 +179,19 @@ def static_problems(spec: KernelSpec, sizes: dict[tuple[tuple[str, int], ...], i
         problems.append(messages[0] + more)
     if len(set(spec.edge_cases)) != len(spec.edge_cases) or "random" in spec.edge_cases:
         problems.append(f"edge_cases {list(spec.edge_cases)} must be distinct names other than 'random'")
+    problems += description_problems(spec.description)
     return problems
+
+
+def description_problems(description: str) -> list[str]:
+    """The description is what the agents read about the kernel: it must exist and must not
+    be the ``kernels.new`` template's placeholder."""
+    if not description.strip():
+        return ["description is empty: say what the kernel computes (layout, math, alignment) for the agents"]
+    if "TODO" in description:
+        return [f"description still says TODO ({' '.join(description.split())[:80]!r}): say what the kernel "
+                "computes (layout, math, alignment) for the agents"]
+    return []
 
 
 def _merge_runs(found: dict[str, tuple[list[str], list[str]]]) -> list[str]:

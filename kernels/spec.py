@@ -352,7 +352,14 @@ def _load_module(path: Path, module_name: str) -> Any:
         raise KernelSpecError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except KernelSpecError:
+        sys.modules.pop(module_name, None)
+        raise
+    except Exception as exc:  # the folder's own code failed (syntax, an import, a bad argument): its error
+        sys.modules.pop(module_name, None)
+        raise KernelSpecError(f"{path} cannot be loaded: {type(exc).__name__}: {' '.join(str(exc).split())}"[:400]) from exc
     return module
 
 

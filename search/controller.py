@@ -116,7 +116,7 @@ class Controller(Evaluations):
                 continue
             seed = derive_seed(self.config.seed, st.name, number, i)
             ref = self.agents[i].propose.remote(st.context(i, number, cfg.variants, seed))
-            self.await_ref(ref, partial(self._on_fresh_proposals, st, i))
+            self.await_ref(ref, partial(self._on_fresh_proposals, st, i), "agent answer")
         self._close(st)
 
     def _on_fresh_proposals(self, st: KernelState, agent: int, proposals: list[Proposal]) -> None:

@@ -96,6 +96,7 @@ class Evaluations:
         self.answers: dict[str, Any] = dict(history.answers) if history else {}
         self.on_tick = on_tick
         self._tasks: dict[Any, Callable[[Any], None]] = {}
+        self._task_kinds: dict[Any, str] = {}  # what each task in flight is, for the progress line
         self._ready: deque[Callable[[], None]] = deque()
         self._waiters: dict[tuple[str, str], list[Callable[[Evaluation], None]]] = defaultdict(list)
         self.start = time.time()
@@ -106,9 +107,21 @@ class Evaluations:
         """Runs ``step`` on the loop's next turn (never inside the caller)."""
         self._ready.append(step)
 
-    def await_ref(self, ref: Any, then: Callable[[Any], None]) -> None:
-        """Calls ``then(ray.get(ref))`` once ``ref`` is ready."""
+    def await_ref(self, ref: Any, then: Callable[[Any], None], kind: str = "") -> None:
+        """Calls ``then(ray.get(ref))`` once ``ref`` is ready; ``kind`` names what the loop
+        waits for while it is not (``agent answer``, ``compile``) on the progress line."""
         self._tasks[ref] = then
+        if kind:
+            self._task_kinds[ref] = kind
+
+    def waiting(self) -> dict[str, int]:
+        """What the loop waits for now: tasks in flight by kind, and evaluator calls."""
+        out: dict[str, int] = {}
+        for kind in self._task_kinds.values():
+            out[kind] = out.get(kind, 0) + 1
+        if self.pool.pending():
+            out["evaluator call"] = self.pool.pending()
+        return out
 
     def drain(self, done: Callable[[], bool]) -> None:
         """Runs continuations until ``done()``; waits on Ray for whatever is in flight."""
@@ -123,6 +136,7 @@ class Evaluations:
             ready, _ = ray.wait(refs, num_returns=1, timeout=1.0)
             for ref in ready:
                 if ref in self._tasks:
+                    self._task_kinds.pop(ref, None)
                     self._tasks.pop(ref)(ray.get(ref))
                     continue
                 answer = self.pool.collect(ref)
@@ -143,7 +157,7 @@ class Evaluations:
         # Two return objects (num_returns=2): Ray's stubs type them as one.
         refs: Any = admission_task.remote(st.ref, variant.source, st.dtype, dict(params), st.all_shapes())
         summary_ref, artifact_ref = refs
-        self.await_ref(summary_ref, lambda summary: then((summary, artifact_ref)))
+        self.await_ref(summary_ref, lambda summary: then((summary, artifact_ref)), "compile")
 
     def submit(self, job: Job) -> None:
         """Evaluates a job (admission, then an evaluator), unless a record already has it."""

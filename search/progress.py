@@ -1,4 +1,10 @@
-"""The live progress line: round, evaluations, best speedup per kernel, evaluator busy fraction."""
+"""The live progress line: round, evaluations, best speedup per kernel, evaluator busy fraction,
+and what the search is waiting for.
+
+The best speedup on it is the screening score (the search's own evaluation of each variant, one
+run, on the search shapes); the report's headline comes later, from the final evaluation and
+the end-of-run loops, so the two may differ.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +24,16 @@ def busy_label(evaluator_kind: str) -> str:
     """What the busy fraction measures: the GPUs for the GPU evaluator; for any other (the
     CPU stand-in) only the evaluator actors, and no GPU is involved."""
     return "gpu busy" if evaluator_kind == "gpu" else "evaluator busy"
+
+
+def waiting_text(controller: Any) -> str:
+    """`` | waiting for 8 agent answers, 2 compiles``: what the loop waits on, so a line that
+    does not move for a while says why (agents thinking, NVRTC, evaluators starting)."""
+    waiting = getattr(controller, "waiting", None)
+    counts = waiting() if callable(waiting) else {}
+    if not counts:
+        return ""
+    return " | waiting for " + ", ".join(f"{n} {kind}{'' if n == 1 else 's'}" for kind, n in counts.items())
 
 
 class Progress:
@@ -51,7 +67,7 @@ class Progress:
         busy = busy_fraction(controller.pool.busy_s, wall, self.n_gpus)
         return (
             f"round {min(current + 1, rounds)}/{rounds} | evaluations {len(controller.cache)} | "
-            f"best {best or '-'} | {self.busy_label} {busy:.0%} | {wall:.0f}s"
+            f"best screened {best or '-'} | {self.busy_label} {busy:.0%} | {wall:.0f}s{waiting_text(controller)}"
         )
 
     def update(self, controller: Any, force: bool = False) -> None:

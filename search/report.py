@@ -22,7 +22,9 @@ from kernels.records import EvalRecord, Stage, atomic_write, read_evaluations
 from kernels.spec import shape_label
 from kernels.verdict import geomean
 from search import spread
+from search.outcome import outcome_line, proposal_outcome
 from search.progress import busy_label
+from search.run_report import SPEEDUPS, dispatch_lines, print_synthetic_summary
 
 STANDIN_WARNING = "STAND-IN EVALUATOR: synthetic numbers from a CPU test double, not measurements"
 
@@ -178,6 +180,8 @@ def build_summary(run_dir: Path, results: Sequence[Any], meta: dict[str, Any]) -
         "git_commit": git_commit(Path(__file__).resolve().parent.parent),
         "kernels": [kernel_summary(r, records) for r in results],
     }
+    for k in summary["kernels"]:
+        k["proposals"] = proposal_outcome(run_dir, k["kernel"], records).to_dict()
     if meta.get("evaluator") == "standin":
         summary["warning"] = STANDIN_WARNING
     atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
@@ -197,6 +201,9 @@ def _vs_baseline(k: dict[str, Any]) -> str:
 
 
 def print_summary(summary: dict[str, Any], out: TextIO | None = None) -> None:
+    if summary.get("evaluator") == "standin":
+        print_synthetic_summary(summary, out or sys.stdout)
+        return
     w = (out or sys.stdout).write
     if summary.get("warning"):
         w(f"!! {summary['warning']}\n")
@@ -208,9 +215,14 @@ def print_summary(summary: dict[str, Any], out: TextIO | None = None) -> None:
         w("stages: " + ", ".join(f"{name} {sec:.0f} s" for name, sec in summary["stage_s"].items())
           + ("; end-of-run calls: " + ", ".join(f"{m} {sec:.0f} s" for m, sec in summary["end_calls_s"].items())
              if summary.get("end_calls_s") else "") + "\n")
+    w(f"speedups: {SPEEDUPS}\n")
     for k in summary["kernels"]:
         loops = k.get("peer_runs", 0)
         w(f"\n== {k['kernel']} ({k['dtype']}): winner {k['winner']} {k['params'] or ''}\n")
+        if outcome_line(k):
+            w(f"   !! {outcome_line(k)}\n")
+        for line in dispatch_lines(k):
+            w(f"   {line}\n")
         w(f"   evaluator (one run):\n   {'shape':<22}{'baseline ms':>14}{'best ms':>12}{'speedup':>10}{'copy bw':>9}\n")
         for s in k["shapes"]:
             w(f"   {s['label']:<22}{s['baseline_ms']:>14.4f}{s['best_ms']:>12.4f}{_fmt(s['speedup'], '.2f'):>10}"

@@ -41,6 +41,7 @@ from kernels.folders import KernelRef
 from kernels.records import atomic_write, read_jsonl
 from kernels.spec import KernelSpec, KernelSpecError, kernel_ref, list_kernels, load_kernel
 from search.config import ConfigError, RunConfig, dump_config, load_config, override
+from search.outcome import never_admitted
 from search.records import RunRecords
 
 if TYPE_CHECKING:
@@ -461,6 +462,7 @@ def run_search(prep: Prepared, command: str, progress_cls: Any = None) -> dict[s
     sweep's per-library progress line. A resumed run that had finished is only reported.
     """
     from search.report import print_summary
+    from search.run_report import write_run_report
 
     done = finished_summary(prep.run_dir) if prep.resume else None
     if done is not None:
@@ -469,7 +471,8 @@ def run_search(prep: Prepared, command: str, progress_cls: Any = None) -> dict[s
         return done
     summary = _search(prep, command, progress_cls)
     print_summary(summary)
-    print(f"\nrun directory: {prep.run_dir}")
+    report = write_run_report(prep.run_dir, summary, print_summary)
+    print(f"\nrun directory: {prep.run_dir} (report: {report.name})")
     return summary
 
 
@@ -558,12 +561,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
     command = "python -m search.run " + shlex.join(sys.argv[1:] if argv is None else list(argv))
+    print(f"run directory: {prep.run_dir}", file=sys.stderr, flush=True)
     try:
-        run_search(prep, command)
+        summary = run_search(prep, command)
     except UsageError as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        stop_ray_quietly()
+        print(f"\n{interrupted_line(prep.run_dir)}", file=sys.stderr, flush=True)
+        return 130
+    failed = never_admitted(summary)
+    if failed:
+        print(f"error: no proposal was admitted for {', '.join(failed)}: the agents produced nothing that compiled "
+              f"and ran (see the report above and {prep.run_dir / 'proposals.jsonl'})", file=sys.stderr)
+        return 1
     return 0
+
+
+def stop_ray_quietly() -> None:
+    """Shuts the local Ray down after Ctrl-C, which a terminal sends to Ray's own processes too:
+    left to the exit handlers, their teardown of a half-stopped cluster prints tracebacks."""
+    import ray
+
+    try:
+        if ray.is_initialized():
+            ray.shutdown()
+    except Exception:  # the cluster is going away anyway; the run's records are already closed
+        pass
+
+
+def interrupted_line(run_dir: Path) -> str:
+    """The one line an interrupted run leaves: how to continue it (every finished evaluation
+    is on disk and is not run again), or that nothing had started."""
+    if not (run_dir / "config.yaml").is_file():
+        return f"interrupted before the search started; nothing to resume in {run_dir}"
+    return f"interrupted; continue with: python -m search.run --resume {shlex.quote(str(run_dir))}"
 
 
 def _one_line(exc: BaseException) -> str:

@@ -37,7 +37,7 @@ from kernels.records import EvalRecord, atomic_write, read_evaluations
 from kernels.spec import LIBRARY_DIR, KernelSpecError, list_kernels, load_kernel
 from search import spread
 from search.config import ConfigError, RunConfig, dump_config, load_config, override
-from search.progress import Progress, busy_fraction
+from search.progress import Progress, busy_fraction, waiting_text
 from search.proposal_records import read_calls
 from search.report import STANDIN_WARNING, git_commit
 from search.run import (
@@ -190,7 +190,7 @@ class SweepProgress(Progress):
         busy = busy_fraction(controller.pool.busy_s, wall, self.n_gpus)
         return (f"sweep | kernels done {done}/{len(states)} | rounds done {sum(st.rounds_done for st in states)}/"
                 f"{rounds * len(states)} | evaluations {len(controller.cache)} | mean best {best} | "
-                f"{self.busy_label} {busy:.0%} | {wall:.0f}s")
+                f"{self.busy_label} {busy:.0%} | {wall:.0f}s{waiting_text(controller)}")
 
 
 # -- the table ------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Shared test set-up: the ``gpu`` marker and a private compile cache.
+"""Shared test set-up: the ``gpu`` and ``smoke`` markers and a private compile cache.
 
 Tests marked ``@pytest.mark.gpu`` (and every test under ``tests/gpu/``) need a CUDA GPU; on
 a machine without one they are skipped with a reason, so ``pytest -q`` passes on CPU-only
@@ -14,6 +14,19 @@ from pathlib import Path
 import pytest
 
 GPU_DIR = Path(__file__).resolve().parent / "gpu"
+# ``pytest -q -m smoke``: the quick check a user runs after installing (about 2 minutes on 2
+# cores, measured; the whole suite takes ~40): specs and kernels.check, launch expressions,
+# NVRTC and the admission step, validation and verdicts, the stand-in search end to end with
+# resume, selection, tuning and records, the agents' conformance and the LLM backend against
+# the scripted server, the sandboxes' environments, the layering rules. Tests marked ``slow``
+# in these files stay out.
+SMOKE_FILES = frozenset({
+    "test_spec.py", "test_launch.py", "test_compile.py", "test_admit.py", "test_kernels_check.py",
+    "test_kernels_new.py", "test_verdict.py", "test_validate.py", "test_standin.py", "test_search_selection.py",
+    "test_search_tuning.py", "test_search_records.py", "test_search_loop.py", "test_llm_parse.py",
+    "test_llm_agent.py", "test_conformance.py", "test_layering.py", "test_child_env.py", "test_outcome.py",
+    "test_interrupt.py", "test_report_summary.py", "test_readme.py",
+})
 
 
 @lru_cache(maxsize=1)
@@ -32,6 +45,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if GPU_DIR in item.path.resolve().parents:
             item.add_marker(pytest.mark.gpu)
+        if item.path.name in SMOKE_FILES and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.smoke)
         if item.get_closest_marker("gpu") is not None and not cuda_available():
             item.add_marker(skip_gpu)
 

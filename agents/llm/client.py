@@ -20,7 +20,7 @@ from typing import Any
 
 import openai
 
-from agents.llm.config import LLMConfig, RoleConfig
+from agents.llm.config import DEFAULT_BASE_URL, LLMConfig, RoleConfig
 from agents.llm.cost import PriceTable
 
 _SEMAPHORES: dict[tuple[str, int], threading.BoundedSemaphore] = {}
@@ -192,15 +192,19 @@ def preflight(config: LLMConfig, models: Sequence[str] = ()) -> list[str]:
     """
     wanted = list(models) or sorted({config.role(r).model for r in ("planner", "coder", "tester", "single")})
     url = config.base_url
+    keyless = not config.has_api_key()
+    if keyless and url.rstrip("/") == DEFAULT_BASE_URL:
+        # OpenAI's own endpoint always needs a key: say so before any network error can hide it.
+        raise PreflightError(f"no API key: OPENAI_API_KEY is not set (nor llm.api_key), and {url} needs one; "
+                             "export OPENAI_API_KEY=sk-..., or set OPENAI_BASE_URL to a local server")
     client = openai.OpenAI(
         base_url=url, api_key=config.resolved_api_key(), timeout=config.preflight_timeout_s, max_retries=0
     )
     try:
         listed = [m.id for m in client.models.list()]
     except openai.AuthenticationError as exc:
-        raise PreflightError(
-            f"{url} refused the API key ({exc.status_code}); set OPENAI_API_KEY or llm.api_key"
-        ) from None
+        what = "wants an API key and none is set" if keyless else "refused the API key"
+        raise PreflightError(f"{url} {what} ({exc.status_code}); set OPENAI_API_KEY or llm.api_key") from None
     except openai.APIStatusError as exc:
         raise PreflightError(f"{url}/models answered {exc.status_code}: {exc.message}; is this an "
                              "OpenAI-compatible base URL (usually ending in /v1)?") from None

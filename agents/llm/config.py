@@ -125,6 +125,10 @@ class LLMConfig:
         (local servers such as vLLM, SGLang and Ollama accept any key)."""
         return self.api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
 
+    def has_api_key(self) -> bool:
+        """Whether a key is configured or in ``OPENAI_API_KEY`` (else a placeholder is sent)."""
+        return bool(self.api_key or os.environ.get("OPENAI_API_KEY"))
+
     def to_dict(self) -> dict[str, Any]:
         """The settings as plain data, without the API key (safe to write into a run)."""
         d = dataclasses.asdict(self)

@@ -21,6 +21,7 @@ from typing import Any
 from ._errors import (
     ArchitectureError,
     ArgumentError,
+    DeviceError,
     DtypeError,
     LaunchError,
     LayoutError,
@@ -31,7 +32,7 @@ from ._ops import register_all
 from ._runtime import Runtime
 
 __all__ = [
-    "MANIFEST", "ArchitectureError", "ArgumentError", "DtypeError", "LaunchError", "LayoutError", "ShapeError",
+    "MANIFEST", "ArchitectureError", "ArgumentError", "DeviceError", "DtypeError", "LaunchError", "LayoutError", "ShapeError",
     "ShipError", "evidence", "load", "ops",
 ]
 
@@ -60,6 +61,7 @@ def load(device: Any = None) -> None:
         device: a CUDA device (index, ``"cuda:1"`` or ``torch.device``); default the current one.
 
     Raises:
+        DeviceError: no CUDA device is in reach (torch without CUDA, or no GPU visible).
         ArchitectureError: the GPU is not of the architecture the cubins were built for.
         LaunchError: the driver refused a cubin.
     """
@@ -67,6 +69,11 @@ def load(device: Any = None) -> None:
 
     if _runtime is None:
         raise ShipError("this is the package template: it has no kernels (build a package with the ship step)")
+    if not torch.cuda.is_available():
+        # torch's own answer here would be a bare AssertionError or a driver message
+        built = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "built without CUDA"
+        raise DeviceError(f"no CUDA device: torch {torch.__version__} ({built}) sees no GPU; the kernels of this "
+                          f"package need an NVIDIA GPU of {MANIFEST['arch']}")
     index = torch.device("cuda", device) if isinstance(device, int) else torch.device(device or "cuda")
     _runtime.load(index.index if index.index is not None else torch.cuda.current_device())
 

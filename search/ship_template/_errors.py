@@ -31,6 +31,10 @@ class ShapeError(ArgumentError):
     too large for the kernel's 32-bit size arguments."""
 
 
+class DeviceError(ShipError, RuntimeError):
+    """No CUDA device in reach: torch was built without CUDA, or sees no GPU."""
+
+
 class ArchitectureError(ShipError, RuntimeError):
     """The GPU is of another architecture than the one the cubins were built for."""
 

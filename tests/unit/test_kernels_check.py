@@ -3,6 +3,7 @@ its own one line and exit 1; the search stops on a broken folder with one line b
 
 from __future__ import annotations
 
+import importlib
 import shutil
 from pathlib import Path
 
@@ -101,6 +102,8 @@ BROKEN = [
     ("spec_syntax_error", "spec.py", "def reference(inputs, shape, constants):", "def reference(inputs, shape, constants)",
      "spec.py cannot be loaded: SyntaxError"),
     ("no_baseline", "baseline.cu", None, None, "missing"),
+    ("description_todo", "spec.py", 'description="out[i] = x[i] * y[i] in fp32, rounded once."',
+     'description="TODO: describe the kernel for the agents."', "description still says TODO"),
 ]
 
 
@@ -238,3 +241,18 @@ def test_the_sweep_stops_on_a_broken_folder_with_one_line(tmp_path, compile_cach
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1, err
     assert "mul2: bytes_moved gives 4096 bytes at shape [1024] (float16)" in err
+
+
+@pytest.mark.parametrize("entry", ["search.run", "search.sweep"])
+@pytest.mark.parametrize("case", ["spec_syntax_error", "edge_case_fails"])
+def test_a_broken_spec_stops_a_run_or_sweep_with_one_line(entry, case, tmp_path, capsys):
+    """spec.py's own error (a syntax error, an exception at import) is one line, before Ray."""
+    folder = broken_kernel(tmp_path / "lib", named(case)).parent
+    if case == "edge_case_fails":  # make spec.py itself raise at import, not only make_inputs
+        (folder / "mul2" / "spec.py").write_text("raise ValueError('no zeros yet')\n")
+    run_main = importlib.import_module(entry).main
+    flag = "--kernel-dir" if entry == "search.run" else "--library"
+    assert run_main([flag, str(folder), "--evaluator", "standin", "--out", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {folder / 'mul2' / 'spec.py'} cannot be loaded: "), err
+    assert ("SyntaxError" if case == "spec_syntax_error" else "ValueError: no zeros yet") in err

@@ -26,6 +26,8 @@ FILLS = {
         '    raise NotImplementedError("TODO: flops: operations per launch at this shape")':
             '    return shape["n"]',
         "    edge_cases=(),": '    edge_cases=("zeros",),',
+        '        "TODO: describe the kernel for the agents."':
+            '        "x [n] -> out [n], out = 2 * x, computed in fp32 and rounded once; contiguous."',
     },
     "baseline.cu": {
         '#error "TODO: write the kernel below for the spec\'s arguments, then delete this line"\n': "",
@@ -88,6 +90,7 @@ def test_the_filled_skeleton_passes(tmp_path, compile_cache, capsys):
     ("TODO: reference", "reference fails (case random, zeros, float16, bfloat16, shape [4096]): NotImplementedError: TODO"),
     ("TODO: bytes_moved", "bytes_moved fails at search shape [4096] (float16): NotImplementedError: TODO"),
     ("#error", "baseline does not compile for float16, bfloat16"),
+    ("TODO: describe", "description still says TODO ('TODO: describe the kernel for the agents.')"),
 ])
 def test_each_todo_left_is_named(left, says, tmp_path, compile_cache, capsys):
     folder = new.write_skeleton("scale2", tmp_path)

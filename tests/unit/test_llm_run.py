@@ -141,15 +141,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_llm(base_url: str, key: str, out: Path, model: str = "scripted") -> subprocess.CompletedProcess:
-    env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": key}
+def _run_llm(base_url: str | None, key: str | None, out: Path, model: str = "scripted", more: tuple[str, ...] = (),
+             timeout_s: float = 30) -> subprocess.CompletedProcess:
+    """``search.run`` with the LLM agent; ``None`` leaves OPENAI_BASE_URL / OPENAI_API_KEY unset."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_BASE_URL", "OPENAI_API_KEY")}
+    env.update({k: v for k, v in (("OPENAI_BASE_URL", base_url), ("OPENAI_API_KEY", key)) if v is not None})
     cmd = [sys.executable, "-m", "search.run", "--kernel", "silu_and_mul", "--agent", "llm", "--model", model,
-           "--evaluator", "standin", "--out", str(out)]
+           "--evaluator", "standin", "--out", str(out), *more]
     # 30 s bounds a start-up check; the client's own timeouts and retries would take minutes.
-    return subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=30)
+    return subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
 
 
-@pytest.mark.parametrize("case", ["closed-port", "wrong-key", "unknown-model"])
+@pytest.mark.parametrize("case", ["closed-port", "wrong-key", "unknown-model", "no-key-openai", "no-key-local"])
 def test_preflight_failure_exits_2_with_one_line_before_anything_starts(tmp_path, case):
     out = tmp_path / "runs"
     with ScriptedLLMServer(api_key="right-key", models=["scripted"]) as server:
@@ -157,12 +160,50 @@ def test_preflight_failure_exits_2_with_one_line_before_anything_starts(tmp_path
             proc = _run_llm(f"http://127.0.0.1:{_free_port()}/v1", "right-key", out)
         elif case == "wrong-key":
             proc = _run_llm(server.base_url, "wrong-key", out)
+        elif case == "no-key-openai":  # OpenAI's endpoint: the missing key is named before any network
+            proc = _run_llm(None, None, out)
+        elif case == "no-key-local":
+            proc = _run_llm(server.base_url, None, out)
         else:
             proc = _run_llm(server.base_url, "right-key", out, model="no-such-model")
         assert not server.chat_requests()
-    expected = {"closed-port": "cannot reach", "wrong-key": "refused the API key", "unknown-model": "no-such-model"}
+    expected = {"closed-port": "cannot reach", "wrong-key": "refused the API key", "unknown-model": "no-such-model",
+                "no-key-openai": "no API key: OPENAI_API_KEY is not set",
+                "no-key-local": "wants an API key and none is set"}
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: LLM endpoint check failed"), proc.stderr
     assert expected[case] in lines[0] and "right-key" not in lines[0]
     assert not out.exists() or not any(out.iterdir())  # no run directory, no Ray
+
+
+def test_a_run_whose_every_proposal_fails_says_so_and_exits_1(tmp_path):
+    """An endpoint that answers without code: the baseline is no success to report."""
+    out = tmp_path / "runs"
+    with ScriptedLLMServer(api_key="k", models=["scripted"],
+                           responder=lambda body: {"reply": "I cannot help with that."}) as server:
+        proc = _run_llm(server.base_url, "k", out, more=("--population", "1", "--rounds", "1", "--variants", "1"),
+                        timeout_s=300)
+    assert proc.returncode == 1, proc.stderr
+    assert "NO PROPOSAL ADMITTED: none of 1 proposal(s) compiled and ran" in proc.stdout
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: no proposal was admitted for silu_and_mul"), proc.stderr
+    (run_dir,) = out.iterdir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["kernels"][0]["proposals"] == {"proposals": 1, "failed": 1, "admitted": 0, "correct": 0,
+                                                  "reasons": ["1 x planner: the planner's reply held no suggestions"]}
+
+
+def test_the_demo_writes_under_runs_unless_told(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    seen = []
+
+    def fake_run_demo(evaluator, out, timeout_s, command):
+        seen.append(out)
+        return {"checks": {"ran": True}, "ok": True, "returncode": 0}
+
+    monkeypatch.setattr(llm_demo, "run_demo", fake_run_demo)
+    assert llm_demo.main(["--evaluator", "standin"]) == 0
+    (out,) = seen
+    assert out.parent == tmp_path / "runs" and out.name.startswith("llm-demo-")
+    assert (out / "llm-demo.json").is_file() and not (tmp_path / "experiments").exists()

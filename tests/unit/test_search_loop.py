@@ -87,6 +87,12 @@ def test_search_end_to_end_with_standin(local_ray, tmp_path, capsys):
             own = {shape_label(r["shape"]): r["candidate_ms"] for r in member["final"]["shapes"]}
             assert s["best_ms"] == own[s["label"]]
     assert (run / "best" / "silu_and_mul.cu").read_text() == best["variant"]["source"]
+    for i, member in enumerate(best.get("dispatch", {}).get("members", [])[1:], start=1):  # beside the winner
+        assert (run / "best" / f"silu_and_mul.member{i}.cu").read_text() == member["variant"]["source"]
+    report = (run / "report.md").read_text()  # every run writes its report, a stand-in's says synthetic
+    assert kernel["winner"] in report and "synthetic" in report and "CUDA event" not in report
+    printed = capsys.readouterr().out
+    assert "synthetic" in printed and "CUDA event" not in printed and "noise floor" not in printed
     assert [json.loads(line)["round"] for line in (run / "rounds.jsonl").read_text().splitlines()] == [0, 1]
     proposals = list(read_jsonl(run / "proposals.jsonl"))
     assert len(proposals) == 2 * 3 * 3  # rounds x agents x variants
@@ -103,7 +109,7 @@ def test_search_end_to_end_with_standin(local_ray, tmp_path, capsys):
     for r in records:
         if r.shape_set == "heldout":
             assert len(r.evaluation.shapes) == len(spec.heldout_shapes) + len(drawn)
-    assert "STAND-IN" in capsys.readouterr().out
+    assert "STAND-IN" in printed
 
 
 def test_winner_failing_heldout_is_not_reported(local_ray, tmp_path):

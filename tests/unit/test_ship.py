@@ -199,6 +199,15 @@ def test_pointer_checks_refuse_misaligned_and_overlapping_tensors(pkg: Any):
         sig.check({"out": x.view(-1)[:32].view(4, 8), "x": x}, pointers=True)
 
 
+def test_load_without_a_cuda_device_raises_a_ship_error_in_one_line(pkg: Any, monkeypatch: Any):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(pkg.DeviceError) as info:
+        pkg.load()
+    assert isinstance(info.value, pkg.ShipError)
+    assert str(info.value).startswith("no CUDA device: torch ") and "sm_90" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
 def test_a_foreign_architecture_is_refused_in_one_line_before_anything_loads(pkg: Any, monkeypatch: Any):
     runtime_mod = sys.modules[f"{NAME}._runtime"]
     runtime = runtime_mod.Runtime(NAME, "sm_90", "13.0", {("silu_and_mul", "bfloat16"): Path("/nonexistent")})

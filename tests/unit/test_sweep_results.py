@@ -390,3 +390,24 @@ def test_the_astra_target_is_taken_against_flashinfers_fastest_api():
                         "gpu_busy_fraction": 0.5}, {}, entries, t)
     assert "each against its fastest FlashInfer API (fused_add_rmsnorm: flashinfer, merge_attn_states_lse: " \
            "flashinfer_in_place, silu_and_mul: flashinfer)" in text
+
+
+def test_a_standin_sweep_without_loop_times_gets_well_formed_tables_and_says_synthetic():
+    k = _kernel("silu_and_mul", 2.0, None)
+    for s in k["shapes"]:
+        s["loop_ms"] = {}  # the stand-in runs no end-of-run loop
+    entries = [kernel_entry(k)]
+    summary = {"gpu": "cpu-standin", "command": "c", "evaluator": "standin", "n_gpus": 1, "wall_s": 1.0,
+               "gpu_busy_fraction": 0.1, "warning": "STAND-IN EVALUATOR: synthetic numbers"}
+    text = to_markdown(summary, {}, entries, check_targets(entries))
+    assert "**STAND-IN EVALUATOR: synthetic numbers**" in text
+    assert "No per-shape times: no implementation was timed in an end-of-run loop." in text
+    lines = text.splitlines()
+    for i, line in enumerate(lines):  # every table row has as many cells as its header
+        if line.startswith("|---"):
+            width = lines[i - 1].count("|")
+            assert line.count("|") == width, (lines[i - 1], line)
+            j = i + 1
+            while j < len(lines) and lines[j].startswith("|"):
+                assert lines[j].count("|") == width, lines[j]
+                j += 1

@@ -1,0 +1,53 @@
+"""Ctrl-C on ``search.run``: the run folder is named at start, and the interrupt leaves one
+line with the command that continues the run (exit code 130), not a traceback."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from search.run import REPO_ROOT, interrupted_line
+
+
+def test_the_interrupt_line_names_the_resume_command_or_that_nothing_started(tmp_path: Path) -> None:
+    assert interrupted_line(tmp_path) == f"interrupted before the search started; nothing to resume in {tmp_path}"
+    (tmp_path / "config.yaml").write_text("{}")
+    assert interrupted_line(tmp_path).endswith(f"continue with: python -m search.run --resume {tmp_path}")
+
+
+@pytest.mark.slow
+def test_ctrl_c_prints_the_resume_command_and_the_command_resumes(tmp_path: Path) -> None:
+    out = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "search.run", "--kernel", "silu_and_mul", "--evaluator", "standin",
+           "--population", "1", "--rounds", "3", "--out", str(out)]
+    # Its own session: SIGINT to the group is what a terminal's Ctrl-C does (Ray's processes get it too).
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not list(out.glob("*/evaluations.jsonl")):
+            time.sleep(0.2)
+        assert list(out.glob("*/evaluations.jsonl")), "the run wrote no records"
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    (run_dir,) = out.iterdir()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 130, err[-3000:]
+    assert lines[0] == f"run directory: {run_dir}"
+    assert lines[-1] == f"interrupted; continue with: python -m search.run --resume {run_dir}"
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    resumed = subprocess.run(shlex.split(lines[-1].split(": ", 1)[1]), cwd=REPO_ROOT, capture_output=True, text=True,
+                             timeout=300, env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (run_dir / "summary.json").is_file()
