@@ -376,6 +376,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        from search.run import stop_ray_quietly
+
+        stop_ray_quietly()
+        sweep_dir = shlex.quote(str(prep.run_dir.parent))
+        print(f"\ninterrupted; continue with: python -m search.sweep --resume {sweep_dir}", file=sys.stderr, flush=True)
+        return 130
     return 0
 
 

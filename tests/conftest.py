@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 GPU_DIR = Path(__file__).resolve().parent / "gpu"
-# ``pytest -q -m smoke``: the quick check a user runs after installing (about 2 minutes on 2
-# cores, measured; the whole suite takes ~40): specs and kernels.check, launch expressions,
+# ``pytest -q -m smoke``: the quick check a user runs after installing (2 to 4 minutes on 2
+# busy cores, measured; the whole suite takes ~40): specs and kernels.check, launch expressions,
 # NVRTC and the admission step, validation and verdicts, the stand-in search end to end with
 # resume, selection, tuning and records, the agents' conformance and the LLM backend against
 # the scripted server, the sandboxes' environments, the layering rules. Tests marked ``slow``

@@ -51,3 +51,17 @@ def test_ctrl_c_prints_the_resume_command_and_the_command_resumes(tmp_path: Path
                              timeout=300, env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert (run_dir / "summary.json").is_file()
+
+
+def test_ctrl_c_on_a_sweep_prints_its_resume_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from search import sweep
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep, "run_sweep", interrupted)
+    assert sweep.main(["--kernel", "silu_and_mul", "--evaluator", "standin", "--out", str(tmp_path)]) == 130
+    (sweep_dir,) = tmp_path.iterdir()
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == f"interrupted; continue with: python -m search.sweep --resume {sweep_dir}"
