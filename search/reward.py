@@ -82,6 +82,8 @@ class RewardConfig:
         standin_latency_s: stand-in only: seconds each evaluation sleeps.
         seed: seeds the held-out shapes drawn per kernel.
         max_inflight: requests being judged at once (default: 2 per evaluator).
+        compile_on_cpu_nodes: send compile tasks to the cluster's CPU-only nodes, as a
+            search on a cluster does (:class:`search.pool.AdmissionTasks`).
     """
 
     evaluator: str = "gpu"
@@ -96,6 +98,7 @@ class RewardConfig:
     standin_latency_s: float = 0.0
     seed: int = 0
     max_inflight: int = 0
+    compile_on_cpu_nodes: bool = False
 
     def run_config(self) -> RunConfig:
         evaluator = EvaluatorConfig(kind=self.evaluator, gpus=self.gpus, retries=self.retries,
@@ -174,7 +177,7 @@ class RewardService:
     """
 
     def __init__(self, out_dir: Path | str, config: RewardConfig | None = None) -> None:
-        from search.pool import EvalPool
+        from search.pool import EvalPool, admission_task
 
         self.config = config or RewardConfig()
         self.dir = Path(out_dir)
@@ -184,6 +187,8 @@ class RewardService:
         history = load_history(self.dir) if (self.dir / "evaluations.jsonl").is_file() else None
         self.answered = _answered(self.dir / REWARDS_FILE)
         self.records = RewardRecords(self.dir, self.dir.name)
+        if self.config.compile_on_cpu_nodes:
+            admission_task.on_cpu_nodes()
         self.pool = EvalPool(self.config.evaluator, self.config.gpus, self.config.retries,
                              self.config.standin_latency_s)
         self.evals = Evaluations(run_config, self.records, self.pool, _Quiet(), history)
@@ -379,6 +384,7 @@ class RewardService:
     def _answer(self, p: _Pending, ev: Evaluation | None, evidence: dict[str, Any]) -> None:
         """Shapes, records and delivers one answer (``ev`` None: ``evidence`` is an earlier answer)."""
         st = p.state
+        base: dict[str, Any]
         if ev is not None:
             base = {"status": ev.status.value, "speedup": ev.speedup, "feedback": ev.message, "guard": ev.guard,
                     "synthetic": is_synthetic_evaluation(ev), "cached": False, "evidence": {
@@ -387,7 +393,7 @@ class RewardService:
             self.answered[(st.name, p.variant.id, st.dtype)] = base
         else:
             base = evidence
-        status = base["status"]
+        status = str(base["status"])
         outcome = Status(status) if status in Status.__members__ else ProposalOutcome(status)
         score = self.config.shaping.score(outcome, base["speedup"])
         answer = {**base, "score": score, "correct": outcome is Status.OK, "kernel": st.name, "dtype": st.dtype,
