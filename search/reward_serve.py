@@ -51,6 +51,10 @@ class RewardActor:
     def stats(self) -> dict[str, Any]:
         return self.service.stats()
 
+    def device(self) -> str:
+        """The name of the device the first evaluator runs on (``cpu-standin`` for the stand-in)."""
+        return self.service.pool.device_name()
+
     def serve_http(self, host: str = "0.0.0.0", port: int = 0) -> str:
         """Starts the HTTP endpoint on this actor's node; returns its URL."""
         from search.reward_http import serve
