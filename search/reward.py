@@ -82,6 +82,8 @@ class RewardConfig:
         standin_latency_s: stand-in only: seconds each evaluation sleeps.
         seed: seeds the held-out shapes drawn per kernel.
         max_inflight: requests being judged at once (default: 2 per evaluator).
+        evaluation_timeout_s: an evaluator call that takes longer ends its actor (replaced)
+            and answers TIMEOUT (:meth:`search.pool.EvalPool.expire`).
         compile_on_cpu_nodes: send compile tasks to the cluster's CPU-only nodes, as a
             search on a cluster does (:class:`search.pool.AdmissionTasks`).
     """
@@ -98,6 +100,7 @@ class RewardConfig:
     standin_latency_s: float = 0.0
     seed: int = 0
     max_inflight: int = 0
+    evaluation_timeout_s: float = 900.0
     compile_on_cpu_nodes: bool = False
 
     def run_config(self) -> RunConfig:
@@ -191,7 +194,8 @@ class RewardService:
             admission_task.on_cpu_nodes()
         self.pool = EvalPool(self.config.evaluator, self.config.gpus, self.config.retries,
                              self.config.standin_latency_s)
-        self.evals = Evaluations(run_config, self.records, self.pool, _Quiet(), history)
+        self.evals = Evaluations(run_config, self.records, self.pool, _Quiet(), history,
+                                 on_tick=lambda: self.pool.expire(self.config.evaluation_timeout_s))
         self.states: dict[tuple[str, str], KernelState] = {}
         self.inflight: dict[tuple[str, str, str], _Pending] = {}
         self.queue = FairQueue()

@@ -42,7 +42,8 @@ def test_fair_queue_takes_clients_in_turn():
 
 @pytest.fixture(scope="module")
 def service(local_ray, tmp_path_factory):
-    svc = RewardService(tmp_path_factory.mktemp("rewards"), RewardConfig(evaluator="standin", gpus=1, retries=1))
+    svc = RewardService(tmp_path_factory.mktemp("rewards"), RewardConfig(evaluator="standin", gpus=1, retries=1,
+                                                                             evaluation_timeout_s=20.0))
     yield svc
     svc.close()
 
@@ -85,6 +86,33 @@ def test_a_crashed_evaluator_gives_a_verdict_and_is_replaced(service):
     assert r["status"] == "CRASH" and r["score"] <= 0 and "died" in r["feedback"]
     assert service.pool.replaced > before
     assert service.score("silu_and_mul", BASELINE + "\n// after the crash\n", timeout_s=120)["correct"]
+
+
+def test_a_hung_evaluator_gives_a_timeout_and_is_replaced(service):
+    before = service.pool.replaced
+    r = service.score("silu_and_mul", BASELINE + "\n// standin: hang\n", timeout_s=180)
+    assert (r["status"], r["score"]) == ("TIMEOUT", 0.0) and "did not answer" in r["feedback"]
+    assert service.pool.replaced == before + 1
+    assert service.score("silu_and_mul", BASELINE + "\n// after the hang\n", timeout_s=120)["correct"]
+
+
+def test_a_restarted_service_answers_known_sources_from_its_records(local_ray, tmp_path):
+    config = RewardConfig(evaluator="standin", gpus=1, heldout=False, sanitize=False, loop=False)
+    first = RewardService(tmp_path, config)
+    try:
+        answer = first.score("silu_and_mul", BASELINE, timeout_s=120)
+    finally:
+        first.close()
+    n_evals = len(read_evaluations(tmp_path / "evaluations.jsonl"))
+    strict = RewardService(tmp_path, RewardConfig(evaluator="standin", gpus=1, heldout=False, sanitize=False, loop=False,
+                                                  shaping=Shaping(correct=0.2)))
+    try:
+        again = strict.score("silu_and_mul", BASELINE, timeout_s=120)
+    finally:
+        strict.close()
+    assert again["cached"] and again["status"] == answer["status"] == "OK"
+    assert again["score"] == Shaping(correct=0.2).score(Status.OK, answer["speedup"])  # re-shaped, not re-timed
+    assert len(read_evaluations(tmp_path / "evaluations.jsonl")) == n_evals
 
 
 def test_bad_requests_are_typed_errors(service):
