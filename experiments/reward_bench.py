@@ -136,7 +136,8 @@ def summarise(samples: Sequence[Sample], wall_s: float, hostile: Sequence[Item])
     answered = [s for s in samples if s.status != "ERROR"]
     fresh = [s for s in answered if not s.cached and not s.hostile]
     lat = [s.latency_s for s in answered]
-    per_hostile = {s.hostile: {"status": s.status, "score": s.score} for s in samples if s.hostile}
+    per_hostile: dict[str, dict[str, Any]] = {s.hostile: {"status": s.status, "score": s.score}
+                                              for s in samples if s.hostile}
     return {
         "requests": len(samples), "answered": len(answered), "errors": len(samples) - len(answered),
         "wall_s": wall_s, "rewards_per_minute": len(answered) / wall_s * 60,

@@ -24,7 +24,6 @@ import sys
 import threading
 import time
 import uuid
-from collections import deque
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, replace
@@ -40,6 +39,7 @@ from search.config import DTYPES, EvaluatorConfig, RunConfig, dump_config
 from search.export_rewards import ProposalOutcome
 from search.jobs import Evaluations, Job
 from search.records import RunRecords, load_history
+from search.reward_queue import FairQueue
 from search.reward_shaping import Shaping
 from search.state import KernelState
 
@@ -124,46 +124,6 @@ class _Pending:
     evidence: dict[str, Any] = field(default_factory=dict)
 
 
-class FairQueue:
-    """Requests queued per client and taken one client at a time, in turn."""
-
-    def __init__(self) -> None:
-        self._items: dict[str, deque[Any]] = {}
-        self._turns: deque[str] = deque()
-        self._cond = threading.Condition()
-
-    def put(self, client: str, item: Any) -> None:
-        with self._cond:
-            if client not in self._items:
-                self._items[client] = deque()
-                self._turns.append(client)
-            self._items[client].append(item)
-            self._cond.notify_all()
-
-    def take(self) -> Any | None:
-        """The next client's oldest item, or None when empty."""
-        with self._cond:
-            if not self._turns:
-                return None
-            client = self._turns.popleft()
-            item = self._items[client].popleft()
-            if self._items[client]:
-                self._turns.append(client)
-            else:
-                del self._items[client]
-            return item
-
-    def __len__(self) -> int:
-        with self._cond:
-            return sum(len(q) for q in self._items.values())
-
-    def wait(self, timeout_s: float) -> None:
-        """Waits until something is queued (or ``timeout_s``)."""
-        with self._cond:
-            if not self._turns:
-                self._cond.wait(timeout_s)
-
-
 class _Quiet:
     """The search's progress line has nothing to show for a service."""
 
@@ -194,8 +154,7 @@ class RewardService:
             admission_task.on_cpu_nodes()
         self.pool = EvalPool(self.config.evaluator, self.config.gpus, self.config.retries,
                              self.config.standin_latency_s)
-        self.evals = Evaluations(run_config, self.records, self.pool, _Quiet(), history,
-                                 on_tick=lambda: self.pool.expire(self.config.evaluation_timeout_s))
+        self.evals = Evaluations(run_config, self.records, self.pool, _Quiet(), history, on_tick=self._expire)
         self.states: dict[tuple[str, str], KernelState] = {}
         self.inflight: dict[tuple[str, str, str], _Pending] = {}
         self.queue = FairQueue()
@@ -303,6 +262,9 @@ class RewardService:
                     if not f.done():
                         f.set_exception(ServiceError(f"the reward service stopped: {exc}"))
             raise
+
+    def _expire(self) -> None:
+        self.pool.expire(self.config.evaluation_timeout_s)
 
     def _take_new(self) -> None:
         while len(self.inflight) < self.max_inflight:

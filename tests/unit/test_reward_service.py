@@ -12,7 +12,8 @@ import pytest
 from kernels.records import read_evaluations, read_jsonl
 from kernels.spec import load_kernel
 from kernels.verdict import Status
-from search.reward import FairQueue, RewardConfig, RewardRequestError, RewardService
+from search.reward import RewardConfig, RewardRequestError, RewardService
+from search.reward_queue import FairQueue
 from search.reward_shaping import Shaping, ShapingError
 
 BASELINE = load_kernel("silu_and_mul").baseline_source()

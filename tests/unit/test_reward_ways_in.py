@@ -156,3 +156,12 @@ def test_trajectory_cli_writes_a_search_run(run_dir, tmp_path):  # noqa: F811
 
     assert main([str(run_dir), "--out", str(tmp_path / "t.jsonl")]) == 0
     assert read_trajectories(tmp_path / "t.jsonl").height == len(from_search_run(Path(run_dir)))
+
+
+def test_reward_data_writes_verl_prompts_that_compute_score_reads(tmp_path):
+    from search.reward_data import main
+
+    assert main(["--out", str(tmp_path / "k.parquet"), "--kernel", "silu_and_mul", "--dtype", "bfloat16"]) == 0
+    (row,) = pl.read_parquet(tmp_path / "k.parquet").to_dicts()
+    assert row["reward_model"]["ground_truth"] == "silu_and_mul:bfloat16"
+    assert [m["role"] for m in row["prompt"]] == ["system", "user"] and "__nv_bfloat16" in row["prompt"][0]["content"]
