@@ -32,7 +32,7 @@ from typing import Any
 
 from agents.base import derive_seed
 from kernels.records import ShapeSet, Stage, read_jsonl
-from kernels.spec import KernelSpecError, kernel_ref, load_kernel
+from kernels.spec import KernelSpecError, kernel_ref, list_kernels, load_kernel
 from kernels.variant import Variant
 from kernels.verdict import Evaluation, Status
 from search.config import DTYPES, EvaluatorConfig, RunConfig, dump_config
@@ -75,7 +75,7 @@ class RewardConfig:
         evaluator: ``gpu`` or ``standin`` (CPU test double: synthetic numbers).
         gpus: evaluator actors.
         dtype: dtype of requests that name none.
-        kernels: the kernels requests may name (empty: any library kernel).
+        kernels: the kernel names requests may give (empty: any library kernel; never a path).
         heldout / sanitize / loop: the gates a correct verdict passes before it pays.
         shaping: verdict -> reward.
         retries: times an evaluation is retried after its evaluator actor died.
@@ -161,6 +161,7 @@ class RewardService:
         self.max_inflight = self.config.max_inflight or 2 * self.config.gpus
         self.served = 0
         self._records_lock = threading.Lock()
+        self._states_lock = threading.Lock()
         self._stop = threading.Event()
         self._failure: BaseException | None = None
         self._open: set[Future[dict[str, Any]]] = set()  # futures not yet answered
@@ -228,22 +229,29 @@ class RewardService:
     # -- requests -------------------------------------------------------------------------
 
     def _state(self, kernel: str, dtype: str) -> KernelState:
-        if self.config.kernels and kernel not in self.config.kernels:
-            raise RewardRequestError(f"kernel {kernel!r} is not served here (served: {', '.join(self.config.kernels)})")
+        # Names only, from the served list or the library: a path would make the service load
+        # (and run) any spec.py a client can name on this machine.
+        served = self.config.kernels or tuple(list_kernels())
+        if kernel not in served:
+            raise RewardRequestError(f"no kernel {kernel!r} served here (served: {', '.join(served)})")
         if dtype not in DTYPES:
             raise RewardRequestError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         key = (kernel, dtype)
-        if key not in self.states:
-            try:
-                ref = kernel_ref(kernel)
-                spec = load_kernel(ref)
-            except KernelSpecError as exc:
-                raise RewardRequestError(str(exc)) from None
-            if dtype not in spec.dtypes:
-                raise RewardRequestError(f"kernel {kernel} supports {', '.join(spec.dtypes)}, not {dtype}")
-            heldout = spec.draw_heldout(derive_seed(self.config.seed, spec.name, "heldout"))
-            self.states[key] = KernelState(spec, ref.renamed(spec.name), dtype, 1, 1, 1, (), heldout)
-        return self.states[key]
+        with self._states_lock:  # callers' threads: one state per kernel and dtype
+            if key not in self.states:
+                self.states[key] = self._new_state(kernel, dtype)
+            return self.states[key]
+
+    def _new_state(self, kernel: str, dtype: str) -> KernelState:
+        try:
+            ref = kernel_ref(kernel)
+            spec = load_kernel(ref)
+        except KernelSpecError as exc:
+            raise RewardRequestError(str(exc)) from None
+        if dtype not in spec.dtypes:
+            raise RewardRequestError(f"kernel {kernel} supports {', '.join(spec.dtypes)}, not {dtype}")
+        heldout = spec.draw_heldout(derive_seed(self.config.seed, spec.name, "heldout"))
+        return KernelState(spec, ref.renamed(spec.name), dtype, 1, 1, 1, (), heldout)
 
     def _loop(self) -> None:
         try:

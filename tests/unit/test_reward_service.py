@@ -119,6 +119,8 @@ def test_a_restarted_service_answers_known_sources_from_its_records(local_ray, t
 def test_bad_requests_are_typed_errors(service):
     with pytest.raises(RewardRequestError, match="no kernel"):
         service.submit("no_such_kernel", BASELINE)
+    with pytest.raises(RewardRequestError, match="no kernel"):  # a folder path: never loaded
+        service.submit(str(load_kernel("silu_and_mul").directory), BASELINE)
     with pytest.raises(RewardRequestError, match="dtype"):
         service.submit("silu_and_mul", BASELINE, dtype="int8")
 

@@ -165,3 +165,30 @@ def test_reward_data_writes_verl_prompts_that_compute_score_reads(tmp_path):
     (row,) = pl.read_parquet(tmp_path / "k.parquet").to_dicts()
     assert row["reward_model"]["ground_truth"] == "silu_and_mul:bfloat16"
     assert [m["role"] for m in row["prompt"]] == ["system", "user"] and "__nv_bfloat16" in row["prompt"][0]["content"]
+
+
+def test_an_llm_policy_over_the_openai_api_plays_an_episode(served):
+    """A scripted OpenAI-compatible server as the policy: it first replays a hostile fixture
+    (refused by admission), then sends an honest kernel; the second prompt carries the
+    evaluator's verdict on the first."""
+    import openai
+
+    from agents.llm.scripted_server import ScriptedLLMServer
+
+    actor, _, _ = served
+    (cheat,) = [f for f in fixtures() if f.name == "wrong_signature"]
+    script = [{"reply": response(cheat.source()), "usage": (10, 10)},
+              {"reply": response(BASELINE + "// from the llm\n"), "usage": (10, 10)}]
+    with ScriptedLLMServer(script) as llm:
+        chat = openai.OpenAI(base_url=llm.base_url, api_key="test-key", max_retries=0)
+        env = KernelEnv(ActorClient(actor), max_turns=2, client_id="llm-policy")
+        obs, rewards = env.reset("silu_and_mul"), []
+        while True:
+            reply = chat.chat.completions.create(model="test-model", messages=obs["messages"]).choices[0].message.content
+            step = env.step(reply or "")
+            obs, rewards = step.observation, [*rewards, step.reward]
+            if step.done:
+                break
+        second_prompt = llm.chat_requests()[1]["body"]["messages"]
+    assert rewards[0] <= 0 < rewards[1]
+    assert second_prompt[-1]["role"] == "user" and "COMPILE_ERROR" in second_prompt[-1]["content"]
