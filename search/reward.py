@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.base import derive_seed
-from kernels.records import ShapeSet, Stage, read_jsonl
+from kernels.records import ShapeSet, Stage, eval_key, read_jsonl
 from kernels.spec import KernelSpecError, kernel_ref, list_kernels, load_kernel
 from kernels.variant import Variant
 from kernels.verdict import Evaluation, Status
@@ -156,6 +156,7 @@ class RewardService:
                              self.config.standin_latency_s)
         self.evals = Evaluations(run_config, self.records, self.pool, _Quiet(), history, on_tick=self._expire)
         self.states: dict[tuple[str, str], KernelState] = {}
+        self.served_kernels = self.config.kernels or tuple(list_kernels())
         self.inflight: dict[tuple[str, str, str], _Pending] = {}
         self.queue = FairQueue()
         self.max_inflight = self.config.max_inflight or 2 * self.config.gpus
@@ -220,10 +221,15 @@ class RewardService:
             self.records.append(name, row)
 
     def close(self) -> None:
-        """Stops the loop, the evaluators and the records."""
+        """Stops the loop, then closes the evaluators (their sandbox workers) and the records;
+        requests still waiting get :class:`ServiceError`."""
         self._stop.set()
         self._thread.join(timeout=30)
-        self.pool.shutdown()
+        with self._records_lock:
+            for f in self._open:
+                if not f.done():
+                    f.set_exception(ServiceError("the reward service closed"))
+        self.pool.close()
         self.records.close()
 
     # -- requests -------------------------------------------------------------------------
@@ -231,9 +237,8 @@ class RewardService:
     def _state(self, kernel: str, dtype: str) -> KernelState:
         # Names only, from the served list or the library: a path would make the service load
         # (and run) any spec.py a client can name on this machine.
-        served = self.config.kernels or tuple(list_kernels())
-        if kernel not in served:
-            raise RewardRequestError(f"no kernel {kernel!r} served here (served: {', '.join(served)})")
+        if kernel not in self.served_kernels:
+            raise RewardRequestError(f"no kernel {kernel!r} served here (served: {', '.join(self.served_kernels)})")
         if dtype not in DTYPES:
             raise RewardRequestError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         key = (kernel, dtype)
@@ -362,7 +367,7 @@ class RewardService:
         if ev is not None:
             base = {"status": ev.status.value, "speedup": ev.speedup, "feedback": ev.message, "guard": ev.guard,
                     "synthetic": is_synthetic_evaluation(ev), "cached": False, "evidence": {
-                        **evidence, "eval_keys": _keys(st, p.variant.id, ev),
+                        **evidence, "eval_keys": _keys(st, p.variant.id, ev, evidence.get("gates", [])),
                         "evaluator": ev.extra.get("evaluator", self.config.evaluator)}}
             self.answered[(st.name, p.variant.id, st.dtype)] = base
         else:
@@ -392,10 +397,11 @@ NO_VARIANT_ANSWER: dict[str, Any] = {
                 "```cuda block", "evidence": {"gates": []}}
 
 
-def _keys(st: KernelState, variant_id: str, ev: Evaluation) -> list[str]:
-    from kernels.records import eval_key
-
-    return [eval_key(st.name, variant_id, ev.params, st.dtype, Stage.FULL, ShapeSet.SEARCH)]
+def _keys(st: KernelState, variant_id: str, ev: Evaluation, gates: list[dict[str, Any]]) -> list[str]:
+    """The keys of the evaluation records behind an answer (search shapes, held-out shapes)."""
+    stages = [(Stage.FULL, ShapeSet.SEARCH)] + [(Stage.HELDOUT, ShapeSet.HELDOUT)] * any(
+        g["gate"] == "heldout" for g in gates)
+    return [eval_key(st.name, variant_id, ev.params, st.dtype, stage, shapes) for stage, shapes in stages]
 
 
 def _answered(path: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
