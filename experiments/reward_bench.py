@@ -92,11 +92,14 @@ class Sample:
     cached: bool
     hostile: str = ""
     error: str = ""
+    end: float = 0.0  # when the answer came (seconds since the epoch)
 
 
-def client_loop(index: int, http: HttpClient, script: Script, hostile: list[Item], deadline: float,
+def client_loop(index: int, url: str, script: Script, hostile: list[Item], deadline: float, grace_s: float,
                 repeat_fraction: float, seed: int, samples: list[Sample]) -> None:
-    """One client: its share of the hostile fixtures first, then honest variants until the deadline."""
+    """One client: its share of the hostile fixtures first (all of them, whatever the time),
+    then honest variants until the deadline. No request waits past ``deadline + grace_s``:
+    one still unanswered then is counted as UNANSWERED (the run must end in bounded time)."""
     rng = random.Random(seed * 1000 + index)
     n = 0
     queue = list(hostile)
@@ -112,13 +115,18 @@ def client_loop(index: int, http: HttpClient, script: Script, hostile: list[Item
             n += 1
             with script.lock:
                 script.sent.append(item)
+        left_s = deadline + grace_s - time.time()
+        if left_s <= 0:
+            return
         start = time.perf_counter()
         try:
-            answer = http.score(item.kernel, item.source, item.dtype, f"client{index}")
+            answer = HttpClient(url, timeout_s=left_s).score(item.kernel, item.source, item.dtype, f"client{index}")
             samples.append(Sample(index, time.perf_counter() - start, answer["status"], float(answer["score"]),
-                                  bool(answer.get("cached")), item.name))
+                                  bool(answer.get("cached")), item.name, end=time.time()))
         except RewardClientError as exc:
-            samples.append(Sample(index, time.perf_counter() - start, "ERROR", 0.0, False, item.name, str(exc)[:300]))
+            late = time.time() >= deadline + grace_s - 1
+            samples.append(Sample(index, time.perf_counter() - start, "UNANSWERED" if late else "ERROR", 0.0, False,
+                                  item.name, str(exc)[:300], time.time()))
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -132,16 +140,21 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def summarise(samples: Sequence[Sample], wall_s: float, hostile: Sequence[Item]) -> dict[str, Any]:
-    answered = [s for s in samples if s.status != "ERROR"]
-    fresh = [s for s in answered if not s.cached and not s.hostile]
+def summarise(samples: Sequence[Sample], start: float, deadline: float, hostile: Sequence[Item]) -> dict[str, Any]:
+    """Rates count the answers that came within the measured window (start to deadline)."""
+    answered = [s for s in samples if s.status not in ("ERROR", "UNANSWERED")]
+    in_window = [s for s in answered if s.end <= deadline]
+    fresh = [s for s in in_window if not s.cached and not s.hostile]
     lat = [s.latency_s for s in answered]
+    window_s = deadline - start
     per_hostile: dict[str, dict[str, Any]] = {s.hostile: {"status": s.status, "score": s.score}
                                               for s in samples if s.hostile}
     return {
-        "requests": len(samples), "answered": len(answered), "errors": len(samples) - len(answered),
-        "wall_s": wall_s, "rewards_per_minute": len(answered) / wall_s * 60,
-        "fresh_rewards_per_minute": len(fresh) / wall_s * 60,
+        "requests": len(samples), "answered": len(answered),
+        "unanswered_at_end": sum(s.status == "UNANSWERED" for s in samples),
+        "errors": sum(s.status == "ERROR" for s in samples),
+        "window_s": window_s, "rewards_per_minute": len(in_window) / window_s * 60,
+        "fresh_rewards_per_minute": len(fresh) / window_s * 60,
         "latency_s": {"p50": percentile(lat, 0.5), "p95": percentile(lat, 0.95)},
         "fresh_latency_s": {"p50": percentile([s.latency_s for s in fresh], 0.5),
                             "p95": percentile([s.latency_s for s in fresh], 0.95)},
@@ -149,8 +162,8 @@ def summarise(samples: Sequence[Sample], wall_s: float, hostile: Sequence[Item])
                              "p95": percentile([s.latency_s for s in answered if s.cached], 0.95)},
         "statuses": dict(Counter(s.status for s in answered)),
         "hostile": per_hostile, "hostile_sent": len(hostile),
-        "hostile_all_nonpositive": all(v["score"] <= 0 and v["status"] != "ERROR" for v in per_hostile.values())
-        and len(per_hostile) == len(hostile),
+        "hostile_all_nonpositive": all(v["score"] <= 0 and v["status"] not in ("ERROR", "UNANSWERED")
+                                       for v in per_hostile.values()) and len(per_hostile) == len(hostile),
         "first_errors": [s.error for s in samples if s.error][:5],
     }
 
@@ -165,13 +178,14 @@ def markdown(result: dict[str, Any]) -> str:
         "# Reward service throughput", "",
         f"- command: `{result['command']}`", f"- git commit: {result['git_commit'] or 'unknown'}",
         f"- GPU: {result['gpu']} ({result['evaluator']} evaluator, {result['gpus']} evaluator actor(s))",
-        f"- date: {result['date']}", f"- clients: {result['clients']} over HTTP, {r['wall_s']:.0f} s", "",
+        f"- date: {result['date']}", f"- clients: {result['clients']} over HTTP; rates over the first {r['window_s']:.0f} s", "",
         "| measure | value |", "|---|---|",
         f"| rewards per minute | {r['rewards_per_minute']:.1f} |",
         f"| freshly evaluated rewards per minute | {r['fresh_rewards_per_minute']:.1f} |",
         f"| latency p50 / p95 (all) | {ms(lat['p50'])} / {ms(lat['p95'])} |",
         f"| latency p50 / p95 (fresh) | {ms(fresh['p50'])} / {ms(fresh['p95'])} |",
-        f"| requests answered / errors | {r['answered']} / {r['errors']} |",
+        f"| requests answered / unanswered at the end / errors | {r['answered']} / {r['unanswered_at_end']} / "
+        f"{r['errors']} |",
         f"| verdicts | {', '.join(f'{k} {v}' for k, v in sorted(r['statuses'].items()))} |", "",
     ]
     if r["hostile_sent"]:
@@ -189,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=int, default=1)
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--duration-s", type=float, default=300.0, help="how long clients send new requests")
+    p.add_argument("--grace-s", type=float, default=120.0, help="how long past --duration-s a request may wait")
     p.add_argument("--kernel", action="append", dest="kernels", help=f"repeatable; default {', '.join(DEFAULT_KERNELS)}")
     p.add_argument("--fixtures", type=Path, help="adversarial fixture folder holding fixtures.yaml (e.g. the tests' one)")
     p.add_argument("--repeat-fraction", type=float, default=0.25, help="share of requests that resend an earlier source")
@@ -222,23 +237,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     actor = start_actor(args.out / "service", config, max_concurrency=max(64, 2 * args.clients))
     url = ray.get(actor.serve_http.remote("127.0.0.1", 0))
     gpu = ray.get(actor.device.remote())
-    http = HttpClient(url, timeout_s=1800)
     samples: list[Sample] = []
     start = time.time()
     deadline = start + args.duration_s
-    threads = [threading.Thread(target=client_loop, args=(i, http, script, script.hostile[i::args.clients], deadline,
-                                                          args.repeat_fraction, args.seed, samples))
+    threads = [threading.Thread(target=client_loop, args=(i, url, script, script.hostile[i::args.clients], deadline,
+                                                          args.grace_s, args.repeat_fraction, args.seed, samples))
                for i in range(args.clients)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     wall_s = time.time() - start
+    # Requests still waiting at the grace's end are cut off, not awaited: no evaluator is closed
+    # politely behind them, Ray's shutdown ends the actors (every record line is already synced).
     result = {"command": "python -m experiments.reward_bench " + shlex.join(sys.argv[1:] if argv is None else list(argv)),
               "git_commit": git_commit(ROOT), "gpu": gpu, "evaluator": args.evaluator, "gpus": args.gpus,
               "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "clients": args.clients,
-              "gates": gates, "service": ray.get(actor.stats.remote()), "results": summarise(samples, wall_s, script.hostile)}
-    ray.get(actor.close.remote())
+              "gates": gates, "wall_s": wall_s, "service": ray.get(actor.stats.remote()),
+              "results": summarise(samples, start, deadline, script.hostile)}
     ray.shutdown()
     (args.out / "reward_bench.json").write_text(json.dumps(result, indent=2))
     (args.out / "reward_bench.md").write_text(markdown(result))

@@ -112,16 +112,18 @@ class RewardConfig:
 
 @dataclass
 class _Pending:
-    """One request being judged: what was asked, the gates passed so far, who waits."""
+    """One request being judged: what was asked, the gates passed so far, who waits, and the
+    requests for the same source that arrived meanwhile (answered with it, as cached)."""
 
     request_id: str
     client: str
     state: KernelState
     variant: Variant
-    futures: list[Future[dict[str, Any]]]
+    future: Future[dict[str, Any]]
     started: float
     evaluation: Evaluation | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
+    followers: list[_Pending] = field(default_factory=list)
 
 
 class _Quiet:
@@ -204,7 +206,7 @@ class RewardService:
         st = self._state(kernel, dtype or self.config.dtype)
         future: Future[dict[str, Any]] = Future()
         request = _Pending(uuid.uuid4().hex[:12], client or "anonymous", st,
-                           Variant(st.name, source, author=f"rl:{client or 'anonymous'}"), [future], time.time())
+                           Variant(st.name, source, author=f"rl:{client or 'anonymous'}"), future, time.time())
         with self._records_lock:
             self._open.add(future)
         self.queue.put(request.client, request)
@@ -297,7 +299,7 @@ class RewardService:
             self._answer(p, None, {**earlier, "cached": True})
             return
         if key in self.inflight:  # the same source in flight: one evaluation answers both
-            self.inflight[key].futures += p.futures
+            self.inflight[key].followers.append(p)
             return
         self.inflight[key] = p
         self.evals.submit(Job(st, variant, Stage.FULL, {}, lambda ev: self._gate(p, ev, "search")))
@@ -379,11 +381,12 @@ class RewardService:
                   "variant_id": p.variant.id, "request_id": p.request_id, "latency_s": time.time() - p.started}
         self.record("rewards", {**answer, "client": p.client, "time": time.time(), "source": p.variant.source,
                                 "shaping": self.config.shaping.to_dict()})
-        self.served += len(p.futures)
-        for f in p.futures:
-            with self._records_lock:
-                self._open.discard(f)
-            f.set_result(answer)
+        self.served += 1
+        with self._records_lock:
+            self._open.discard(p.future)
+        p.future.set_result(answer)
+        for follower in p.followers:
+            self._answer(follower, None, {**base, "cached": True})
 
 
 def is_synthetic_evaluation(ev: Evaluation) -> bool:

@@ -133,6 +133,9 @@ class RewardHTTPServer(ThreadingHTTPServer):
     the service queues the requests fairly)."""
 
     daemon_threads = True
+    # Rollout workers connect in bursts (a whole batch at once): the standard library's backlog
+    # of 5 resets connections beyond it.
+    request_queue_size = 1024
 
     def __init__(self, service: RewardService, host: str = "127.0.0.1", port: int = 0) -> None:
         super().__init__((host, port), RewardHandler)

@@ -21,7 +21,7 @@ def test_standin_bench_writes_its_report(tmp_path):
     result = json.loads((out / "reward_bench.json").read_text())
     r = result["results"]
     assert result["gpu"] == "cpu-standin" and result["clients"] == 4 and result["command"].startswith("python -m")
-    assert r["errors"] == 0 and r["answered"] >= r["hostile_sent"] > 0
+    assert r["errors"] == r["unanswered_at_end"] == 0 and r["answered"] >= r["hostile_sent"] > 0
     assert r["rewards_per_minute"] > 0 and r["latency_s"]["p50"] <= r["latency_s"]["p95"]
     assert set(r["hostile"]) == {f.name for f in fixtures() if not f.honest}
     refused = [f.name for f in fixtures() if not f.honest and f.status in ("COMPILE_ERROR", "RESOURCE_ERROR")]

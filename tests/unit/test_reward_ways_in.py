@@ -95,6 +95,18 @@ def test_http_endpoints(served):
         http.post("/nowhere", {})
 
 
+def test_a_burst_of_concurrent_http_clients_is_answered(served):
+    """48 clients at once (a rollout batch): none is turned away at the socket."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, url, _ = served
+    source = BASELINE + "// burst\n"
+    with ThreadPoolExecutor(48) as ex:
+        answers = list(ex.map(lambda i: HttpClient(url, timeout_s=180).score("silu_and_mul", source, "", f"b{i}"),
+                              range(48)))
+    assert all(a["correct"] for a in answers) and len({a["request_id"] for a in answers}) == 48
+
+
 def test_hostile_fixtures_refused_on_the_cpu_get_no_positive_reward(served):
     """Every hostile fixture is sent; those admission refuses (the verdicts a CPU can give)
     must come back with their verdict and a non-positive reward. tests/gpu/test_reward_gpu.py
