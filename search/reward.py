@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, replace
@@ -44,6 +45,9 @@ from search.reward_shaping import Shaping
 from search.state import KernelState
 
 REWARDS_FILE = "rewards.jsonl"
+# What a request may bring beside its source, kept in its rewards.jsonl line for trajectory
+# files: the model's whole response, the prompt's chat messages, the episode it belongs to.
+CONTEXT_KEYS = ("response", "messages", "episode_id")
 
 
 class RewardRecords(RunRecords):
@@ -124,6 +128,7 @@ class _Pending:
     evaluation: Evaluation | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
     followers: list[_Pending] = field(default_factory=list)
+    context: dict[str, Any] = field(default_factory=dict)
 
 
 class _Quiet:
@@ -174,7 +179,7 @@ class RewardService:
     # -- the API --------------------------------------------------------------------------
 
     def score(self, kernel: str, source: str, dtype: str = "", client: str = "",
-              timeout_s: float | None = None) -> dict[str, Any]:
+              timeout_s: float | None = None, context: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The reward of ``source`` as a kernel ``kernel`` at ``dtype``, with its evidence.
 
         Returns:
@@ -182,19 +187,21 @@ class RewardService:
             :class:`~kernels.verdict.Status` value or ``NO_VARIANT``), ``feedback`` (the
             evaluator's message), ``kernel``, ``dtype``, ``variant_id``, ``cached``,
             ``synthetic``, ``request_id``, ``latency_s`` and ``evidence`` (the record keys
-            and gate reports behind it).
+            and gate reports behind it). ``context`` (the model's ``response``, the prompt's
+            ``messages``, an ``episode_id``) is kept with the record for trajectory files.
 
         Raises:
             RewardRequestError: an unknown kernel or a dtype it does not support.
             ServiceError: the service stopped, or no answer within ``timeout_s``.
         """
-        future = self.submit(kernel, source, dtype, client)
+        future = self.submit(kernel, source, dtype, client, context)
         try:
             return future.result(timeout=timeout_s)
         except FutureTimeout:
             raise ServiceError(f"no reward within {timeout_s} s") from None
 
-    def submit(self, kernel: str, source: str, dtype: str = "", client: str = "") -> Future[dict[str, Any]]:
+    def submit(self, kernel: str, source: str, dtype: str = "", client: str = "",
+               context: Mapping[str, Any] | None = None) -> Future[dict[str, Any]]:
         """Queues a request; the future gets :meth:`score`'s answer.
 
         Raises:
@@ -206,7 +213,8 @@ class RewardService:
         st = self._state(kernel, dtype or self.config.dtype)
         future: Future[dict[str, Any]] = Future()
         request = _Pending(uuid.uuid4().hex[:12], client or "anonymous", st,
-                           Variant(st.name, source, author=f"rl:{client or 'anonymous'}"), future, time.time())
+                           Variant(st.name, source, author=f"rl:{client or 'anonymous'}"), future, time.time(),
+                           context={k: context[k] for k in CONTEXT_KEYS if context and context.get(k)})
         with self._records_lock:
             self._open.add(future)
         self.queue.put(request.client, request)
@@ -380,7 +388,7 @@ class RewardService:
         answer = {**base, "score": score, "correct": outcome is Status.OK, "kernel": st.name, "dtype": st.dtype,
                   "variant_id": p.variant.id, "request_id": p.request_id, "latency_s": time.time() - p.started}
         self.record("rewards", {**answer, "client": p.client, "time": time.time(), "source": p.variant.source,
-                                "shaping": self.config.shaping.to_dict()})
+                                "shaping": self.config.shaping.to_dict(), **p.context})
         self.served += 1
         with self._records_lock:
             self._open.discard(p.future)

@@ -51,7 +51,8 @@ def extract_kernel(response: str) -> str:
 
 
 class RewardClient(Protocol):
-    def score(self, kernel: str, source: str, dtype: str = "", client: str = "") -> dict[str, Any]: ...
+    def score(self, kernel: str, source: str, dtype: str = "", client: str = "",
+              context: dict[str, Any] | None = None) -> dict[str, Any]: ...
 
     def record_trajectory(self, row: dict[str, Any]) -> None: ...
 
@@ -62,8 +63,9 @@ class LocalClient:
     def __init__(self, service: Any) -> None:
         self.service = service
 
-    def score(self, kernel: str, source: str, dtype: str = "", client: str = "") -> dict[str, Any]:
-        return dict(self.service.score(kernel, source, dtype, client))
+    def score(self, kernel: str, source: str, dtype: str = "", client: str = "",
+              context: dict[str, Any] | None = None) -> dict[str, Any]:
+        return dict(self.service.score(kernel, source, dtype, client, context=context))
 
     def record_trajectory(self, row: dict[str, Any]) -> None:
         self.service.record("trajectories", row)
@@ -77,12 +79,13 @@ class ActorClient:
 
         self.handle = handle if handle is not None else ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)
 
-    def score(self, kernel: str, source: str, dtype: str = "", client: str = "") -> dict[str, Any]:
+    def score(self, kernel: str, source: str, dtype: str = "", client: str = "",
+              context: dict[str, Any] | None = None) -> dict[str, Any]:
         import ray
         from ray.exceptions import RayTaskError
 
         try:
-            return dict(ray.get(self.handle.score.remote(kernel, source, dtype, client)))
+            return dict(ray.get(self.handle.score.remote(kernel, source, dtype, client, context)))
         except RayTaskError as exc:
             raise RewardClientError(" ".join(str(exc.cause if hasattr(exc, "cause") else exc).split())) from None
 
@@ -120,8 +123,10 @@ class HttpClient:
         except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
             raise RewardClientError(f"{self.url}{path}: {exc}") from None
 
-    def score(self, kernel: str, source: str, dtype: str = "", client: str = "") -> dict[str, Any]:
-        return self.post("/score", {"kernel": kernel, "source": source, "dtype": dtype, "client": client})
+    def score(self, kernel: str, source: str, dtype: str = "", client: str = "",
+              context: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self.post("/score", {**(context or {}), "kernel": kernel, "source": source, "dtype": dtype,
+                                    "client": client})
 
     def record_trajectory(self, row: dict[str, Any]) -> None:
         self.post("/trajectory", row)

@@ -104,7 +104,8 @@ class KernelEnv:
         from agents.llm.prompts import render
 
         source = extract_kernel(response)
-        answer = self.client.score(self.kernel, source, self.dtype, self.client_id)
+        answer = self.client.score(self.kernel, source, self.dtype, self.client_id,
+                                   {"response": response, "episode_id": self.episode_id})
         turns_left = self.max_turns - len(self.turns) - 1
         stop = self.stop_score is not None and answer["score"] >= self.stop_score
         self.done = turns_left <= 0 or stop

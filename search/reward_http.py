@@ -53,9 +53,10 @@ def parse_label(label: Any, default_dtype: str = "") -> tuple[str, str]:
     return kernel, dtype
 
 
-def score_batch(service: RewardService, items: Sequence[tuple[str, str, str]], client: str) -> list[dict[str, Any]]:
-    """Scores (kernel, source, dtype) items at once (queued together, answered in order)."""
-    futures = [service.submit(kernel, source, dtype, client) for kernel, source, dtype in items]
+def score_batch(service: RewardService, items: Sequence[tuple[str, str, str, str]], client: str) -> list[dict[str, Any]]:
+    """Scores (kernel, source, dtype, response) items at once (queued together, answered in order)."""
+    futures = [service.submit(kernel, source, dtype, client, {"response": response})
+               for kernel, source, dtype, response in items]
     return [f.result() for f in futures]
 
 
@@ -105,14 +106,14 @@ class RewardHandler(BaseHTTPRequestHandler):
     def _score(self, body: dict[str, Any]) -> dict[str, Any]:
         source = body["source"] if "source" in body else extract_kernel(str(body["response"]))
         return self.server.service.score(str(body["kernel"]), str(source), str(body.get("dtype") or ""),
-                                         str(body.get("client") or self.client_address[0]))
+                                         str(body.get("client") or self.client_address[0]), context=body)
 
     def _openrlhf(self, body: dict[str, Any]) -> dict[str, Any]:
         queries, labels = list(body["query"]), list(body["labels"])
         if len(queries) != len(labels):
             raise RewardRequestError(f"{len(queries)} queries but {len(labels)} labels")
-        items = [(*parse_label(label), extract_kernel(str(q))) for q, label in zip(queries, labels, strict=True)]
-        answers = score_batch(self.server.service, [(k, src, d) for k, d, src in items],
+        items = [(*parse_label(label), str(q)) for q, label in zip(queries, labels, strict=True)]
+        answers = score_batch(self.server.service, [(k, extract_kernel(q), d, q) for k, d, q in items],
                               str(body.get("client") or self.client_address[0]))
         scores = [a["score"] for a in answers]
         return {"rewards": scores, "scores": scores, "extra_logs": {

@@ -38,8 +38,9 @@ class RewardActor:
         self.service = RewardService(Path(out_dir), config)
         self.http: Any = None
 
-    def score(self, kernel: str, source: str, dtype: str = "", client: str = "") -> dict[str, Any]:
-        return self.service.score(kernel, source, dtype, client)
+    def score(self, kernel: str, source: str, dtype: str = "", client: str = "",
+              context: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self.service.score(kernel, source, dtype, client, context=context)
 
     def record(self, name: str, row: dict[str, Any]) -> None:
         if name != "trajectories":

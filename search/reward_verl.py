@@ -54,7 +54,10 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
     extra = dict(extra_info or {})
     kernel, dtype = parse_label(ground_truth, str(extra.get("dtype") or ""))
     client = str(extra.get("client") or data_source or "verl")
-    answer = _client().score(kernel, extract_kernel(solution_str), dtype, client)
+    context: dict[str, Any] = {"response": solution_str}
+    if isinstance(extra.get("prompt"), list):  # the chat messages, where the dataset keeps them
+        context["messages"] = [{"role": str(m["role"]), "content": str(m["content"])} for m in extra["prompt"]]
+    answer = _client().score(kernel, extract_kernel(solution_str), dtype, client, context)
     status = answer["status"]
     return {"score": float(answer["score"]), "correct": float(bool(answer["correct"])),
             "speedup": float(answer.get("speedup") or 0.0),

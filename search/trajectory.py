@@ -1,8 +1,9 @@
 """One trajectory schema for RL data, from searches and from served requests alike.
 
-``python -m search.trajectory runs/<id> [--out PATH]`` writes a search run's trajectories in
-it; the reward service writes its episodes (:mod:`search.reward_env`) to
-``trajectories.jsonl`` of its directory. One JSON object per line (docs/rl.md):
+``python -m search.trajectory DIR [--out PATH]`` writes the trajectories of a search run
+(``runs/<id>``) or of a reward service's single requests (its directory, with
+``rewards.jsonl``) in it; the service writes its multi-turn episodes (:mod:`search.reward_env`)
+to ``trajectories.jsonl`` of its directory itself. One JSON object per line (docs/rl.md):
 
 ==================  ==============================================================
 ``schema``          :data:`SCHEMA` (the version of this layout)
@@ -12,7 +13,8 @@ it; the reward service writes its episodes (:mod:`search.reward_env`) to
 ``kernel / dtype``  what was optimised
 ``messages``        the conversation, ``{role, content}``: a search path's chat as its
                     agents saw it; an episode's prompt, then each response and the
-                    evaluator's feedback as alternating assistant and user turns
+                    evaluator's feedback as alternating assistant and user turns; a single
+                    request's prompt (as sent, else the library's) and response
 ``turns``           one per proposal: ``response`` (the kernel as submitted),
                     ``feedback`` (the evaluator's message), ``status``, ``speedup``,
                     ``reward`` (:mod:`search.reward_shaping`), ``variant_id``,
@@ -179,14 +181,41 @@ def from_search_run(run_dir: Path, shaping: Shaping | None = None) -> list[Traje
     return out
 
 
+def from_service(service_dir: Path) -> list[Trajectory]:
+    """A reward service's single requests (``rewards.jsonl`` lines not part of an episode:
+    episodes are in its ``trajectories.jsonl`` already), one single-turn trajectory each."""
+    from search.reward_env import task_messages
+
+    out, prompts = [], {}
+    for row in read_jsonl(Path(service_dir) / "rewards.jsonl"):
+        if row.get("episode_id"):
+            continue
+        key = (row["kernel"], row["dtype"])
+        if not row.get("messages") and key not in prompts:
+            prompts[key] = task_messages(*key)
+        prompt = row.get("messages") or prompts[key]
+        response = row.get("response") or f"```cuda\n{row['source'].strip()}\n```"
+        evidence = {"request_id": row["request_id"], "cached": row.get("cached"), **(row.get("evidence") or {})}
+        turn = Turn(row["source"], row.get("feedback") or "", row["status"], row["score"], row.get("speedup"),
+                    row["variant_id"], json.dumps(evidence, default=str))
+        out.append(Trajectory(f"request:{row['request_id']}", "service", Path(service_dir).name, row["kernel"],
+                              row["dtype"], (*prompt, {"role": "assistant", "content": response}), (turn,),
+                              bool(row.get("synthetic")), float(row.get("time") or 0.0)))
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m search.trajectory",
-                                     description="Writes a search run's trajectories in the RL trajectory schema.")
-    parser.add_argument("run_dir", type=Path, help="a run directory (runs/<id>)")
-    parser.add_argument("--out", type=Path, default=None, help="output file (default RUN_DIR/export/rl_trajectories.jsonl)")
+                                     description="Writes trajectories of a search run or a reward service's "
+                                                 "requests in the RL trajectory schema.")
+    parser.add_argument("run_dir", type=Path, help="a run directory (runs/<id>) or a reward service's directory")
+    parser.add_argument("--out", type=Path, default=None, help="output file (default DIR/export/rl_trajectories.jsonl)")
     args = parser.parse_args(argv)
     try:
-        rows = from_search_run(args.run_dir)
+        if (args.run_dir / "rewards.jsonl").is_file():
+            rows = from_service(args.run_dir)
+        else:
+            rows = from_search_run(args.run_dir)
     except (FileNotFoundError, TrajectoryError) as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

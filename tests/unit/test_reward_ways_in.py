@@ -22,6 +22,7 @@ from search.trajectory import (
     POLARS_SCHEMA,
     SCHEMA,
     from_search_run,
+    from_service,
     read_trajectories,
     write_trajectories,
 )
@@ -150,7 +151,13 @@ def test_search_and_service_trajectories_share_one_schema(served, run_dir, tmp_p
     searched = from_search_run(run_dir)
     assert searched and all(t.origin == "search" for t in searched)
     path = write_trajectories(tmp_path / "search.jsonl", searched)
-    both = pl.concat([read_trajectories(path), read_trajectories(out / "trajectories.jsonl")])
+    single = from_service(out)  # every served request but those of episodes, one turn each
+    assert single and all(len(t.turns) == 1 and t.messages[-1]["role"] == "assistant" for t in single)
+    responses = [t.messages[-1]["content"] for t in single]
+    assert any("<think>" in r for r in responses)  # verl's response as the model wrote it
+    assert "Plan: nothing yet." not in responses  # the episode's turn is in trajectories.jsonl
+    served_path = write_trajectories(tmp_path / "served.jsonl", single)
+    both = pl.concat([read_trajectories(p) for p in (path, served_path, out / "trajectories.jsonl")])
     assert dict(both.schema) == POLARS_SCHEMA and set(both["schema"]) == {SCHEMA}
     assert set(both["origin"]) == {"search", "service"}
     # Rewards of search steps follow the service's shaping: a compile error scores 0, not a penalty.
@@ -159,7 +166,8 @@ def test_search_and_service_trajectories_share_one_schema(served, run_dir, tmp_p
     if importlib.util.find_spec("datasets") is not None:
         import datasets
 
-        ds = datasets.load_dataset("json", data_files=[str(path), str(out / "trajectories.jsonl")], split="train")
+        ds = datasets.load_dataset("json", data_files=[str(path), str(served_path), str(out / "trajectories.jsonl")],
+                                   split="train")
         assert len(ds) == both.height
 
 
