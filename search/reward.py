@@ -36,12 +36,12 @@ from kernels.records import ShapeSet, Stage, eval_key, read_jsonl
 from kernels.spec import KernelSpecError, kernel_ref, list_kernels, load_kernel
 from kernels.variant import Variant
 from kernels.verdict import Evaluation, Status
-from search.config import DTYPES, EvaluatorConfig, RunConfig, dump_config
+from search.config import DTYPES, dump_config
 from search.export_rewards import ProposalOutcome
 from search.jobs import Evaluations, Job
 from search.records import RunRecords, load_history
 from search.reward_queue import FairQueue
-from search.reward_shaping import Shaping
+from search.reward_shaping import RewardConfig
 from search.state import KernelState
 
 REWARDS_FILE = "rewards.jsonl"
@@ -69,49 +69,6 @@ class RewardRequestError(ValueError):
 
 class ServiceError(RuntimeError):
     """The service itself failed (its loop stopped): no verdict on the kernel."""
-
-
-@dataclass(frozen=True)
-class RewardConfig:
-    """How the service judges.
-
-    Attributes:
-        evaluator: ``gpu`` or ``standin`` (CPU test double: synthetic numbers).
-        gpus: evaluator actors.
-        dtype: dtype of requests that name none.
-        kernels: the kernel names requests may give (empty: any library kernel; never a path).
-        heldout / sanitize / loop: the gates a correct verdict passes before it pays.
-        shaping: verdict -> reward.
-        retries: times an evaluation is retried after its evaluator actor died.
-        standin_latency_s: stand-in only: seconds each evaluation sleeps.
-        seed: seeds the held-out shapes drawn per kernel.
-        max_inflight: requests being judged at once (default: 2 per evaluator).
-        evaluation_timeout_s: an evaluator call that takes longer ends its actor (replaced)
-            and answers TIMEOUT (:meth:`search.pool.EvalPool.expire`).
-        compile_on_cpu_nodes: send compile tasks to the cluster's CPU-only nodes, as a
-            search on a cluster does (:class:`search.pool.AdmissionTasks`).
-    """
-
-    evaluator: str = "gpu"
-    gpus: int = 1
-    dtype: str = "float16"
-    kernels: tuple[str, ...] = ()
-    heldout: bool = True
-    sanitize: bool = True
-    loop: bool = True
-    shaping: Shaping = field(default_factory=Shaping)
-    retries: int = 1
-    standin_latency_s: float = 0.0
-    seed: int = 0
-    max_inflight: int = 0
-    evaluation_timeout_s: float = 900.0
-    compile_on_cpu_nodes: bool = False
-
-    def run_config(self) -> RunConfig:
-        evaluator = EvaluatorConfig(kind=self.evaluator, gpus=self.gpus, retries=self.retries,
-                                    standin_latency_s=self.standin_latency_s, sanitize=self.sanitize)
-        return RunConfig(kernels=self.kernels or ("silu_and_mul",), dtype=self.dtype, seed=self.seed,
-                         evaluator=evaluator)
 
 
 @dataclass

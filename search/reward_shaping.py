@@ -1,4 +1,5 @@
-"""Reward shaping for RL trainers: from an evaluator's verdict to one number.
+"""Reward shaping for RL trainers (from an evaluator's verdict to one number), and the
+reward service's configuration (:class:`RewardConfig`).
 
 The default shaping (docs/rl.md gives the reasons):
 
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernels.verdict import Status
+from search.config import EvaluatorConfig, RunConfig
 from search.export_rewards import Outcome, ProposalOutcome
 
 DEFAULT_PENALTIES: dict[str, float] = {
@@ -99,3 +101,46 @@ class Shaping:
         penalties = {**DEFAULT_PENALTIES, **dict(d.get("penalties", {}))}
         return cls(float(d.get("correct", 0.1)), float(d.get("speedup_weight", 1.0)),
                    float(d.get("max_score", 3.0)), {str(k): float(v) for k, v in penalties.items()})
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """How the service judges.
+
+    Attributes:
+        evaluator: ``gpu`` or ``standin`` (CPU test double: synthetic numbers).
+        gpus: evaluator actors.
+        dtype: dtype of requests that name none.
+        kernels: the kernel names requests may give (empty: any library kernel; never a path).
+        heldout / sanitize / loop: the gates a correct verdict passes before it pays.
+        shaping: verdict -> reward.
+        retries: times an evaluation is retried after its evaluator actor died.
+        standin_latency_s: stand-in only: seconds each evaluation sleeps.
+        seed: seeds the held-out shapes drawn per kernel.
+        max_inflight: requests being judged at once (default: 2 per evaluator).
+        evaluation_timeout_s: an evaluator call that takes longer ends its actor (replaced)
+            and answers TIMEOUT (:meth:`search.pool.EvalPool.expire`).
+        compile_on_cpu_nodes: send compile tasks to the cluster's CPU-only nodes, as a
+            search on a cluster does (:class:`search.pool.AdmissionTasks`).
+    """
+
+    evaluator: str = "gpu"
+    gpus: int = 1
+    dtype: str = "float16"
+    kernels: tuple[str, ...] = ()
+    heldout: bool = True
+    sanitize: bool = True
+    loop: bool = True
+    shaping: Shaping = field(default_factory=Shaping)
+    retries: int = 1
+    standin_latency_s: float = 0.0
+    seed: int = 0
+    max_inflight: int = 0
+    evaluation_timeout_s: float = 900.0
+    compile_on_cpu_nodes: bool = False
+
+    def run_config(self) -> RunConfig:
+        evaluator = EvaluatorConfig(kind=self.evaluator, gpus=self.gpus, retries=self.retries,
+                                    standin_latency_s=self.standin_latency_s, sanitize=self.sanitize)
+        return RunConfig(kernels=self.kernels or ("silu_and_mul",), dtype=self.dtype, seed=self.seed,
+                         evaluator=evaluator)
