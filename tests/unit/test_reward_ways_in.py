@@ -212,3 +212,19 @@ def test_an_llm_policy_over_the_openai_api_plays_an_episode(served):
         second_prompt = llm.chat_requests()[1]["body"]["messages"]
     assert rewards[0] <= 0 < rewards[1]
     assert second_prompt[-1]["role"] == "user" and "COMPILE_ERROR" in second_prompt[-1]["content"]
+
+
+def test_verl_loads_the_reward_function_by_its_path_from_anywhere(tmp_path):
+    """verl imports ``custom_reward_function.path`` as a file, from the trainer's folder."""
+    import os
+    import subprocess
+    import sys
+
+    path = Path(__file__).resolve().parents[2] / "search" / "reward_verl.py"
+    code = ("import importlib.util, sys\n"
+            f"spec = importlib.util.spec_from_file_location('custom_module', {str(path)!r})\n"
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+            "print(m.compute_score.__name__)")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "compute_score", out.stderr[-2000:]
