@@ -11,7 +11,7 @@ coverage make a variant "faster"). Every evaluation it returns carries
 
 Marker comments force outcomes, for testing the loop's failure paths::
 
-    // standin: crash | incorrect | timeout | rejected | incorrect-heldout | kill-process
+    // standin: crash | incorrect | timeout | rejected | incorrect-heldout | kill-process | hang
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ DEVICE_NAME = "cpu-standin"
 _COPY_BW = 4.3e12  # bytes/s; the H200's practical copy ceiling, so fractions look plausible
 _SMS = 132
 _LAUNCH_MS = 0.003
+HANG_S = 3600.0  # how long the ``hang`` marker blocks an evaluation
 _MARKER_RE = re.compile(r"^\s*//\s*standin\s*:\s*([a-z-]+)", re.MULTILINE)
 _FEATURES = (  # (pattern, efficiency gained): the levers the reference facts name
     (re.compile(r"float4|uint4|int4|half2|__half2|__nv_bfloat162|reinterpret_cast"), 0.30),
@@ -131,6 +132,10 @@ class StandinEvaluator(Evaluator):
                 # Stands in for a fault that takes the evaluator's own process down (as a
                 # driver failure could): the run must replace the actor and go on.
                 os._exit(17)
+            if marker == "hang":
+                # Stands in for an evaluator that stops answering (a stuck driver call): only
+                # its caller's deadline ends it.
+                time.sleep(HANG_S)
             if marker == "incorrect-heldout" and request.shape_set == "heldout":
                 return self._fail(request, Status.INCORRECT, "stand-in: forced INCORRECT on held-out shapes")
             if marker in _STATUS_OF_MARKER:

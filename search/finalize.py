@@ -683,8 +683,8 @@ def finalize(ctl: Controller, warmup: PeerWarmup | None = None, cache: PeerCache
             sharing = max(sharing, min(sharing * cfg.peer_runs, (os.cpu_count() or 2) // 2))
         ctl.pool.renew(size=max(1, min(len(ctl.pool.actors), len(ctl.states))), max_concurrency=sharing)
         device = ctl.pool.device_name()
-    since = time.time()
-    end.loops_started = since
+    since = time.monotonic()  # the pool's call spans are on the monotonic clock
+    end.loops_started = time.time()
     with clock.stage("sanitizer, final timing and peers"):
         results = end.finish()
     clock.calls = by_kind(ctl.pool.spans, since)

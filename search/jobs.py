@@ -123,8 +123,18 @@ class Evaluations:
             out["evaluator call"] = self.pool.pending()
         return out
 
-    def drain(self, done: Callable[[], bool]) -> None:
-        """Runs continuations until ``done()``; waits on Ray for whatever is in flight."""
+    def busy(self) -> bool:
+        """Whether anything is in flight or waiting for the loop's next turn."""
+        return bool(self._ready or self._tasks or self.pool.pending())
+
+    def drain(self, done: Callable[[], bool], wait_s: float = 1.0) -> None:
+        """Runs continuations until ``done()``; waits on Ray for whatever is in flight.
+
+        Args:
+            done: checked between turns of the loop.
+            wait_s: longest wait for Ray per turn (how late ``done()`` may see a change made
+                by another thread, e.g. a reward request queued meanwhile).
+        """
         while True:
             while self._ready:
                 self._ready.popleft()()
@@ -133,7 +143,7 @@ class Evaluations:
             refs = list(self._tasks) + self.pool.refs()
             if not refs:
                 raise RuntimeError("search stalled: nothing in flight and not done (a bug)")
-            ready, _ = ray.wait(refs, num_returns=1, timeout=1.0)
+            ready, _ = ray.wait(refs, num_returns=1, timeout=wait_s)
             for ref in ready:
                 if ref in self._tasks:
                     self._task_kinds.pop(ref, None)

@@ -393,6 +393,8 @@ class Call:
             exclusive call: a timed evaluation or peers' loop has its GPU to itself.
         what: a label for messages (kernel and variant).
         tries: retries used so far.
+        started: when the call was sent to its actor (monotonic seconds).
+        expired: :meth:`EvalPool.expire` ended its actor: the call is answered, not retried.
     """
 
     owner: Any
@@ -404,6 +406,7 @@ class Call:
     slot: int = field(default=-1, compare=False)
     actor: Any = field(default=None, compare=False, repr=False)
     started: float = field(default=0.0, compare=False)
+    expired: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -470,7 +473,7 @@ class EvalPool:
             else:
                 self.sharing[slot] += 1
             call.actor = self.actors[call.slot]
-            call.started = time.time()
+            call.started = time.monotonic()
             ref = getattr(call.actor, call.method).remote(*call.args)
             self.inflight[ref] = call
         self.queue = waiting
@@ -500,6 +503,10 @@ class EvalPool:
             value = ray.get(ref)
         except RayActorError as exc:
             self._replace(call)
+            if call.expired:
+                self._dispatch()
+                return self._failed(call, f"the evaluator did not answer within {time.monotonic() - call.started:.0f} s "
+                                          "and was replaced", Status.TIMEOUT)
             if call.tries < self.retries:
                 call.tries += 1
                 self.queue.appendleft(call)
@@ -522,7 +529,7 @@ class EvalPool:
         return Answer(call, value, busy)
 
     def _release(self, call: Call) -> None:
-        self.spans.append((call.method, call.started, time.time()))
+        self.spans.append((call.method, call.started, time.monotonic()))
         self._free(call)
         self._dispatch()
 
@@ -540,10 +547,22 @@ class EvalPool:
             self.replaced += 1
         self._free(call)
 
-    def _failed(self, call: Call, message: str) -> Answer:
+    def expire(self, limit_s: float) -> int:
+        """Ends every actor whose exclusive call has run longer than ``limit_s``: an evaluator
+        that stopped answering (a hung kernel is the sandbox worker's watchdog's, a TIMEOUT
+        verdict without this). The call is answered TIMEOUT (an ``evaluate``) or with an
+        error, never retried, and the actor is replaced; returns how many were ended."""
+        now = time.monotonic()
+        overdue = [c for c in self.inflight.values() if c.exclusive and not c.expired and now - c.started > limit_s]
+        for call in overdue:
+            call.expired = True
+            ray.kill(call.actor)
+        return len(overdue)
+
+    def _failed(self, call: Call, message: str, status: Status = Status.CRASH) -> Answer:
         print(f"!! {call.method} {call.what}: {message}", file=sys.stderr, flush=True)
         if call.method == "evaluate":
-            return Answer(call, _crash(call.args[0], message), 0.0, message)
+            return Answer(call, _crash(call.args[0], message, status), 0.0, message)
         return Answer(call, None, 0.0, message)
 
     def renew(self, size: int | None = None, max_concurrency: int = 1) -> None:
@@ -594,8 +613,8 @@ def _cause(exc: RayTaskError) -> str:
     return lines[-1] if lines else type(exc).__name__
 
 
-def _crash(request: EvalRequest, message: str) -> Evaluation:
+def _crash(request: EvalRequest, message: str, status: Status = Status.CRASH) -> Evaluation:
     return Evaluation(
-        status=Status.CRASH, message=message, kernel=request.variant.kernel, dtype=request.dtype,
+        status=status, message=message, kernel=request.variant.kernel, dtype=request.dtype,
         variant_id=request.variant.id, params=dict(request.params), shape_set=request.shape_set,
     )

@@ -54,7 +54,7 @@ class RunRecords:
         run_id: the run's id, stamped on evaluation records.
     """
 
-    FILES = ("evaluations", "proposals", "replies", "llm_calls", "rounds", "answers")
+    FILES: tuple[str, ...] = ("evaluations", "proposals", "replies", "llm_calls", "rounds", "answers")
 
     def __init__(self, run_dir: Path, run_id: str) -> None:
         self.dir = Path(run_dir)
