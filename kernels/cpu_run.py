@@ -48,7 +48,8 @@ class CpuRunError(RuntimeError):
     def first_line(self) -> str:
         """The first error line of the output (the whole of it is long), at most 300 characters."""
         lines = [ln.strip() for ln in self.detail.splitlines() if ln.strip()]
-        errors = [ln for ln in lines if "error" in ln.lower()] or lines or ["no output"]
+        errors = [ln for ln in lines if "error" in ln.lower() and "collect2" not in ln
+                  or "undefined reference" in ln] or lines or ["no output"]
         return errors[0][:300]
 
 SHIM = r"""
@@ -129,6 +130,29 @@ static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 static inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
 static inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }
+// Fast-math intrinsics at full precision (within every tolerance of the fast ones); macros,
+// since glibc declares some of these names (__expf, __logf) for itself.
+static inline float cg_saturate(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
+#define __expf(x) std::exp(static_cast<float>(x))
+#define __exp10f(x) std::pow(10.0f, static_cast<float>(x))
+#define __logf(x) std::log(static_cast<float>(x))
+#define __log2f(x) std::log2(static_cast<float>(x))
+#define __log10f(x) std::log10(static_cast<float>(x))
+#define __sinf(x) std::sin(static_cast<float>(x))
+#define __cosf(x) std::cos(static_cast<float>(x))
+#define __tanf(x) std::tan(static_cast<float>(x))
+#define __tanhf(x) std::tanh(static_cast<float>(x))
+#define __powf(x, y) std::pow(static_cast<float>(x), static_cast<float>(y))
+#define __fdividef(x, y) (static_cast<float>(x) / static_cast<float>(y))
+#define __fdiv_rn(x, y) (static_cast<float>(x) / static_cast<float>(y))
+#define __frcp_rn(x) (1.0f / static_cast<float>(x))
+#define __fsqrt_rn(x) std::sqrt(static_cast<float>(x))
+#define __frsqrt_rn(x) (1.0f / std::sqrt(static_cast<float>(x)))
+#define __fmul_rn(x, y) (static_cast<float>(x) * static_cast<float>(y))
+#define __fadd_rn(x, y) (static_cast<float>(x) + static_cast<float>(y))
+#define __fsub_rn(x, y) (static_cast<float>(x) - static_cast<float>(y))
+#define __fmaf_rn(x, y, z) std::fma(static_cast<float>(x), static_cast<float>(y), static_cast<float>(z))
+#define __saturatef(x) cg_saturate(static_cast<float>(x))
 template <typename T> static inline T atomicAdd(T* p, T v) { return std::atomic_ref<T>(*p).fetch_add(v); }
 template <typename T> static inline T atomicOr(T* p, T v) { return std::atomic_ref<T>(*p).fetch_or(v); }
 template <typename A, typename B> static inline auto min(A a, B b) { return a < b ? a : b; }
