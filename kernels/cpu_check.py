@@ -33,13 +33,15 @@ from kernels.folders import folder_digest
 from kernels.launch import LaunchSpecError
 from kernels.nvrtc import cache_root
 from kernels.records import atomic_write
-from kernels.spec import KernelSpec, Shape, shape_label
+from kernels.spec import KernelSpec, Shape, shape_key, shape_label
 from kernels.verdict import Status
 
 MAX_ELEMENTS = 2**20  # per shape, all tensors together: a few seconds at most on the emulator
 SHAPE_COUNT = 2
 UNVERIFIED = "cpu_unverified"  # the guard of a kernel the emulator cannot run
 _VERSION = "1"  # bump when what a verdict means changes
+# (input case, shape, the inputs made for it, the reference's outputs on them)
+_Run = tuple[str, dict[str, int], dict[str, Any], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -77,15 +79,24 @@ def cpu_shapes(spec: KernelSpec, pool: Sequence[Shape] | None = None, count: int
     return small[:count] or shapes[:1]
 
 
-def _key(spec: KernelSpec, source: str, dtype: str, params: Mapping[str, int], shapes: Sequence[Shape],
-         cases: Sequence[str]) -> str:
+def _key(spec: KernelSpec, source: str, dtype: str, params: Mapping[str, int], runs: Sequence[_Run]) -> str:
+    """Everything a verdict depends on: the emulator, the source, dtype and parameters, the
+    kernel folder, and the very inputs and expected outputs (shared input helpers outside the
+    folder may change them), with the tolerances."""
+    import torch
+
     h = hashlib.sha256()
-    parts = (_VERSION, cpu_run.SHIM, str(cpu_run.CXX), source, dtype, json.dumps(dict(sorted(params.items()))),
-             folder_digest(spec.directory) if spec.directory else spec.name,
-             json.dumps([sorted(s.items()) for s in shapes]), ",".join(cases))
+    parts = [_VERSION, Path(cpu_run.__file__).read_text(), str(cpu_run.CXX), source, dtype,
+             json.dumps(dict(sorted(params.items()))), folder_digest(spec.directory) if spec.directory else spec.name,
+             json.dumps(sorted(spec.tolerance(d) for d in ("float16", "bfloat16", "float32")))]
     for part in parts:
         h.update(part.encode())
         h.update(b"\1")
+    for case, shape, made, want in runs:
+        h.update(f"{case}{sorted(shape.items())}".encode())
+        for name, t in sorted({**made, **{f"want {k}": v for k, v in want.items()}}.items()):
+            h.update(name.encode())
+            h.update(t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:32]
 
 
@@ -102,29 +113,37 @@ def check_on_cpu(spec: KernelSpec, source: str, dtype: str, params: Mapping[str,
         shapes: the shapes to run on.
         cache_dir: where verdicts are kept (``cpu/`` under it; default the compile cache).
     """
-    shapes = [dict(s) for s in (shapes or cpu_shapes(spec))]
+    chosen = [dict(s) for s in (shapes or cpu_shapes(spec))]
     cases = ("random", *spec.edge_cases)
     why_not = cpu_run.available()
     if why_not:
         return CpuVerdict(Status.REJECTED, f"not checked on the CPU: the emulator cannot run here ({why_not})",
-                          UNVERIFIED, tuple(shapes), cases)
+                          UNVERIFIED, tuple(chosen), cases)
     params = dict(params or {})
-    key = _key(spec, source, dtype, params, shapes, cases)
+    runs = _prepare(spec, dtype, chosen, cases)
+    key = _key(spec, source, dtype, params, runs)
     path = (cache_dir or cache_root()) / "cpu" / key[:2] / f"{key}.json"
     if path.is_file():
         d = json.loads(path.read_text())
         return CpuVerdict(Status(d["status"]), d["message"], d["guard"],
                           tuple(d["shapes"]), tuple(d["cases"]))
-    verdict = _run_and_compare(spec, source, dtype, params, shapes, cases)
+    verdict = _run_and_compare(spec, source, dtype, params, runs)
     atomic_write(path, json.dumps(dict(asdict(verdict), status=verdict.status.value)).encode())
     return verdict
 
 
-def _inputs(spec: KernelSpec, shape: Shape, dtype: str, case: str) -> dict[str, Any]:
+def _prepare(spec: KernelSpec, dtype: str, shapes: list[dict[str, int]], cases: tuple[str, ...]) -> list[_Run]:
+    """Per case and shape: the inputs (seeded) and the reference's outputs on them."""
     import torch
 
-    return spec.make_inputs(shape, getattr(torch, dtype), torch.Generator().manual_seed(0), case,
-                            torch.device("cpu"))
+    runs = []
+    for case in cases:
+        for shape in shapes:
+            made = spec.make_inputs(shape, getattr(torch, dtype), torch.Generator().manual_seed(0), case,
+                                    torch.device("cpu"))
+            runs.append((case, shape, made, spec.reference({k: v.clone() for k, v in made.items()}, shape,
+                                                             spec.constants)))
+    return runs
 
 
 def _poisoned_bytes(spec: KernelSpec, inputs: Mapping[str, Any]) -> dict[str, Any]:
@@ -147,19 +166,21 @@ def _poisoned_bytes(spec: KernelSpec, inputs: Mapping[str, Any]) -> dict[str, An
 
 
 def _run_and_compare(spec: KernelSpec, source: str, dtype: str, params: dict[str, int],
-                     shapes: list[dict[str, int]], cases: tuple[str, ...]) -> CpuVerdict:
+                     runs: list[_Run]) -> CpuVerdict:
     import torch
 
     from kernels.compare import check_outputs, tolerances
 
-    def verdict(status: Status, message: str, guard: str = "") -> CpuVerdict:
-        return CpuVerdict(status, message, guard, tuple(shapes), cases)
+    shapes = tuple({shape_key(shape): dict(shape) for _, shape, _, _ in runs}.values())
+    cases = tuple(dict.fromkeys(case for case, _, _, _ in runs))
 
-    runs = [(case, shape, _inputs(spec, shape, dtype, case)) for case in cases for shape in shapes]
+    def verdict(status: Status, message: str, guard: str = "") -> CpuVerdict:
+        return CpuVerdict(status, message, guard, shapes, cases)
+
     with tempfile.TemporaryDirectory(prefix="ksearch-cpu-") as tmp:
         try:
             results = cpu_run.run(spec, source, dtype, params,
-                                  [(shape, _poisoned_bytes(spec, made)) for _, shape, made in runs], Path(tmp))
+                                  [(shape, _poisoned_bytes(spec, made)) for _, shape, made, _ in runs], Path(tmp))
         except cpu_run.CpuRunError as exc:
             if exc.stage == "build":
                 return verdict(Status.REJECTED, "not checked on the CPU: the emulator cannot build this kernel "
@@ -167,10 +188,9 @@ def _run_and_compare(spec: KernelSpec, source: str, dtype: str, params: dict[str
             return verdict(Status.CRASH, f"the kernel failed on the CPU emulator ({dtype}): {exc.first_line()}")
         except LaunchSpecError as exc:
             return verdict(Status.RESOURCE_ERROR, f"launch on the CPU emulator: {exc}")
-    for (case, shape, made), got in zip(runs, results, strict=True):
+    for (case, shape, made, want), got in zip(runs, results, strict=True):
         where = f"(on the CPU emulator: case {case}, {dtype}, shape {shape_label(shape)}, params {params})"
         written = {k: torch.from_numpy(b.copy()).view(made[k].dtype).reshape(made[k].shape) for k, b in got.items()}
-        want = spec.reference({k: v.clone() for k, v in made.items()}, shape, spec.constants)
         finding = check_outputs(written, want, tolerances(spec, dtype), spec.compare, where)
         if finding is not None:
             return verdict(Status.INCORRECT, finding.message)

@@ -276,6 +276,8 @@ def run(spec: KernelSpec, source: str, dtype: str, params: Mapping[str, int],
     (workdir / "kernel.cpp").write_text(text)
     # The evaluator's macros (scalar_t, the tune parameters) and include paths, as NVRTC gets them.
     flags = [o for o in build_options(source, dtype, params) if o.startswith(("-D", "-I"))]
+    if CXX is None:
+        raise CpuRunError("build", "no host C++ compiler (g++ or c++) on PATH")
     built = subprocess.run([CXX, "-std=c++20", "-O1", "-w", "-pthread", *flags, "kernel.cpp", "-o", "kernel"],
                            cwd=workdir, capture_output=True, text=True)
     if built.returncode:

@@ -24,7 +24,8 @@ from kernels.verdict import geomean
 from search import spread
 from search.progress import busy_label
 
-STANDIN_WARNING = "STAND-IN EVALUATOR: synthetic numbers from a CPU test double, not measurements"
+STANDIN_WARNING = ("STAND-IN EVALUATOR: synthetic times from a CPU test double, not measurements "
+                   "(its verdicts come from running each variant on the CPU emulator at small shapes)")
 
 
 def git_commit(repo: Path) -> str:
