@@ -144,3 +144,23 @@ def test_a_forward_declared_entry_is_admitted_and_computes_the_reference(silu, t
     entry = find_entry(source, "silu_and_mul")
     assert entry is not None and source[entry.body_open] == "{" and entry.start > source.index("silu_of")
     assert check_on_cpu(silu, source, "float16", cache_dir=tmp_path).verified
+
+
+def test_a_standin_search_stops_on_a_wrong_baseline_before_ray(silu, tmp_path, compile_cache, capsys):
+    """The search checks its baselines on the CPU when it runs on the stand-in: a baseline
+    changed to ``out = gate`` is named INCORRECT on one line, and nothing starts."""
+    import shutil
+
+    import ray
+
+    from search.run import main as run_main
+
+    folder = tmp_path / "lib" / "silu_and_mul"
+    shutil.copytree(silu.directory, folder)
+    (folder / "baseline.cu").write_text(_copy_of_gate(silu))
+    code = run_main(["--kernel-dir", str(tmp_path / "lib"), "--evaluator", "standin", "--out", str(tmp_path / "runs")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    assert "baseline INCORRECT: out[0, 0]: expected" in err and "CPU emulator: case random, float16" in err
+    assert not ray.is_initialized() and not (tmp_path / "runs").exists()
