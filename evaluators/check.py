@@ -2,11 +2,14 @@
 
     python -m evaluators.check --kernel silu_and_mul my_variant.cu [--json] [--shapes heldout]
     python -m evaluators.check --kernel silu_and_mul my_variant.cu --compile-only [--json]
+    python -m evaluators.check --kernel silu_and_mul my_variant.cu --cpu [--json]
 
 Prints a per-shape table (kernel times from CUDA events around single launches, L2 flushed,
 median of the repetitions, baseline and candidate interleaved) or the verdict as JSON.
 ``--compile-only`` runs admission alone (every static check and the sandboxed compile, no GPU
-needed) and prints its verdict. With ``--json`` every outcome, argument errors included, is
+needed) and prints its verdict. ``--cpu`` runs admission, then the variant on the CPU emulator
+at the two smallest shapes of the shape set (every input case, outputs against the reference;
+:mod:`kernels.cpu_check`): a correctness verdict without a GPU, no timing. With ``--json`` every outcome, argument errors included, is
 one JSON object on stdout. Exit status: 0 for OK, 1 for any other verdict, 2 for bad
 arguments or no GPU.
 """
@@ -22,6 +25,7 @@ from typing import Any, NoReturn
 from evaluators.admit import Artifact, admit
 from evaluators.api import EvalRequest, TimingConfig
 from evaluators.compile import DEFAULT_ARCH, CompileLimits
+from kernels.cpu_check import check_on_cpu, cpu_shapes
 from kernels.launch import DeviceLimits
 from kernels.spec import KernelSpec, KernelSpecError, load_kernel, shape_label
 from kernels.variant import Variant
@@ -82,6 +86,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--compile-timeout", type=float, default=CompileLimits().timeout_s,
                    help="wall-clock limit of the compile, seconds")
     p.add_argument("--arch", default=DEFAULT_ARCH, help="compile target with --compile-only")
+    p.add_argument("--cpu", action="store_true",
+                   help="admission, then correctness on the CPU emulator at small shapes (no GPU, no timing)")
     return p
 
 
@@ -110,11 +116,21 @@ def compile_only_verdict(spec: KernelSpec, source: str, dtype: str, params: dict
                 compile_s=outcome.compile_s, cubin_bytes=0)
 
 
+def cpu_verdict(spec: KernelSpec, source: str, dtype: str, admitted: dict[str, Any], shape_set: str) -> dict[str, Any]:
+    """Admission's verdict (``admitted``, status OK) followed by the CPU emulator's."""
+    shapes = cpu_shapes(spec, spec.shapes(shape_set))
+    ran = check_on_cpu(spec, source, dtype, admitted["params"], shapes)
+    return dict(admitted, compile_only=False, cpu=True, status=ran.status.value, message=ran.message,
+                guard=ran.guard, cpu_shapes=list(ran.shapes), cpu_cases=list(ran.cases))
+
+
 def _print_compile_only(verdict: dict[str, Any], as_json: bool) -> int:
     if as_json:
         print(json.dumps(verdict, indent=2))
     else:
-        print(f"{verdict['kernel']} [{verdict['dtype']}] compile only: {verdict['status']}")
+        what = "on the CPU emulator (correctness only, no timing)" if verdict.get("cpu") else "compile only"
+        print(f"{verdict['kernel']} [{verdict['dtype']}] {what}: {verdict['status']}"
+              + (f" (guard: {verdict['guard']})" if verdict.get("guard") else ""))
         print(f"  {verdict['message']}")
         for key in ("params", "registers", "spill_bytes", "stack_bytes", "smem_bytes", "compile_s", "variant_id"):
             if verdict.get(key) not in (None, {}):
@@ -135,8 +151,10 @@ def main(argv: list[str] | None = None) -> int:
         limits = CompileLimits(timeout_s=args.compile_timeout)
     except (_ArgumentError, OSError, ValueError, KernelSpecError) as exc:
         return _fail(str(exc), as_json)
-    if args.compile_only:
+    if args.compile_only or args.cpu:
         verdict = compile_only_verdict(spec, source, args.dtype, params, args.arch, limits)
+        if args.cpu and verdict["status"] == Status.OK.value:
+            verdict = cpu_verdict(spec, source, args.dtype, verdict, args.shapes)
         return _print_compile_only(verdict, args.json)
     import torch
 

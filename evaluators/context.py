@@ -15,6 +15,7 @@ import torch
 
 from evaluators.launcher import Kernel
 from evaluators.validate import Finding
+from kernels.compare import tolerances as tolerances  # shared with the CPU checks
 from kernels.launch import DeviceLimits, LaunchConfig, check_limits
 from kernels.spec import KernelSpec, Shape, load_kernel, shape_label
 from kernels.verdict import Status
@@ -132,15 +133,6 @@ def torch_dtype(name: str) -> torch.dtype:
     dtype = getattr(torch, name)
     assert isinstance(dtype, torch.dtype), name
     return dtype
-
-
-def tolerances(spec: KernelSpec, dtype: str, scale: float = 1.0) -> dict[str, tuple[float, float]]:
-    """(rtol, atol) of every written argument at the run dtype, times ``scale``."""
-    out = {}
-    for a in spec.written_args:
-        rtol, atol = spec.tolerance(a.tensor_dtype(dtype))
-        out[a.name] = (rtol * scale, atol * scale)
-    return out
 
 
 def roofline_finding(spec: KernelSpec, shape: Shape, dtype: str, median_ms: float, copy_bw: float) -> Finding | None:

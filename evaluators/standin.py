@@ -1,13 +1,18 @@
-"""A CPU stand-in evaluator: a TEST DOUBLE, never a source of reported numbers.
+"""A CPU stand-in evaluator: its verdicts are real, its times are not.
 
 It exists so that the search loop (agents, Ray pool, selection, tuning, records, resume)
 can run end to end on a machine without a GPU. What is real: the launch header and
 signature checks and the NVRTC compilation (admission, :func:`evaluators.admit.admit`, the
-same door the GPU evaluator uses), so compile and resource errors are genuine. What is not:
-nothing is validated and nothing runs; the "timings" are a deterministic synthetic cost
-model of the source (vector loads, fast intrinsics, ``__restrict__``, block size and grid
-coverage make a variant "faster"). Every evaluation it returns carries
-``extra["evaluator"] == "standin"``, and runs that use it say so in their summary.
+same door the GPU evaluator uses), so compile and resource errors are genuine; and
+correctness: every admitted variant, at its parameters, runs on the CPU emulator at the two
+smallest shapes of the request's shape set on every input case, against the reference
+(:func:`kernels.cpu_check.check_on_cpu`), so OK means the code computed the right thing
+there. A variant the emulator cannot run (inline PTX, clusters) is REJECTED with guard
+``cpu_unverified``: not known correct, never OK. What is not real: the "timings" are a
+deterministic synthetic cost model of the source (vector loads, fast intrinsics,
+``__restrict__``, block size and grid coverage make a variant "faster"), never a measurement.
+Every evaluation it returns carries ``extra["evaluator"] == "standin"``, and runs that use it
+say so in their summary.
 
 Marker comments force outcomes, for testing the loop's failure paths::
 
@@ -24,6 +29,7 @@ from pathlib import Path
 
 from evaluators.admit import Artifact, admit
 from evaluators.api import EvalRequest, Evaluator
+from kernels.cpu_check import check_on_cpu, cpu_shapes
 from kernels.folders import KernelRef
 from kernels.launch import DeviceLimits, LaunchConfig, LaunchSpecError
 from kernels.spec import KernelSpec, load_kernel
@@ -75,14 +81,17 @@ class StandinEvaluator(Evaluator):
     Args:
         cache_dir: the compile cache (None: the default cache).
         latency_s: seconds each evaluation sleeps, to give tests a slow evaluator.
+        verify_on_cpu: run every admitted variant on the CPU emulator against the reference
+            (False: OK means only "admitted"; for tests of the loop's plumbing alone).
     """
 
     kind = "standin"
     device_name = DEVICE_NAME
 
-    def __init__(self, cache_dir: Path | None = None, latency_s: float = 0.0) -> None:
+    def __init__(self, cache_dir: Path | None = None, latency_s: float = 0.0, verify_on_cpu: bool = True) -> None:
         self.cache_dir = cache_dir
         self.latency_s = latency_s
+        self.verify_on_cpu = verify_on_cpu
         # Keyed by the reference (folder and digest) or the name the caller gave: never by a
         # kernel's name alone when it came as a reference.
         self._specs: dict[KernelRef | str, KernelSpec] = {}
@@ -140,6 +149,14 @@ class StandinEvaluator(Evaluator):
                 return self._fail(request, Status.INCORRECT, "stand-in: forced INCORRECT on held-out shapes")
             if marker in _STATUS_OF_MARKER:
                 return self._fail(request, *_STATUS_OF_MARKER[marker])
+        checked = "outputs not checked (verify_on_cpu off)"
+        if self.verify_on_cpu:
+            cpu = check_on_cpu(spec, source, request.dtype, params, cpu_shapes(spec, request.shapes(spec)),
+                               cache_dir=self.cache_dir)
+            if not cpu.verified:
+                return self._fail(request, cpu.status, f"stand-in: {cpu.message}", guard=cpu.guard,
+                                  registers=admitted.registers, compile_s=admitted.compile_s)
+            checked = cpu.message
         results = []
         if request.time:
             try:
@@ -147,7 +164,8 @@ class StandinEvaluator(Evaluator):
             except LaunchSpecError as exc:
                 return self._fail(request, Status.RESOURCE_ERROR, str(exc))
         return Evaluation(
-            status=Status.OK, message="stand-in: synthetic timing, not a measurement",
+            status=Status.OK, message=f"stand-in: {checked}; times are synthetic (a cost model of the source), "
+                                      "not a measurement",
             kernel=spec.name, dtype=request.dtype, variant_id=request.variant.id,
             params=params, shapes=tuple(results), shape_set=request.shape_set,
             registers=admitted.registers, compile_s=admitted.compile_s,

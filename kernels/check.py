@@ -7,9 +7,13 @@ and signature); ``make_inputs`` sizes every shape on the meta device, drawn held
 included; ``bytes_moved`` and ``flops`` give counts; the baseline's launch fits the device on
 every shape and, for every run dtype, the baseline passes what admission checks of a source
 and its binary (:mod:`kernels.compile_checks`) and compiles with NVRTC (which runs on the
-CPU; outcomes are cached); and the reference runs on the CPU at the smallest search shape for
-every input case (:mod:`kernels.check_run`). Output: one line per problem, ``<folder>: <problem>``, and exit
-1; or one OK line per kernel and exit 0.
+CPU; outcomes are cached); the reference runs on the CPU at the smallest search shape for
+every input case (:mod:`kernels.check_run`); and the baseline itself runs on the CPU emulator
+at the two smallest search shapes, every run dtype and input case, against the reference
+(:mod:`kernels.cpu_check`; verdicts are cached): a baseline that computes the wrong thing is a
+problem. A baseline the emulator cannot run (inline PTX, clusters) is not a problem, but its
+OK line says that its outputs were not checked. Output: one line per problem,
+``<folder>: <problem>``, and exit 1; or one OK line per kernel and exit 0.
 
 The search runs the same checks on its kernels before it starts (:func:`preflight`) and
 stops with the first problem on one line.
@@ -207,9 +211,27 @@ def _merge_runs(found: dict[str, tuple[list[str], list[str]]]) -> list[str]:
     return merged
 
 
-def check_spec(spec: KernelSpec, dtypes: Sequence[str] | None = None) -> list[str]:
+def cpu_problem(spec: KernelSpec, dtype: str, unchecked: list[str] | None = None) -> str | None:
+    """Why the baseline's outputs on the CPU emulator are wrong at ``dtype`` (INCORRECT, or
+    it crashed there), or None; where the emulator cannot run it, the reason goes to
+    ``unchecked`` instead (not a problem: the GPU evaluator checks it)."""
+    from kernels.cpu_check import UNVERIFIED, check_on_cpu
+
+    verdict = check_on_cpu(spec, spec.baseline_source(), dtype)
+    if verdict.guard == UNVERIFIED:
+        if unchecked is not None:
+            unchecked.append(verdict.message)
+        return None
+    if verdict.verified:
+        return None
+    return f"baseline {verdict.status.value}: {verdict.message}"
+
+
+def check_spec(spec: KernelSpec, dtypes: Sequence[str] | None = None, cpu: bool = True,
+               unchecked: list[str] | None = None) -> list[str]:
     """Every problem of a loaded spec, in order, each once (``dtypes``: the run dtypes to
-    compile and run, default all the spec's)."""
+    compile and run, default all the spec's; ``cpu``: run the baseline on the CPU emulator
+    too, noting in ``unchecked`` where it cannot)."""
     sizes: dict[tuple[tuple[str, int], ...], int | str] = {}
     problems = static_problems(spec, sizes)
     shape = smallest_shape(spec, sizes)
@@ -227,34 +249,44 @@ def check_spec(spec: KernelSpec, dtypes: Sequence[str] | None = None) -> list[st
                 seen.append(value)
 
     for dtype in dtypes or spec.dtypes:
-        note(compile_problem(spec.baseline_source(), spec.name, dtype), dtype)
+        compiled = compile_problem(spec.baseline_source(), spec.name, dtype)
+        note(compiled, dtype)
+        clean = compiled is None and not problems
         for case in ("random", *spec.edge_cases):
             for message in run_case(spec, shape, dtype, case):
                 note(message, dtype, case)
+                clean = False
+        if cpu and clean:  # the baseline is held to inputs and a reference that are sound
+            wrong = cpu_problem(spec, dtype, unchecked)
+            note(wrong, dtype)
+            cpu = not wrong  # one dtype's mismatch is enough to say (the others differ in numbers only)
     return list(dict.fromkeys(problems + _merge_runs(found)))
 
 
-def check_folder(folder: Path, dtypes: Sequence[str] | None = None) -> tuple[KernelSpec | None, list[str]]:
-    """Loads and checks one kernel folder: (the spec if it loaded, its problems)."""
+def check_folder(folder: Path, dtypes: Sequence[str] | None = None,
+                 unchecked: list[str] | None = None) -> tuple[KernelSpec | None, list[str]]:
+    """Loads and checks one kernel folder: (the spec if it loaded, its problems); why the
+    baseline could not run on the CPU, if so, goes to ``unchecked``."""
     try:
         spec = load_kernel(folder)
     except KernelSpecError as exc:
         return None, [" ".join(str(exc).split())]
     except Exception as exc:  # spec.py itself fails: a syntax error, an import, a bad argument
         return None, [f"spec.py cannot be loaded: {describe_error(exc)}"]
-    return spec, check_spec(spec, dtypes)
+    return spec, check_spec(spec, dtypes, unchecked=unchecked)
 
 
-def preflight(specs: Iterable[KernelSpec], dtype: str) -> None:
+def preflight(specs: Iterable[KernelSpec], dtype: str, cpu: bool = False) -> None:
     """The checks of ``python -m kernels.check`` for the kernels a run is about to search, at
-    the run's dtype.
+    the run's dtype; the baseline's CPU run only with ``cpu`` (a stand-in run: on a GPU the
+    evaluator checks the baseline's outputs).
 
     Raises:
         KernelCheckError: the first problem found, on one line naming the kernel's folder, and
             how many more there are.
     """
     for spec in specs:
-        problems = check_spec(spec, (dtype,))
+        problems = check_spec(spec, (dtype,), cpu=cpu)
         if problems:
             more = f" (and {len(problems) - 1} more: python -m kernels.check {spec.directory})" if len(problems) > 1 else ""
             raise KernelCheckError(f"{spec.directory}: {problems[0]}{more}")
@@ -272,14 +304,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{given}: not a kernel folder (no spec.py) and holds no kernel folders (NAME/spec.py)")
             bad += 1
         for folder in folders:
-            spec, problems = check_folder(folder)
+            unchecked: list[str] = []
+            spec, problems = check_folder(folder, unchecked=unchecked)
             for problem in problems:
                 print(f"{folder}: {problem}")
             bad += bool(problems)
             if spec is not None and not problems:
                 cases = 1 + len(spec.edge_cases)
+                ran = (f"baseline outputs {unchecked[0]}" if unchecked else
+                       "baseline matches it on the CPU emulator at small shapes")
                 print(f"{folder}: OK ({spec.name}: baseline compiles for {', '.join(spec.dtypes)}; reference "
-                      f"checked on {cases} input case(s))")
+                      f"checked on {cases} input case(s); {ran})")
     return 1 if bad else 0
 
 

@@ -317,19 +317,30 @@ _QUALIFIERS = {"const", "__restrict__", "__restrict", "restrict", "volatile"}
 
 
 def check_signature(spec: KernelSpec, source: str) -> None:
-    """Checks that the variant defines the entry point with the spec's argument list.
+    """Checks that the variant defines the entry point once with the spec's argument list;
+    declarations of it (the signature followed by ``;``, as a forward declaration) may come
+    before the definition, and are held to the same argument list.
 
     Raises:
-        KernelSpecError: the entry is missing, or its parameters differ in count or type.
+        KernelSpecError: the entry is missing or defined more than once, or its parameters
+            differ in count or type.
     """
-    matches = re.findall(_SIG_RE.format(name=re.escape(spec.name)), source)
-    if not matches:
+    found = list(re.finditer(_SIG_RE.format(name=re.escape(spec.name)), source))
+    definitions = [m for m in found if not source[m.end():].lstrip().startswith(";")]
+    if not definitions:
         raise KernelSpecError(
             f'no entry point `extern "C" __global__ void {spec.name}(...)` in the variant'
+            + (" (only a declaration)" if found else "")
         )
-    if len(matches) > 1:
+    if len(definitions) > 1:
         raise KernelSpecError(f"the entry point {spec.name} is defined more than once")
-    params = [p.strip() for p in matches[0].split(",") if p.strip()]
+    for m in found:
+        _check_params(spec, m.group(1))
+
+
+def _check_params(spec: KernelSpec, text: str) -> None:
+    """The parameter list ``text`` of an entry's declaration or definition against the spec."""
+    params = [p.strip() for p in text.split(",") if p.strip()]
     expected = spec.c_signature()
     if len(params) != len(expected):
         raise KernelSpecError(

@@ -26,7 +26,8 @@ from search.outcome import outcome_line, proposal_outcome
 from search.progress import busy_label
 from search.run_report import SPEEDUPS, dispatch_lines, print_synthetic_summary
 
-STANDIN_WARNING = "STAND-IN EVALUATOR: synthetic numbers from a CPU test double, not measurements"
+STANDIN_WARNING = ("STAND-IN EVALUATOR: synthetic times from a CPU test double, not measurements "
+                   "(its verdicts come from running each variant on the CPU emulator at small shapes)")
 
 
 def git_commit(repo: Path) -> str:

@@ -437,7 +437,7 @@ def checked_kernels(config: RunConfig) -> list[tuple[KernelSpec, KernelRef]]:
             cannot start as asked.
     """
     kernels = resolve_kernels(config)
-    preflight((spec for spec, _ in kernels), config.dtype)
+    preflight((spec for spec, _ in kernels), config.dtype, cpu=config.evaluator.kind == "standin")
     check_agent(config)
     check_local_gpu(config)
     return kernels

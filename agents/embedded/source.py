@@ -37,7 +37,9 @@ class Entry:
 
 def find_entry(source: str, name: str) -> Entry | None:
     """Locates ``extern "C" __global__ void name(...) { ... }``; None when absent or odd."""
-    m = re.search(_ENTRY_RE.format(name=re.escape(name)), source)
+    # The definition: a forward declaration (the signature and ``;``) may come first.
+    m = next((d for d in re.finditer(_ENTRY_RE.format(name=re.escape(name)), source)
+              if not source[d.end():].lstrip().startswith(";")), None)
     if m is None:
         return None
     brace = source.find("{", m.end())

@@ -104,6 +104,9 @@ BROKEN = [
     ("no_baseline", "baseline.cu", None, None, "missing"),
     ("description_todo", "spec.py", 'description="out[i] = x[i] * y[i] in fp32, rounded once."',
      'description="TODO: describe the kernel for the agents."', "description still says TODO"),
+    # Compiles and passes admission, but computes out = x: only running it shows that.
+    ("baseline_computes_the_wrong_thing", "baseline.cu", "static_cast<float>(x[i]) * static_cast<float>(y[i])",
+     "static_cast<float>(x[i])", "baseline INCORRECT: out[0]: expected"),
 ]
 
 
@@ -142,7 +145,8 @@ def test_the_template_kernel_passes(tmp_path, compile_cache, capsys):
     folder = write_kernel(tmp_path / "mul2")
     assert main([str(folder)]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        f"{folder}: OK (mul2: baseline compiles for float16, bfloat16; reference checked on 2 input case(s))"]
+        f"{folder}: OK (mul2: baseline compiles for float16, bfloat16; reference checked on 2 input case(s); "
+        "baseline matches it on the CPU emulator at small shapes)"]
 
 
 @pytest.mark.parametrize("case", BROKEN, ids=[c[0] for c in BROKEN])

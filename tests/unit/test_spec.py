@@ -130,6 +130,29 @@ def test_signature_mismatches_are_refused(source: str, fragment: str) -> None:
         check_signature(_spec(), source)
 
 
+FORWARD = 'extern "C" __global__ void __cluster_dims__(2, 1, 1) scale(scalar_t* out, const scalar_t* x, int n, float eps);'
+
+
+def test_a_forward_declaration_and_one_definition_are_accepted() -> None:
+    """An honest kernel may declare its entry point before helpers that name it, then define it."""
+    defined = GOOD.replace("void scale(", "void __cluster_dims__(2, 1, 1) scale(")
+    check_signature(_spec(), FORWARD + "\n__device__ int helper();\n" + defined)
+    check_signature(_spec(), FORWARD + "\n" + FORWARD + "\n" + defined)  # C++ allows repeating it
+
+
+@pytest.mark.parametrize(
+    ("source", "fragment"),
+    [
+        (FORWARD + "\n" + GOOD + "\n" + GOOD, "defined more than once"),
+        (FORWARD, r"no entry point .* \(only a declaration\)"),
+        (FORWARD.replace("float eps", "double eps") + "\n" + GOOD, "argument eps must be of type float"),
+    ],
+)
+def test_declarations_do_not_hide_a_second_definition_or_a_wrong_signature(source: str, fragment: str) -> None:
+    with pytest.raises(KernelSpecError, match=fragment):
+        check_signature(_spec(), source)
+
+
 def test_fixed_dtype_arguments_keep_their_c_type() -> None:
     spec = _spec(args=(*ARGS[:2], Arg("idx", "tensor", dtype="int64"), *ARGS[2:]))
     source = GOOD.replace("int n", "const long long* idx, int n")
