@@ -31,6 +31,7 @@ def _pool(size: int) -> tuple[EvalPool, list[tuple[int, str]]]:
     pool = EvalPool.__new__(EvalPool)
     pool.actors = [_Actor(log, i) for i in range(size)]
     pool.idle, pool.sharing, pool.queue, pool.inflight = deque(range(size)), [0] * size, deque(), {}
+    pool.spans = []
     return pool, log
 
 
