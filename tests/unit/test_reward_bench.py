@@ -17,7 +17,7 @@ def test_percentile_interpolates():
 def test_standin_bench_writes_its_report(tmp_path):
     out = tmp_path / "bench"
     assert main(["--evaluator", "standin", "--clients", "4", "--duration-s", "5", "--kernel", "silu_and_mul",
-                 "--fixtures", str(FIXTURE_DIR), "--out", str(out)]) == 0
+                 "--fixtures", str(FIXTURE_DIR), "--out", str(out), "--grace-s", "600"]) == 0
     result = json.loads((out / "reward_bench.json").read_text())
     r = result["results"]
     assert result["gpu"] == "cpu-standin" and result["clients"] == 4 and result["command"].startswith("python -m")
