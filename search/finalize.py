@@ -270,7 +270,7 @@ class EndOfRun:
         self.cache = cache
         # progress over the peers' loops (one line each, with an estimate of what is left)
         cfg = ctl.config.evaluator
-        self.loops_expected = (sum(cfg.peer_runs * (2 if st.spec.heldout_shapes else 1) for st in ctl.states)
+        self.loops_expected = (sum(cfg.peer_runs * len(loop_sets(st)) for st in ctl.states)
                                if cfg.peers else 0)
         self.loops_done = 0
         self.loops_started = time.time()
@@ -475,9 +475,7 @@ class EndOfRun:
         # one loop's times; which member runs on which shape was fixed before (no member is
         # chosen on the times it is reported with).
         ours = {**_ours(k), "baseline": (k.st.baseline.source, {})}
-        plans = [self._plan(k, ShapeSet.SEARCH, ours)]
-        if k.st.spec.heldout_shapes:
-            plans.append(self._plan(k, ShapeSet.HELDOUT, ours))
+        plans = [self._plan(k, shape_set, ours) for shape_set in loop_sets(k.st)]
 
         def searched(runs: list[dict[str, Any]]) -> None:
             assert result.dispatch is not None
@@ -509,9 +507,7 @@ class EndOfRun:
         """The loops of one shape set: each one's cache key, cached entry (if any) and record key."""
         cfg, cache = self.ctl.config.evaluator, self.cache
         n, names = cfg.peer_runs, sorted(ours)
-        shapes = [dict(s) for s in k.st.spec.shapes(shape_set.value)]
-        keys = [cache.key(k.st.ref.digest, k.st.dtype, shape_set.value, shapes, i, cfg.compile_trials)
-                if cache is not None else "" for i in range(n)]
+        keys = loop_keys(cache, cfg, k.st, shape_set) if cache is not None else [""] * n
         hits = [cache.get(key) if cache is not None and not cfg.fresh_peers else None for key in keys]
         record_keys = []
         for i in range(n):
@@ -713,9 +709,20 @@ def all_cached(cache: PeerCache | None, cfg: EvaluatorConfig, st: KernelState) -
     (then nothing of its peers needs compiling or building in this run)."""
     if cache is None or cfg.fresh_peers:
         return False
-    sets = [ShapeSet.SEARCH, *([ShapeSet.HELDOUT] if st.spec.heldout_shapes else [])]
-    return all(cache.get(cache.key(st.ref.digest, st.dtype, s.value, st.spec.shapes(s.value), i, cfg.compile_trials))
-               is not None for s in sets for i in range(cfg.peer_runs))
+    return all(cache.get(key) is not None for s in loop_sets(st) for key in loop_keys(cache, cfg, st, s))
+
+
+def loop_sets(st: KernelState) -> list[ShapeSet]:
+    """The shape sets a kernel's end-of-run loops time: the search shapes, then the spec's fixed
+    held-out shapes where it has any."""
+    return [ShapeSet.SEARCH, *([ShapeSet.HELDOUT] if st.spec.heldout_shapes else [])]
+
+
+def loop_keys(cache: PeerCache, cfg: EvaluatorConfig, st: KernelState, shape_set: ShapeSet) -> list[str]:
+    """The peer-cache key of each of a kernel's loops on one shape set."""
+    shapes = [dict(s) for s in st.spec.shapes(shape_set.value)]
+    return [cache.key(st.ref.digest, st.dtype, shape_set.value, shapes, i, cfg.compile_trials)
+            for i in range(cfg.peer_runs)]
 
 
 def write_best(ctl: Controller, result: KernelResult) -> None:

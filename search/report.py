@@ -22,9 +22,9 @@ from kernels.records import EvalRecord, Stage, atomic_write, read_evaluations
 from kernels.spec import shape_label
 from kernels.verdict import geomean
 from search import spread
-from search.outcome import outcome_line, proposal_outcome
+from search.outcome import proposal_outcome
 from search.progress import busy_label
-from search.run_report import SPEEDUPS, dispatch_lines, print_synthetic_summary
+from search.run_report import SPEEDUPS, kernel_heading, lineage_line, print_synthetic_summary
 
 STANDIN_WARNING = ("STAND-IN EVALUATOR: synthetic times from a CPU test double, not measurements "
                    "(its verdicts come from running each variant on the CPU emulator at small shapes)")
@@ -219,11 +219,7 @@ def print_summary(summary: dict[str, Any], out: TextIO | None = None) -> None:
     w(f"speedups: {SPEEDUPS}\n")
     for k in summary["kernels"]:
         loops = k.get("peer_runs", 0)
-        w(f"\n== {k['kernel']} ({k['dtype']}): winner {k['winner']} {k['params'] or ''}\n")
-        if outcome_line(k):
-            w(f"   !! {outcome_line(k)}\n")
-        for line in dispatch_lines(k):
-            w(f"   {line}\n")
+        w(kernel_heading(k))
         w(f"   evaluator (one run):\n   {'shape':<22}{'baseline ms':>14}{'best ms':>12}{'speedup':>10}{'copy bw':>9}\n")
         for s in k["shapes"]:
             w(f"   {s['label']:<22}{s['baseline_ms']:>14.4f}{s['best_ms']:>12.4f}{_fmt(s['speedup'], '.2f'):>10}"
@@ -257,8 +253,7 @@ def print_summary(summary: dict[str, Any], out: TextIO | None = None) -> None:
         if k["rejected_on_heldout"]:
             w(f"   failed held-out (not reported): {', '.join(k['rejected_on_heldout'])}\n")
         w(f"   evaluated {k['variants_evaluated']} variants, {k['trials_evaluated']} screening trials\n")
-        w("   lineage: " + " <- ".join(f"{x['id'][:8]} ({x['author']}: {x['note'] or x['transformation'] or '-'})"
-                                         for x in k["lineage"]) + "\n")
+        w(lineage_line(k))
 
 
 def _flat_record(r: EvalRecord) -> dict[str, Any]:

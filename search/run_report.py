@@ -50,6 +50,21 @@ def write_member_sources(run_dir: Path) -> list[Path]:
     return written
 
 
+def kernel_heading(k: Mapping[str, Any]) -> str:
+    """A kernel's block in the printed summary starts with this: its winner, the outcome when
+    no proposal improved on the baseline, and its dispatch members."""
+    text = f"\n== {k['kernel']} ({k['dtype']}): winner {k['winner']} {k['params'] or ''}\n"
+    if outcome_line(k):
+        text += f"   !! {outcome_line(k)}\n"
+    return text + "".join(f"   {line}\n" for line in dispatch_lines(k))
+
+
+def lineage_line(k: Mapping[str, Any]) -> str:
+    """The winner's lineage, newest first, for the printed summary."""
+    return "   lineage: " + " <- ".join(f"{x['id'][:8]} ({x['author']}: {x['note'] or x['transformation'] or '-'})"
+                                       for x in k["lineage"]) + "\n"
+
+
 def dispatch_lines(k: Mapping[str, Any]) -> list[str]:
     """A kernel's dispatch members, each with its source file and the search shapes it runs."""
     d = k.get("dispatch")
@@ -73,18 +88,13 @@ def print_synthetic_summary(summary: Mapping[str, Any], out: TextIO) -> None:
     w(f"run {summary.get('run_id', '')} (stand-in evaluator), wall {summary.get('wall_s', 0):.0f}s\n")
     w(f"times: {SYNTHETIC_TIMES}\n")
     for k in summary["kernels"]:
-        w(f"\n== {k['kernel']} ({k['dtype']}): winner {k['winner']} {k['params'] or ''}\n")
-        if outcome_line(k):
-            w(f"   !! {outcome_line(k)}\n")
-        for line in dispatch_lines(k):
-            w(f"   {line}\n")
+        w(kernel_heading(k))
         w(f"   {'shape':<22}{'baseline (synthetic)':>22}{'best (synthetic)':>18}\n")
         for s in k["shapes"]:
             w(f"   {s['label']:<22}{s['baseline_ms']:>22.4f}{s['best_ms']:>18.4f}\n")
         w(f"   final {k['final_status']} | held-out {k['heldout_status']} | sanitizer {k.get('sanitizer_status', '-')}\n")
         w(f"   evaluated {k['variants_evaluated']} variants, {k['trials_evaluated']} screening trials\n")
-        w("   lineage: " + " <- ".join(f"{x['id'][:8]} ({x['author']}: {x['note'] or x['transformation'] or '-'})"
-                                         for x in k["lineage"]) + "\n")
+        w(lineage_line(k))
 
 
 def plot_kernel(k: Mapping[str, Any], path: Path, synthetic: bool) -> Path:
