@@ -24,6 +24,7 @@ import logging
 import os
 import secrets
 import shlex
+import signal
 import sys
 import tempfile
 import time
@@ -31,6 +32,7 @@ from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -520,7 +522,7 @@ def _search(prep: Prepared, command: str, progress_cls: Any) -> dict[str, Any]:
     stages.add("set-up", time.time() - stages.started)
     progress = (progress_cls or Progress)(n_gpus=n_gpus, evaluator_kind=cfg.evaluator.kind)
     ctl = Controller(cfg, states, records, pool, agents, TuningStore(cfg.seed, prep.run_dir / JOURNAL), progress, history,
-                     on_tick=lambda: clock.tick(pool.busy_s))
+                     on_tick=partial(_tick, clock, pool))
     # Asked now (behind each actor's start), read after the search: no wait before it starts.
     where = None if staged is None else [[a.whereabouts.remote(staged.kernels) for a in actors]
                                          for actors in (pool.actors, agents)]
@@ -562,6 +564,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     command = "python -m search.run " + shlex.join(sys.argv[1:] if argv is None else list(argv))
     print(f"run directory: {prep.run_dir}", file=sys.stderr, flush=True)
+    INTERRUPTS.install()
     try:
         summary = run_search(prep, command)
     except UsageError as exc:
@@ -577,6 +580,38 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"and ran (see the report above and {prep.run_dir / 'proposals.jsonl'})", file=sys.stderr)
         return 1
     return 0
+
+
+class InterruptWatch:
+    """Ctrl-C that cannot be lost. Python raises KeyboardInterrupt wherever the main thread
+    happens to be; inside a finalizer or a logging lock release it is printed as "Exception
+    ignored" and the run goes on as if nothing was pressed (seen under load). The handler also
+    notes the interrupt, and :meth:`check`, called on every turn of the controller's loop,
+    raises it again from there."""
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    def install(self) -> None:
+        """Takes over SIGINT in this (the main) thread."""
+        signal.signal(signal.SIGINT, self._handler)
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.seen = True
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        if self.seen:
+            raise KeyboardInterrupt
+
+
+INTERRUPTS = InterruptWatch()  # installed by the command-line entry points only
+
+
+def _tick(clock: Any, pool: Any) -> None:
+    """On every turn of the controller's loop: the attempt's clock, then a Ctrl-C Python lost."""
+    clock.tick(pool.busy_s)
+    INTERRUPTS.check()
 
 
 def stop_ray_quietly() -> None:

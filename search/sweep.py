@@ -371,6 +371,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     command = "python -m search.sweep " + shlex.join(sys.argv[1:] if argv is None else list(argv))
+    from search.run import INTERRUPTS
+
+    INTERRUPTS.install()
     try:
         run_sweep(prep, meta, command)
     except UsageError as exc:
