@@ -16,7 +16,7 @@ def test_percentile_interpolates():
 
 def test_standin_bench_writes_its_report(tmp_path):
     out = tmp_path / "bench"
-    assert main(["--evaluator", "standin", "--clients", "4", "--duration-s", "5", "--kernel", "silu_and_mul",
+    assert main(["--evaluator", "standin", "--clients", "4", "--duration-s", "30", "--kernel", "silu_and_mul",
                  "--fixtures", str(FIXTURE_DIR), "--out", str(out), "--grace-s", "600"]) == 0
     result = json.loads((out / "reward_bench.json").read_text())
     r = result["results"]
