@@ -228,3 +228,37 @@ def test_verl_loads_the_reward_function_by_its_path_from_anywhere(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "compute_score", out.stderr[-2000:]
+
+
+def test_the_actor_client_asks_again_once_after_a_transport_failure(monkeypatch):
+    """A call Ray could not hand to the actor (a system error, not a verdict) is asked again
+    once; the second such failure, and any failure of the service itself, is the client's error."""
+    import ray
+    from ray.exceptions import RaySystemError, RayTaskError
+
+    from search.reward_client import ActorClient, RewardClientError
+
+    class Handle:
+        class score:  # noqa: N801 - stands for an actor method
+            @staticmethod
+            def remote(*args):
+                return args
+
+    def failing(*causes):
+        left = list(causes)
+
+        def get(ref):
+            if left:
+                raise RayTaskError("score", "traceback", left.pop(0))
+            return {"score": 0.5}
+        return get
+
+    client = ActorClient(Handle())
+    monkeypatch.setattr(ray, "get", failing(RaySystemError("incomplete input")))
+    assert client.score("silu_and_mul", "src") == {"score": 0.5}
+    monkeypatch.setattr(ray, "get", failing(RaySystemError("a"), RaySystemError("b")))
+    with pytest.raises(RewardClientError, match="System error: b"):
+        client.score("silu_and_mul", "src")
+    monkeypatch.setattr(ray, "get", failing(ValueError("the service refused it")))
+    with pytest.raises(RewardClientError, match="refused"):
+        client.score("silu_and_mul", "src")
