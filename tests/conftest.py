@@ -8,6 +8,7 @@ is no opt-in flag to forget.
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -49,6 +50,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.smoke)
         if item.get_closest_marker("gpu") is not None and not cuda_available():
             item.add_marker(skip_gpu)
+
+
+FAILURE_LOG_ENV = "KERNEL_SEARCH_FAILURE_LOG"
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With ``KERNEL_SEARCH_FAILURE_LOG=FILE``, each failure's traceback is appended to FILE as
+    it happens: a run cut short by a time limit (a GPU machine's lease) still leaves the reasons
+    of the failures it saw, which pytest itself prints only at the end."""
+    path = os.environ.get(FAILURE_LOG_ENV)
+    if path and report.failed:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"=== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
 
 
 @pytest.fixture
