@@ -36,6 +36,13 @@
 #           limits it to those kernels
 #   fill    experiments.codegen_probe --compare-fill --loops 3 --no-peers, one kernel folder at
 #           a time (FILL: space-separated folders; each tried once, its probe.json kept)
+#   eor=cold,warm,...  experiments.end_of_run_bench, the default command with a cold or warm peer
+#           cache, one run per mode listed; each call writes a new part runs/eor/part-N.json (the
+#           first part on a machine is marked first), merged by
+#           `python -m experiments.end_of_run_bench --report runs/eor/part-*.json --md FILE`; a
+#           list already run is done (eor=cold,warm then eor=warm,cold,warm for more runs)
+#   rewardbench  experiments.reward_bench on one GPU, 32 clients, RB_DURATION s (default 300)
+#           of requests with the adversarial fixtures mixed in, into runs/rewardbench/
 #   explore=k1,k2,...  experiments.explore_recipes for each kernel named, into
 #           runs/explore/<kernel>/explore-<kernel>.{md,json}; a kernel done is not run again
 set -uo pipefail
@@ -47,6 +54,9 @@ STEPS=${STEPS:-"tests"}
 PY=${PY:-python3}
 start=$(date +%s)
 mkdir -p runs/.done "$OUT/logs"
+# Every failing test's traceback lands here as it happens (tests/conftest.py), so a step cut by
+# the limit still tells why its failures failed.
+export KERNEL_SEARCH_FAILURE_LOG="$OUT/logs/failures.log"
 if [ -f runs/state.tgz ]; then
   tar xzf runs/state.tgz -C runs && rm -f runs/state.tgz
 fi
@@ -159,6 +169,15 @@ step() {
         [ "$rc" = 0 ] || echo "[steps] fill: $tag failed (rc $rc), kept going"
         mkdir -p runs/fill/"$tag" && touch runs/fill/"$tag"/.tried
       done ;;
+    eor=*)
+      mkdir -p runs/eor
+      local n; n=$(find runs/eor -name 'part-*.json' | wc -l)
+      local first=(); [ "$n" = 0 ] && first=(--first)
+      run eor "$PY" -m experiments.end_of_run_bench --runs "${1#*=}" "${first[@]}" \
+        --cache runs/eor/peer-cache --out runs/eor/runs --json runs/eor/part-$((n + 1)).json ;;
+    rewardbench)
+      run rewardbench "$PY" -m experiments.reward_bench --evaluator gpu --gpus 1 --clients 32 \
+        --duration-s "${RB_DURATION:-300}" --grace-s 120 --fixtures tests/adversarial --out runs/rewardbench ;;
     explore=*)
       local k rc list=${1#*=}
       for k in ${list//,/ }; do
@@ -174,6 +193,7 @@ step() {
 
 for s in $STEPS; do
   name=${s%%=*}  # a library part is known by its name
+  case $s in eor=*) name=$s ;; esac  # each list of end-of-run modes is a step of its own
   if [ -f runs/.done/"$name" ]; then echo "[steps] $name: done before"; continue; fi
   step "$s"; rc=$?
   if [ "$rc" = 0 ]; then touch runs/.done/"$name"

@@ -124,3 +124,16 @@ def test_named_library_parts_sweep_their_own_kernels_into_their_own_folders(work
     _hand_back(work, work / "o2")
     third = _call(work, work / "o3", steps, limit=60)
     assert "lib2a: done before" in third.stdout and "lib2b: done before" in third.stdout
+
+
+def test_end_of_run_parts_are_numbered_and_the_first_is_marked(work: Path):
+    r = _call(work, work / "o", "eor=cold,warm eor=warm rewardbench", limit=30)
+    assert r.returncode == 0, r.stderr
+    calls = (work / "calls.txt").read_text().splitlines()
+    assert calls[0] == ("-m experiments.end_of_run_bench --runs cold,warm --first --cache runs/eor/peer-cache "
+                        "--out runs/eor/runs --json runs/eor/part-1.json")
+    # the stand-in writes no part, so the second list is numbered as a first part again: the
+    # numbering follows the parts on disk, not the calls
+    assert calls[1].startswith("-m experiments.end_of_run_bench --runs warm --first")
+    assert calls[2].startswith("-m experiments.reward_bench --evaluator gpu --gpus 1 --clients 32 --duration-s 300")
+    assert sorted((work / "o" / "done.txt").read_text().split()) == ["eor=cold,warm", "eor=warm", "rewardbench"]
