@@ -319,8 +319,10 @@ class GpuEvaluator(Evaluator):
         the folder this loop's compilations were made in ahead of it (loaded from there).
         """
         spec = self.spec(kernel)
-        # one loop per process for each kernel and shape set: the held-out loop may follow a
-        # search loop of the same kernel in one process, never another held-out loop
+        # one loop per process for each kernel and shape set: a round of the end of a run
+        # (search.finalize) runs its held-out loop right after its search loop, in that loop's
+        # process (one process start and one set-up of the peers' libraries per round), while
+        # the next round's search loop starts a fresh process
         key = f"{spec.directory}:{shape_set}"
         if fresh_process and self._worker is not None and key in self._looped.get(self._worker.info["pid"], set()):
             self.close()

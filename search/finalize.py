@@ -457,8 +457,8 @@ class EndOfRun:
 
     def _peers(self, k: _Progress, final: Evaluation) -> None:
         """The end-of-run loops (winner, dispatch members, baseline and peers interleaved),
-        repeated in ``peer_runs`` fresh sandbox processes one after the other, on the search
-        shapes and then on the spec's fixed held-out shapes; every ratio reported comes from
+        repeated in ``peer_runs`` rounds, each in a fresh sandbox process that times the search
+        shapes and then the spec's fixed held-out shapes; every ratio reported comes from
         these loops (:mod:`search.spread`). With compile_ahead, the torch.compile programs of
         every loop that the peer cache lacks, on both shape sets, are compiled first, all at once."""
         assert k.winner is not None and k.heldout is not None and k.dispatch is not None
@@ -477,24 +477,17 @@ class EndOfRun:
         ours = {**_ours(k), "baseline": (k.st.baseline.source, {})}
         plans = [self._plan(k, shape_set, ours) for shape_set in loop_sets(k.st)]
 
-        def searched(runs: list[dict[str, Any]]) -> None:
+        def looped(runs: list[list[dict[str, Any]]]) -> None:
             assert result.dispatch is not None
-            combine_runs(result, [r if "loop_error" in r else compose_reply(r, result.dispatch) for r in runs])
-            result.rejected_why = dict(k.rejected_why)
-            if len(plans) == 1:
-                self._finish_loops(k, plans, result)
-                return
-            self._loops(k, plans[1], partial(held_out, result))
-
-        def held_out(result: KernelResult, runs: list[dict[str, Any]]) -> None:
-            assert result.dispatch is not None
-            shapes = k.st.spec.heldout_shapes
-            combine_heldout(result, [r if "loop_error" in r else compose_reply(r, result.dispatch, shapes)
-                                     for r in runs])
+            combine_runs(result, [r if "loop_error" in r else compose_reply(r, result.dispatch) for r in runs[0]])
+            if len(plans) > 1:
+                shapes = k.st.spec.heldout_shapes
+                combine_heldout(result, [r if "loop_error" in r else compose_reply(r, result.dispatch, shapes)
+                                         for r in runs[1]])
             result.rejected_why = dict(k.rejected_why)
             self._finish_loops(k, plans, result)
 
-        self._compile_ahead(k, plans, lambda: self._loops(k, plans[0], searched))
+        self._compile_ahead(k, plans, lambda: self._loops(k, plans, looped))
 
     def _finish_loops(self, k: _Progress, plans: list[_LoopPlan], result: KernelResult) -> None:
         for plan in plans:
@@ -519,48 +512,56 @@ class EndOfRun:
             record_keys.append(_call_key("peers", k, i, *more))
         return _LoopPlan(shape_set, ours, keys, hits, record_keys, [None] * n)
 
-    def _loops(self, k: _Progress, plan: _LoopPlan, then: Callable[[list[dict[str, Any]]], None]) -> None:
-        """``peer_runs`` loops of our kernels and the peers on one shape set, one after the other,
-        each in a fresh sandbox process; ``then`` gets their replies. A loop whose peers' figures
-        are in the peer cache (:mod:`search.peer_cache`) times our kernels alone and takes the
-        peers' from there; one that times the peers stores them. A winner that fails verification
-        in a loop is replaced by the baseline, whose loops start anew."""
+    def _loops(self, k: _Progress, plans: list[_LoopPlan], then: Callable[[list[list[dict[str, Any]]]], None]) -> None:
+        """``peer_runs`` rounds of loops of our kernels and the peers, one loop at a time; round i
+        runs loop i of every plan (search shapes, then held-out shapes). Each round starts in a
+        fresh sandbox process and its held-out loop follows its search loop in that process (the
+        sandbox allows one loop per kernel and shape set in a process): a round pays for one
+        process start and one set-up of the peers' libraries, not two, and the rounds stay
+        independent of each other. ``then`` gets each plan's replies. A loop whose peers'
+        figures are in the peer cache (:mod:`search.peer_cache`) times our kernels alone and
+        takes the peers' from there; one that times the peers stores them. A winner that fails
+        verification in a loop is replaced by the baseline, whose loops start anew."""
         cfg, cache = self.ctl.config.evaluator, self.cache
-        n, names = cfg.peer_runs, sorted(plan.ours)
-        runs: list[dict[str, Any]] = []
-        label = "" if plan.shape_set is ShapeSet.SEARCH else " (held-out shapes)"
+        n = cfg.peer_runs
+        order = [(i, plan) for i in range(n) for plan in plans]
+        runs: dict[int, list[dict[str, Any]]] = {id(plan): [] for plan in plans}
+
+        def label(plan: _LoopPlan) -> str:
+            return "" if plan.shape_set is ShapeSet.SEARCH else " (held-out shapes)"
 
         def submit() -> None:
-            i = len(runs)
+            i, plan = order[sum(len(r) for r in runs.values())]
             self.ctl.recorded_call(plan.record_keys[i], done, "time_peers", k.st.ref, k.st.dtype, plan.shape_set.value,
                                    plan.ours, True, cfg.compile_trials, plan.hits[i] is None, plan.folders[i],
-                                   what=f"{k.st.name} peers{label}, run {i + 1} of {n}"
+                                   what=f"{k.st.name} peers{label(plan)}, run {i + 1} of {n}"
                                         + (" (peers from the cache)" if plan.hits[i] is not None else ""))
 
         def done(reply: dict[str, Any] | None, error: str) -> None:
             assert k.winner is not None and k.dispatch is not None
-            i = len(runs)
+            step = sum(len(r) for r in runs.values())
+            i, plan = order[step]
             hit = plan.hits[i]
             if reply is not None and hit is not None:
                 reply = with_cached(reply, hit)
             elif reply is not None and cache is not None:
-                reply["peers_stored"] = cache.put(plan.keys[i], reply, names, self.ctl.records.run_id)
+                reply["peers_stored"] = cache.put(plan.keys[i], reply, sorted(plan.ours), self.ctl.records.run_id)
             failed = reply.get("failed", {}) if reply is not None else {}
             if "best" in failed and k.winner.variant.id != k.st.baseline.id:
                 # A winner that misbehaves in the peers' loop is a cheat or a latent bug:
                 # it is not reported, as for a sanitizer finding; the baseline is.
-                k.rejected_why[k.winner.variant.id] = f"failed in the peers' loop{label}: {failed['best']}"
+                k.rejected_why[k.winner.variant.id] = f"failed in the peers' loop{label(plan)}: {failed['best']}"
                 self._to_baseline(k)
                 return
             for item in list(k.dispatch.members[1:]):
                 if member_name(item) in failed:  # its shapes go to the winner, timed in the same loop
-                    self._drop_member(k, item, f"failed in the peers' loop{label}: {failed[member_name(item)]}")
-            runs.append(reply if reply is not None else {"loop_error": error})
-            self._loop_done(k, f"peers' loop{label} {len(runs)} of {n}", reply, error)
-            if len(runs) < n:
+                    self._drop_member(k, item, f"failed in the peers' loop{label(plan)}: {failed[member_name(item)]}")
+            runs[id(plan)].append(reply if reply is not None else {"loop_error": error})
+            self._loop_done(k, f"peers' loop{label(plan)} {len(runs[id(plan)])} of {n}", reply, error)
+            if step + 1 < len(order):
                 submit()
                 return
-            then(runs)
+            then([runs[id(plan)] for plan in plans])
 
         submit()
 

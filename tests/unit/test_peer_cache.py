@@ -128,18 +128,20 @@ def test_wall_time_of_overlapping_calls_is_counted_once() -> None:
 # -- the end-of-run loops over the cache ------------------------------------------------------
 
 
-def _loops(tmp_path: Path, fresh: bool = False, cache: PeerCache | None = None) -> tuple[list[Any], list[Any]]:
-    """Runs EndOfRun._loops for silu_and_mul's search shapes against a scripted evaluator;
-    returns the calls made and the replies handed on."""
+def _loops(tmp_path: Path, fresh: bool = False, cache: PeerCache | None = None,
+           sets: tuple[str, ...] = ("search",)) -> tuple[list[Any], list[Any]]:
+    """Runs EndOfRun._loops for silu_and_mul's shape sets ``sets`` against a scripted evaluator;
+    returns the calls made and the replies handed on (the first set's, or every set's when
+    several)."""
     from search.finalize import EndOfRun, _Progress
 
     spec = load_kernel("silu_and_mul")
-    labels = [shape_label(s) for s in spec.search_shapes]
     calls: list[Any] = []
 
     def recorded_call(key: str, done: Any, method: str, ref: Any, dtype: str, shape_set: str, ours: Any, fresh_p: bool,
                       trials: int, peers: bool, folder: Any, what: str = "") -> None:
-        calls.append((key, peers, what))
+        calls.append((key, peers, what) if len(sets) == 1 else (shape_set, key, what))
+        labels = [shape_label(s) for s in spec.shapes(shape_set)]
         times = {"best": {lb: 1.0 for lb in labels}, "baseline": {lb: 3.0 for lb in labels}}
         if peers:
             times["torch_compile"] = {lb: 1.0 + len(calls) for lb in labels}
@@ -161,8 +163,22 @@ def _loops(tmp_path: Path, fresh: bool = False, cache: PeerCache | None = None) 
     from kernels.records import ShapeSet
 
     ours = {"best": ("// b\n", {}), "baseline": ("// baseline\n", {})}
-    end._loops(k, end._plan(k, ShapeSet.SEARCH, ours), got.extend)
+    plans = [end._plan(k, ShapeSet(name), ours) for name in sets]
+    end._loops(k, plans, lambda runs: got.extend(runs[0] if len(sets) == 1 else runs))
     return calls, got
+
+
+def test_each_round_runs_its_held_out_loop_right_after_its_search_loop(tmp_path: Path) -> None:
+    """The held-out loop of round i follows the search loop of round i (the sandbox keeps them
+    in one fresh process), so the rounds, not the shape sets, are the outer order."""
+    calls, (search, heldout) = _loops(tmp_path, sets=("search", "heldout"))
+    assert [c[0] for c in calls] == ["search", "heldout"] * 3
+    assert [c[2] for c in calls][:2] == ["silu_and_mul peers, run 1 of 3", "silu_and_mul peers (held-out shapes), run 1 of 3"]
+    assert len({c[1] for c in calls}) == 6  # every loop recorded under a key of its own
+    spec = load_kernel("silu_and_mul")
+    assert len(search) == len(heldout) == 3
+    assert set(search[0]["peers"]["best"]) == {shape_label(s) for s in spec.search_shapes}
+    assert set(heldout[0]["peers"]["best"]) == {shape_label(s) for s in spec.heldout_shapes}
 
 
 def test_the_first_run_times_the_peers_and_a_later_one_times_ours_alone(tmp_path: Path) -> None:
