@@ -82,22 +82,12 @@ class ActorClient:
     def score(self, kernel: str, source: str, dtype: str = "", client: str = "",
               context: dict[str, Any] | None = None) -> dict[str, Any]:
         import ray
-        from ray._private.serialization import DeserializationError
-        from ray.exceptions import RaySystemError, RayTaskError
+        from ray.exceptions import RayTaskError
 
-        for attempt in range(2):
-            try:
-                return dict(ray.get(self.handle.score.remote(kernel, source, dtype, client, context)))
-            except RayTaskError as exc:
-                cause = exc.cause if hasattr(exc, "cause") else exc
-                # A call whose arguments Ray could not deserialize in the actor never reached the
-                # service (seen once in a loaded test suite): asked again, as every request is
-                # idempotent (an identical source is answered from the records). A failure of the
-                # service itself is final.
-                if attempt == 0 and isinstance(cause, (RaySystemError, DeserializationError)):
-                    continue
-                raise RewardClientError(" ".join(str(cause).split())) from None
-        raise AssertionError("unreachable")
+        try:
+            return dict(ray.get(self.handle.score.remote(kernel, source, dtype, client, context)))
+        except RayTaskError as exc:
+            raise RewardClientError(" ".join(str(exc.cause if hasattr(exc, "cause") else exc).split())) from None
 
     def record_trajectory(self, row: dict[str, Any]) -> None:
         import ray

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import polars as pl
@@ -29,6 +32,7 @@ from search.trajectory import (
 from tests.adversarial.index import fixtures
 from tests.unit.test_llm_export import run_dir  # noqa: F401 - a fixture: a small search run's records
 
+ROOT = Path(__file__).resolve().parents[2]
 BASELINE = load_kernel("silu_and_mul").baseline_source()
 REFUSED = ("COMPILE_ERROR", "RESOURCE_ERROR")  # verdicts admission gives on the CPU too
 
@@ -56,17 +60,36 @@ def test_extract_kernel_takes_the_last_tagged_block_outside_thinking():
     assert extract_kernel("no code at all") == ""
 
 
-def test_verl_compute_score_through_the_named_actor(served, monkeypatch):
-    from search import reward_verl
+# A trainer's reward worker: its own process, joined to the cluster, finds the named actor.
+VERL_WORKER = """
+import json, sys
+import ray
+ray.init(address=sys.argv[1], log_to_driver=False)
+from search import reward_verl
+from tests.unit.test_reward_ways_in import BASELINE, response
+print(json.dumps([
+    reward_verl.compute_score("kernelbook", response(BASELINE), "silu_and_mul", {"dtype": "float16"}),
+    reward_verl.compute_score("kernelbook", "I would vectorise it.", '{"kernel": "silu_and_mul"}'),
+    reward_verl.compute_score("kernelbook", response(BASELINE + "// standin: rejected\\n"), "silu_and_mul:float16"),
+]))
+"""
 
-    monkeypatch.delenv("KERNEL_SEARCH_REWARD_URL", raising=False)
-    reward_verl._clients.clear()
-    good = reward_verl.compute_score("kernelbook", response(BASELINE), "silu_and_mul", {"dtype": "float16"})
+
+def test_verl_compute_score_through_the_named_actor(served):
+    """verl's reward function in a process of its own that joins the cluster (as a trainer's
+    reward worker does; the test process, which has started and stopped a Ray cluster per
+    module, is not one) and reaches the service by the actor's name."""
+    import ray
+
+    env = {k: v for k, v in os.environ.items() if k != "KERNEL_SEARCH_REWARD_URL"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", VERL_WORKER, ray.get_runtime_context().gcs_address], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    good, none, cheat = json.loads(out.stdout.strip().splitlines()[-1])
     assert good["correct"] == 1.0 and good["score"] >= 0.1 and good["compiled"] == 1.0
     assert all(isinstance(v, float) for v in good.values())
-    none = reward_verl.compute_score("kernelbook", "I would vectorise it.", '{"kernel": "silu_and_mul"}')
     assert none == {"score": 0.0, "correct": 0.0, "speedup": 0.0, "compiled": 0.0, "rejected": 0.0, "cached": 0.0}
-    cheat = reward_verl.compute_score("kernelbook", response(BASELINE + "// standin: rejected\n"), "silu_and_mul:float16")
     assert cheat["score"] < 0 and cheat["rejected"] == 1.0
 
 
@@ -216,11 +239,7 @@ def test_an_llm_policy_over_the_openai_api_plays_an_episode(served):
 
 def test_verl_loads_the_reward_function_by_its_path_from_anywhere(tmp_path):
     """verl imports ``custom_reward_function.path`` as a file, from the trainer's folder."""
-    import os
-    import subprocess
-    import sys
-
-    path = Path(__file__).resolve().parents[2] / "search" / "reward_verl.py"
+    path = ROOT / "search" / "reward_verl.py"
     code = ("import importlib.util, sys\n"
             f"spec = importlib.util.spec_from_file_location('custom_module', {str(path)!r})\n"
             "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
@@ -229,36 +248,3 @@ def test_verl_loads_the_reward_function_by_its_path_from_anywhere(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "compute_score", out.stderr[-2000:]
 
-
-def test_the_actor_client_asks_again_once_after_a_transport_failure(monkeypatch):
-    """A call Ray could not hand to the actor (a system error, not a verdict) is asked again
-    once; the second such failure, and any failure of the service itself, is the client's error."""
-    import ray
-    from ray.exceptions import RaySystemError, RayTaskError
-
-    from search.reward_client import ActorClient, RewardClientError
-
-    class Handle:
-        class score:  # noqa: N801 - stands for an actor method
-            @staticmethod
-            def remote(*args):
-                return args
-
-    def failing(*causes):
-        left = list(causes)
-
-        def get(ref):
-            if left:
-                raise RayTaskError("score", "traceback", left.pop(0))
-            return {"score": 0.5}
-        return get
-
-    client = ActorClient(Handle())
-    monkeypatch.setattr(ray, "get", failing(RaySystemError("incomplete input")))
-    assert client.score("silu_and_mul", "src") == {"score": 0.5}
-    monkeypatch.setattr(ray, "get", failing(RaySystemError("a"), RaySystemError("b")))
-    with pytest.raises(RewardClientError, match="System error: b"):
-        client.score("silu_and_mul", "src")
-    monkeypatch.setattr(ray, "get", failing(ValueError("the service refused it")))
-    with pytest.raises(RewardClientError, match="refused"):
-        client.score("silu_and_mul", "src")
