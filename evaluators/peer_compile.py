@@ -213,10 +213,12 @@ def compile_ahead(kernel: KernelRef | str, dtype: str, shape_set: str, cache_dir
         return {"status": "ERROR", "summary": f"compile-ahead of {folder} passed {timeout_s:.0f} s"}
     if rc != 0:
         return {"status": "ERROR", "summary": f"rc {rc}: {err.strip()[-500:]}"}
+    # The report file, not the last line of stdout: a library the process imported may print
+    # after it (a log line at exit), and the compilations would then be thrown away for nothing.
     try:
-        return {"status": "OK", **json.loads(out.strip().splitlines()[-1])}
-    except (ValueError, IndexError):
-        return {"status": "ERROR", "summary": f"no report: {out.strip()[-300:]}"}
+        return {"status": "OK", **json.loads((Path(cache_dir) / REPORT).read_text())}
+    except (OSError, ValueError):
+        return {"status": "ERROR", "summary": f"no report in {cache_dir}: {out.strip()[-300:]}"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

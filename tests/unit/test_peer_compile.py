@@ -98,6 +98,24 @@ def test_a_failed_compile_ahead_says_why(tmp_path: Path):
     assert report["status"] == "ERROR" and "rc" in report["summary"]
 
 
+def test_the_report_is_read_from_its_file_whatever_the_process_printed_after_it(tmp_path: Path,
+                                                                                monkeypatch: pytest.MonkeyPatch):
+    import evaluators.peer_compile as pc
+
+    folder = tmp_path / "loop-1"
+
+    def run_group(cmd, **kw):
+        (folder / REPORT).write_text(json.dumps({"kernel": "k", "modes": {"default": {"[1]": "ok"}}}))
+        return 0, '{"kernel": "k"}\nflashinfer: 2 modules loaded (a line a library printed at exit)\n', ""
+
+    monkeypatch.setattr(pc, "run_group", run_group)
+    report = compile_ahead("k", "float32", "search", folder, tmp_path / "l", device="cpu")
+    assert report == {"status": "OK", "kernel": "k", "modes": {"default": {"[1]": "ok"}}}
+    monkeypatch.setattr(pc, "run_group", lambda cmd, **kw: (0, "", ""))
+    (folder / REPORT).unlink()
+    assert compile_ahead("k", "float32", "search", folder, tmp_path / "l", device="cpu")["status"] == "ERROR"
+
+
 def test_the_benchmark_lock_excludes_other_processes_and_nests_in_one(tmp_path: Path):
     lock = _BenchmarkLock(tmp_path / "gpu.lock")
     probe = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR)\n"
