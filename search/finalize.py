@@ -619,8 +619,9 @@ class EndOfRun:
     def _done(self, k: _Progress, result: KernelResult) -> None:
         k.result = result
         members = len(result.dispatch.members) if result.dispatch is not None else 1
-        print(f"final {k.st.name}: {result.final.status.value}, {len(result.peers)} implementations timed "
-              f"beside it" + (f", {members} kernels dispatched by shape" if members > 1 else "")
+        beside = f"{len(result.peers)} implementations timed beside it" if result.peers else "no peers timed beside it"
+        print(f"final {k.st.name}: {result.final.status.value}, {beside}"
+              + (f", {members} kernels dispatched by shape" if members > 1 else "")
               + (f"; failed in the peers' loop: {result.peer_failures}" if result.peer_failures else ""),
               file=sys.stderr, flush=True)
 
