@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -113,6 +114,13 @@ class Evaluator(ABC):
         folder this loop's torch.compile programs were compiled into ahead of it
         (:mod:`evaluators.peer_compile`). Stand-ins time nothing."""
         return {"peers": {}, "errors": {}}
+
+    def time_round(self, kernel: KernelRef | str, dtype: str, loops: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """A round of loops in one process, each of ``loops`` the keyword arguments of
+        :meth:`time_peers_full` (``shape_set``, ``ours``, ``compile_trials``, ``peers``,
+        ``compile_cache``); each loop's reply in order. Here one loop after the other, the
+        first in a fresh process; the GPU evaluator sets them all up before it times any."""
+        return [self.time_peers_full(kernel, dtype, fresh_process=i == 0, **dict(loop)) for i, loop in enumerate(loops)]
 
     def close(self) -> None:  # noqa: B027 - optional
         """Releases worker processes and GPU memory."""

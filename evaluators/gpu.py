@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
@@ -43,12 +44,13 @@ class _Worker:
     of a socket pair wrapped as a :class:`multiprocessing.connection.Connection`.
     """
 
-    def __init__(self, device: int, start_timeout_s: float) -> None:
+    def __init__(self, device: int, start_timeout_s: float, gpu_turns: str | None = None) -> None:
         ours, theirs = socket.socketpair()
         self.conn = Connection(ours.detach())
+        turns = ["--gpu-turns", gpu_turns] if gpu_turns else []
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", WORKER_MODULE, "--fd", str(theirs.fileno()), "--device", str(device)],
+                [sys.executable, "-m", WORKER_MODULE, "--fd", str(theirs.fileno()), "--device", str(device), *turns],
                 env=run_environment(), pass_fds=(theirs.fileno(),), close_fds=True)
         finally:
             theirs.close()
@@ -106,11 +108,15 @@ class GpuEvaluator(Evaluator):
         step_timeout_s: longest silence from the worker before it is declared hung.
         start_timeout_s: time allowed for a worker to start (imports, CUDA init).
         arch: compile target; default: the GPU's own.
+        gpu_turns: the GPU's lock file (:mod:`evaluators.gpu_turns`) that the worker takes part
+            in: it shares the GPU with other processes' set-ups, and times with it alone. None
+            for the pool's own evaluator, which the pool gives the GPU to alone.
     """
 
     def __init__(self, device: int = 0, step_timeout_s: float = 20.0, start_timeout_s: float = 180.0,
-                 arch: str | None = None) -> None:
+                 arch: str | None = None, gpu_turns: str | None = None) -> None:
         self.device = device
+        self.gpu_turns = gpu_turns
         self.step_timeout_s = step_timeout_s
         self.start_timeout_s = start_timeout_s
         self._arch = arch
@@ -128,7 +134,7 @@ class GpuEvaluator(Evaluator):
         if self._worker is not None and not self._worker.alive():
             self._drop_worker()
         if self._worker is None:
-            self._worker = _Worker(self.device, self.start_timeout_s)
+            self._worker = _Worker(self.device, self.start_timeout_s, self.gpu_turns)
         return self._worker
 
     def info(self) -> dict[str, Any]:
@@ -326,6 +332,46 @@ class GpuEvaluator(Evaluator):
         key = f"{spec.directory}:{shape_set}"
         if fresh_process and self._worker is not None and key in self._looped.get(self._worker.info["pid"], set()):
             self.close()
+        job, kernels, failed = self._loop_job(spec, dtype, shape_set, ours, repetitions, graph_ours, compile_trials,
+                                              peers, compile_cache)
+        reply = self._loop_alone(job, kernels, failed)
+        if self._worker is not None:
+            self._looped.setdefault(self._worker.info["pid"], set()).add(key)
+        return reply
+
+    def time_round(self, kernel: KernelRef | str, dtype: str, loops: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """A round of end-of-run loops in one sandbox process (a fresh one if this evaluator's
+        worker has run a loop of this kernel): each of ``loops`` (the keyword arguments of
+        :meth:`time_peers_full`: ``shape_set``, ``ours``, ``compile_trials``, ``peers``,
+        ``compile_cache``) set up first, then all timed (:func:`evaluators.peers.run_round`);
+        returns each loop's reply as :meth:`time_peers_full` does. Made with ``gpu_turns``,
+        several evaluators' rounds run at once on one GPU: their set-ups overlap, their
+        timing never does. A round that fails as a whole (a kernel of ours crashing it) is run
+        again loop by loop, each with the crash handling of :meth:`time_peers_full`."""
+        spec = self.spec(kernel)
+        if self._worker is not None and any(f"{spec.directory}:{loop.get('shape_set', 'search')}"
+                                            in self._looped.get(self._worker.info["pid"], set()) for loop in loops):
+            self.close()
+        built = [self._loop_job(spec, dtype, str(loop.get("shape_set", "search")), loop.get("ours"),
+                                int(loop.get("repetitions", 100)), bool(loop.get("graph_ours", False)),
+                                loop.get("compile_trials"), bool(loop.get("peers", True)), loop.get("compile_cache"))
+                 for loop in loops]
+        round_job = {"type": "peers_round", "loops": [{**job, "kernels": dict(kernels)} for job, kernels, _ in built]}
+        reply, _why = self._peers_job(round_job)
+        if reply is not None and len(reply.get("loops", [])) == len(built):
+            replies = [{**r, "failed": {**failed, **r.get("failed", {})}} for r, (_, _, failed) in zip(reply["loops"], built, strict=True)]
+        else:
+            replies = [self._loop_alone(job, kernels, failed) for job, kernels, failed in built]
+        if self._worker is not None:
+            looped = self._looped.setdefault(self._worker.info["pid"], set())
+            looped.update(f"{spec.directory}:{loop.get('shape_set', 'search')}" for loop in loops)
+        return replies
+
+    def _loop_job(self, spec: KernelSpec, dtype: str, shape_set: str, ours: dict[str, tuple[str, dict[str, int]]] | None,
+                  repetitions: int, graph_ours: bool, compile_trials: int | None, peers: bool,
+                  compile_cache: str | None) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, str]]:
+        """One loop's job for the worker (without ``kernels``), our binaries admitted for it, and
+        ours refused at admission with why."""
         shapes = spec.shapes(shape_set)
         failed: dict[str, str] = {}
         kernels: dict[str, dict[str, Any]] = {}
@@ -348,6 +394,12 @@ class GpuEvaluator(Evaluator):
             job["compile_trials"] = compile_trials
         if compile_cache:
             job["compile_cache"] = compile_cache
+        return job, kernels, failed
+
+    def _loop_alone(self, job: dict[str, Any], kernels: dict[str, dict[str, Any]], failed: dict[str, str]) -> dict[str, Any]:
+        """One loop's job run on its own: a kernel of ours that crashes or hangs it costs its
+        own result only (see :meth:`time_peers_full`)."""
+        kernels = dict(kernels)
         reply, why = self._peers_job({**job, "kernels": dict(kernels)})
         if reply is None:
             # Find the culprits by timing each kernel of ours alone (no peers: cheap), then the rest together.
@@ -360,8 +412,6 @@ class GpuEvaluator(Evaluator):
         if reply is None:
             reply = self._peers_one_by_one(job, kernels, failed, why)
         reply["failed"] = {**failed, **reply.get("failed", {})}
-        if self._worker is not None:
-            self._looped.setdefault(self._worker.info["pid"], set()).add(key)
         return reply
 
     def _peers_job(self, job: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:

@@ -23,17 +23,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import os
 import sys
-import tempfile
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from evaluators.gpu_turns import turns
 from evaluators.proc_group import run_group
 from kernels.folders import KernelRef
 
@@ -51,68 +49,33 @@ def cache_folder(path: str | Path) -> contextlib.AbstractContextManager[None]:
     return temporary_cache_dir(str(Path(path).resolve()))
 
 
-def lock_path(gpu: str | None = None) -> Path:
-    """The benchmark lock of one GPU on this node (``gpu``: its CUDA_VISIBLE_DEVICES entry;
-    by default this process's)."""
-    gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "0") if gpu is None else gpu
-    return Path(tempfile.gettempdir()) / f"kernel-search-benchmark-gpu{gpu}.lock"
-
-
-@contextlib.contextmanager
-def _flocked(path: str | Path, mode: int) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, mode)
-        yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
-
-
 def sharing_the_gpu(path: str | Path) -> contextlib.AbstractContextManager[None]:
-    """Held by a process that loads the GPU without timing anything (a sanitizer run): shared
-    with others like it, exclusive of the compile-ahead processes' autotuning benchmarks, which
-    wait for it to end (and it for them)."""
-    return _flocked(path, fcntl.LOCK_SH)
+    """Held by work that loads the GPU without timing anything (a sanitizer run, a library's
+    first calls): shared with others like it, exclusive of timing and of autotuning
+    benchmarks, which wait for it to end (and it for them). See :mod:`evaluators.gpu_turns`."""
+    return turns(path).shared()
 
 
-class _BenchmarkLock:
-    """Inductor's GPU benchmarks taken under an exclusive file lock (re-entrant in a process)."""
+def install_benchmark_turns(path: str | Path) -> bool:
+    """Wraps Inductor's benchmarker's ``benchmark_gpu`` so that every autotuning benchmark of
+    this process has the GPU alone (:meth:`evaluators.gpu_turns.GpuTurns.alone`); False where
+    this torch has none."""
+    try:
+        from torch._inductor.runtime import benchmarking
+    except ImportError:
+        return False
+    cls = type(getattr(benchmarking, "benchmarker", None))
+    original = getattr(cls, "benchmark_gpu", None)
+    if original is None:
+        return False
+    hold = turns(path)
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self._depth = 0
-        self._guard = threading.RLock()
+    def benchmark_gpu(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with hold.alone():
+            return original(self, *args, **kwargs)
 
-    @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        with self._guard, contextlib.ExitStack() as outermost:
-            if self._depth == 0:
-                outermost.enter_context(_flocked(self.path, fcntl.LOCK_EX))
-            self._depth += 1
-            try:
-                yield
-            finally:
-                self._depth -= 1
-
-    def install(self) -> bool:
-        """Wraps the benchmarker's ``benchmark_gpu``; False where this torch has none."""
-        try:
-            from torch._inductor.runtime import benchmarking
-        except ImportError:
-            return False
-        cls = type(getattr(benchmarking, "benchmarker", None))
-        original = getattr(cls, "benchmark_gpu", None)
-        if original is None:
-            return False
-        lock = self
-
-        def benchmark_gpu(self: Any, *args: Any, **kwargs: Any) -> Any:
-            with lock.held():
-                return original(self, *args, **kwargs)
-
-        setattr(cls, "benchmark_gpu", benchmark_gpu)  # noqa: B010 - a method replaced on its class
-        return True
+    setattr(cls, "benchmark_gpu", benchmark_gpu)  # noqa: B010 - a method replaced on its class
+    return True
 
 
 def compile_kernel(kernel: str, dtype: str, shape_set: str, cache_dir: str | Path,
@@ -231,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--modes", nargs="+", help="torch.compile modes (default: evaluators.peers.COMPILE_MODES)")
     args = p.parse_args(argv)
-    _BenchmarkLock(args.lock).install()
+    install_benchmark_turns(args.lock)
     report = compile_kernel(args.kernel, args.dtype, args.shapes, args.cache_dir, args.modes, device=args.device,
                             lock=args.lock)
     print(json.dumps(report), flush=True)

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from evaluators import jit_watch
+from evaluators import gpu_turns, jit_watch
 from evaluators import validate as V
 from evaluators.context import Context, tolerances, torch_dtype
 from evaluators.launcher import Kernel, LaunchResourceError
@@ -53,7 +53,8 @@ from kernels.launch import LaunchLimitError
 from kernels.peer import Peer, Scratch, as_peer, call_once
 from kernels.spec import KernelSpec, Shape, shape_label
 
-__all__ = ["GRAPH_SUFFIX", "COMPILE_MODES", "peer_fns", "peer_impls", "run_peers", "best_compiled"]
+__all__ = ["GRAPH_SUFFIX", "COMPILE_MODES", "peer_fns", "check_peers", "peer_impls", "run_peers", "run_round",
+           "best_compiled"]
 
 COMPILED = "torch_compile"
 # Without CUDA graphs: the loop captures every peer in a graph of its own.
@@ -211,50 +212,90 @@ def _compile_seconds() -> dict[str, float]:
     return {name: float(sum(times)) for name, times in compilation_time_metrics.items()}
 
 
+@contextlib.contextmanager
+def _set_up_seconds(name: str, seconds: dict[str, float] | None,
+                    phases: dict[str, dict[str, float]] | None) -> Iterator[None]:
+    """Adds what the block took to ``seconds[name]`` and torch.compile's phases inside it
+    (10 ms or more, see :func:`_compile_seconds`) to ``phases[name]``."""
+    start = time.perf_counter()
+    before = _compile_seconds() if phases is not None else {}
+    try:
+        yield
+    finally:
+        if seconds is not None:
+            seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
+        if phases is not None:
+            mine = phases.setdefault(name, {})
+            for phase, total in _compile_seconds().items():
+                spent = total - before.get(phase, 0.0)
+                if spent >= 0.01:
+                    mine[phase] = mine.get(phase, 0.0) + spent
+
+
+def _tried_before(name: str, errors: Mapping[str, str]) -> bool:
+    """A peer unavailable on every shape (see :func:`_peer_error`): not tried again."""
+    return name in errors and not errors[name].startswith("[")
+
+
+def check_peers(ctx: Context, spec: KernelSpec, shape: Shape, dtype: str, peers: Mapping[str, Peer],
+                errors: dict[str, str], seconds: dict[str, float] | None = None,
+                phases: dict[str, dict[str, float]] | None = None) -> set[str]:
+    """Runs each peer once on this shape and checks it against the reference (a torch.compile
+    program compiles for the shape here); returns the names of those that agree. Why each
+    other one is not timed goes to ``errors``; ``seconds`` and ``phases`` as for
+    :func:`peer_impls`."""
+    label = shape_label(shape)
+    agreed: set[str] = set()
+    for name, peer in peers.items():
+        if _tried_before(name, errors):
+            continue
+        with _set_up_seconds(name, seconds, phases):
+            try:
+                wrong = _check_peer(spec, peer, shape, dtype, ctx)
+                if wrong:
+                    _peer_error(errors, name, label, f"disagrees with the reference: {wrong}")
+                else:
+                    agreed.add(name)
+            except ImportError as exc:  # the library is not installed: no shape can time it
+                errors[name] = f"{type(exc).__name__}: {exc}"[:500]
+            except Exception as exc:  # a peer that cannot run this shape (a launch limit, an unsupported size)
+                _peer_error(errors, name, label, f"{type(exc).__name__}: {exc}")
+    return agreed
+
+
 def peer_impls(ctx: Context, spec: KernelSpec, shape: Shape, dtype: str, inputs: RepInputs,
-                work: Buffers, peers: Mapping[str, Peer], errors: dict[str, str],
-                seconds: dict[str, float] | None = None,
-                phases: dict[str, dict[str, float]] | None = None,
-                staged: list[torch.Tensor] | None = None) -> list[Timed]:
+               work: Buffers, peers: Mapping[str, Peer], errors: dict[str, str],
+               seconds: dict[str, float] | None = None,
+               phases: dict[str, dict[str, float]] | None = None,
+               staged: list[torch.Tensor] | None = None, checked: set[str] | None = None) -> list[Timed]:
     """The peers that agree with the reference on this shape, each captured in a graph that
     holds its call alone (staging runs before the flush, outside the window). ``seconds``
     gathers each peer's set-up time (its compilation included), ``phases`` the torch.compile
     phases inside it (see :func:`_compile_seconds`; 10 ms or more), ``staged`` the tensors
-    the peers' staging made (which their timed calls read)."""
+    the peers' staging made (which their timed calls read). ``checked``: the peers that
+    :func:`check_peers` found in agreement on this shape before; only those are set up, and
+    not checked again."""
     impls = []
     label = shape_label(shape)
+    agreed = check_peers(ctx, spec, shape, dtype, peers, errors, seconds, phases) if checked is None else checked
     for name, peer in peers.items():
-        if name in errors and not errors[name].startswith("["):
-            continue  # unavailable on every shape (see _peer_error)
-        start = time.perf_counter()
-        before = _compile_seconds() if phases is not None else {}
-        try:
-            wrong = _check_peer(spec, peer, shape, dtype, ctx)
-            if wrong:
-                _peer_error(errors, name, label, f"disagrees with the reference: {wrong}")
-                continue
-            scratch: Scratch = {}
-            if peer.stage is not None:
-                inputs.restore(work, 0)
-                peer.stage(work, shape, spec.constants, scratch)
-            graph = capture_graph(functools.partial(peer.run, work, shape, spec.constants, scratch))
-            if staged is not None:
-                staged.extend(t for t in scratch.values() if isinstance(t, torch.Tensor) and t.is_cuda)
-            impls.append(Timed(name, functools.partial(_prepare_peer, inputs, work, peer, shape, spec.constants,
-                                                       scratch), graph.replay))
-        except ImportError as exc:  # the library is not installed: no shape can time it
-            errors[name] = f"{type(exc).__name__}: {exc}"[:500]
-        except Exception as exc:  # a peer that cannot run this shape (a launch limit, an unsupported size)
-            _peer_error(errors, name, label, f"{type(exc).__name__}: {exc}")
-        finally:
-            if seconds is not None:
-                seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
-            if phases is not None:
-                mine = phases.setdefault(name, {})
-                for phase, total in _compile_seconds().items():
-                    spent = total - before.get(phase, 0.0)
-                    if spent >= 0.01:
-                        mine[phase] = mine.get(phase, 0.0) + spent
+        if name not in agreed or _tried_before(name, errors):
+            continue
+        with _set_up_seconds(name, seconds, phases):
+            try:
+                scratch: Scratch = {}
+                if peer.stage is not None:
+                    inputs.restore(work, 0)
+                    peer.stage(work, shape, spec.constants, scratch)
+                graph = capture_graph(functools.partial(peer.run, work, shape, spec.constants, scratch))
+                if staged is not None:
+                    staged.extend(t for t in scratch.values() if isinstance(t, torch.Tensor) and t.is_cuda)
+                impls.append(Timed(name, functools.partial(_prepare_peer, inputs, work, peer, shape, spec.constants,
+                                                           scratch), graph.replay))
+            except ImportError as exc:
+                errors[name] = f"{type(exc).__name__}: {exc}"[:500]
+            except Exception as exc:
+                _peer_error(errors, name, label, f"{type(exc).__name__}: {exc}")
     return impls
 
 
@@ -288,28 +329,122 @@ def _cache_counts() -> dict[str, int]:
 
 
 def run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) -> dict[str, Any]:
-    """Times peers and our kernels on each shape; returns medians in ms.
+    """Times peers and our kernels on each shape; returns medians in ms: one loop, a round of
+    one (:func:`run_round`; the reply is the loop's own).
 
     With ``compile_cache`` (a folder that :mod:`evaluators.peer_compile` compiled this
     kernel's torch.compile programs into, for this loop alone), the compilations are loaded
     from there (Inductor's local caches on, in that folder) instead of compiled here; the
     reply's ``compile_cache`` says how many loaded (``hit``) and how many were compiled here
-    after all (``miss``, ``bypass``). See :func:`_run_peers` for the rest.
+    after all (``miss``, ``bypass``). See :func:`_set_up` and :func:`_timed` for the rest.
     """
-    folder = job.get("compile_cache")
+    return run_round(ctx, {"loops": [job]}, beat)["loops"][0]
+
+
+def run_round(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) -> dict[str, Any]:
+    """The loops of a round (job key ``loops``: the jobs of :func:`run_peers`, e.g. the search
+    shapes' and the held-out shapes'), each set up first and then all timed, one after the
+    other, while this process has the GPU alone (:func:`evaluators.gpu_turns.alone`, where the
+    process takes part in its GPU's turns): set-up, where the time goes (compilations loaded,
+    each peer run and checked on every shape), may overlap other processes' set-ups; timing
+    overlaps nothing. Returns ``{"loops": [each loop's reply]}``."""
+    ready = []
+    for loop in job["loops"]:
+        with _loop_folder(loop) as counts:
+            ready.append(_set_up(ctx, loop, beat))
+        ready[-1].cache_counts = counts
+    # What the set-up pass allocated for its checks goes back before anything is timed.
+    torch.cuda.empty_cache()
+    replies: list[dict[str, Any]] = []
+    asked = time.perf_counter()
+    with gpu_turns.alone(lambda: beat("waiting for the GPU to time alone")):
+        waited = time.perf_counter() - asked
+        began = time.time()
+        for loop, state in zip(job["loops"], ready, strict=True):
+            with _loop_folder(loop) as counts:
+                reply = _timed(ctx, loop, beat, state)
+            if loop.get("compile_cache"):
+                assert state.cache_counts is not None
+                reply["compile_cache"] = {"folder": str(loop["compile_cache"]),
+                                          **{k: state.cache_counts[k] + counts[k] for k in counts}}
+            reply["phase_s"]["wait"] = waited if not replies else 0.0
+            replies.append(reply)
+        # The round's hold of the GPU alone, on the wall clock: rounds beside each other can be
+        # seen never to overlap.
+        held = [began, time.time()]
+    for reply in replies:
+        reply["timed_at"] = held
+    return {"loops": replies}
+
+
+@contextlib.contextmanager
+def _loop_folder(loop: dict[str, Any]) -> Iterator[dict[str, int]]:
+    """Inside the loop's compile-ahead folder, where it has one (see :func:`run_peers`);
+    yields, filled on the way out, Inductor's FX-graph cache hits and misses inside."""
+    counts = {"hit": 0, "miss": 0, "bypass": 0}
+    folder = loop.get("compile_cache")
     if not folder:
-        return _run_peers(ctx, job, beat)
+        yield counts
+        return
     from evaluators.peer_compile import cache_folder
 
     before = _cache_counts()
-    with cache_folder(folder):
-        reply = _run_peers(ctx, job, beat, cached=True)
-    after = _cache_counts()
-    reply["compile_cache"] = {"folder": str(folder), **{k: after[k] - before[k] for k in after}}
-    return reply
+    try:
+        with cache_folder(folder):
+            yield counts
+    finally:
+        after = _cache_counts()
+        counts.update({k: after[k] - before[k] for k in after})
 
 
-def _run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None], cached: bool = False) -> dict[str, Any]:
+class _LoopSetUp:
+    """What a loop's set-up pass made for its timed pass: our binaries, the peers (compiled,
+    checked per shape) and the seconds it took."""
+
+    def __init__(self, spec: KernelSpec, ours: dict[str, Kernel], baseline: Kernel | None,
+                 peers: dict[str, Peer], failed: dict[str, str]) -> None:
+        self.spec, self.ours, self.baseline, self.peers, self.failed = spec, ours, baseline, peers, failed
+        self.errors: dict[str, str] = {}
+        self.checked: dict[str, set[str]] = {}  # shape label -> the peers that agree on it
+        self.prepare_by_peer: dict[str, float] = {}
+        # The first shape's share apart: what a peer pays once per process (an import, a library's
+        # JIT build or load) shows there, what it pays per shape (a compilation) on every shape.
+        self.prepare_first: dict[str, float] = {}
+        self.phases_by_peer: dict[str, dict[str, float]] = {}
+        self.set_up_s = 0.0
+        self.jit_before: Any = None
+        self.cache_counts: dict[str, int] | None = None
+
+
+def _set_up(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) -> _LoopSetUp:
+    """A loop's set-up pass: our binaries loaded, and each peer run and checked against the
+    reference on every shape (a torch.compile program compiles, or loads its compilation,
+    for each shape here), so that the timed pass only captures and times."""
+    start = time.perf_counter()
+    spec: KernelSpec = ctx.spec(job["kernel_dir"])
+    dtype, shapes = job["dtype"], job["shapes"]
+    failed: dict[str, str] = {}
+    ours = _load_ours(ctx, spec, job, shapes, failed)
+    baseline = ctx.kernel(spec, job["baseline"], shapes) if job.get("kernels") else None
+    peers = (peer_fns(spec, trials=int(job.get("compile_trials", COMPILE_TRIALS)), cached=bool(job.get("compile_cache")))
+             if job.get("peers", True) else {})
+    if job.get("only_peers") is not None:  # a diagnosis: some peers alone
+        peers = only_peers(peers, job["only_peers"])
+    state = _LoopSetUp(spec, ours, baseline, peers, failed)
+    # What the peers' first calls built on disk in this loop (FlashInfer's JIT): a build in a
+    # loop whose process found the module built already is set-up it should not have paid.
+    state.jit_before = jit_watch.snapshot() if peers else None
+    for shape in shapes:
+        state.checked[shape_label(shape)] = check_peers(ctx, spec, shape, dtype, peers, state.errors,
+                                                        state.prepare_by_peer, state.phases_by_peer)
+        if not state.prepare_first:
+            state.prepare_first = dict(state.prepare_by_peer)
+        beat(f"peers set up on {shape_label(shape)}")
+    state.set_up_s = time.perf_counter() - start
+    return state
+
+
+def _timed(ctx: Context, job: dict[str, Any], beat: Callable[[str], None], state: _LoopSetUp) -> dict[str, Any]:
     """Times peers and our kernels on each shape; returns medians in ms.
 
     Job keys: kernel_dir, dtype, shapes, warmup, repetitions; ``kernels`` ({name: {cubin,
@@ -329,7 +464,9 @@ def _run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None], c
         kernel: the guard that fired}; none of its times are reported), ``notes`` ({peer:
         what exactly is timed}), ``l2_persistence`` (carve-out and access-policy window, bytes;
         ``l2_finding`` when not both zero), ``copy_bw_bytes_per_s`` and ``phase_s`` (seconds
-        spent setting up the peers, compilations included, and in the timed loops), and
+        spent setting up the peers, compilations included (``prepare``: the set-up pass and
+        each shape's captures), in the timed loops and, for a round's first loop, ``wait``:
+        waiting for the GPU alone, see :func:`run_round`), and
         ``prepare_s_by_peer`` (the set-up seconds per peer, every shape's summed; the first
         shape's alone in ``prepare_s_first_shape_by_peer``) with
         ``compile_phases_s`` (per compiled peer, torch.compile's phases in those seconds: where
@@ -337,49 +474,31 @@ def _run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None], c
         library modules this loop built or rebuilt, the build files it rewrote, and the settings
         those depend on).
     """
-    spec: KernelSpec = ctx.spec(job["kernel_dir"])
+    spec, peers, failed, errors = state.spec, state.peers, state.failed, state.errors
     dtype, shapes = job["dtype"], job["shapes"]
-    failed: dict[str, str] = {}
-    ours = _load_ours(ctx, spec, job, shapes, failed)
-    baseline = ctx.kernel(spec, job["baseline"], shapes) if job.get("kernels") else None
-    peers = (peer_fns(spec, trials=int(job.get("compile_trials", COMPILE_TRIALS)), cached=cached)
-             if job.get("peers", True) else {})
-    if job.get("only_peers") is not None:  # a diagnosis: some peers alone
-        peers = only_peers(peers, job["only_peers"])
     times: dict[str, dict[str, float]] = {}
     spreads: dict[str, dict[str, float]] = {}
-    errors: dict[str, str] = {}
     l2 = l2_persistence(torch.cuda.current_stream().cuda_stream)
-    # Where a loop's time goes: the peers' set-up (torch.compile compiles and autotunes here,
-    # with its caches off) against the timed loop itself.
-    phase_s = {"prepare": 0.0, "loop": 0.0}
-    prepare_by_peer: dict[str, float] = {}
-    # The first shape's share apart: what a peer pays once per process (an import, a library's
-    # JIT build or load) shows there, what it pays per shape (a compilation) on every shape.
-    prepare_first: dict[str, float] = {}
-    phases_by_peer: dict[str, dict[str, float]] = {}
-    # What the peers' first calls built on disk in this loop (FlashInfer's JIT): a build in a
-    # loop whose process found the module built already is set-up it should not have paid.
-    jit_before = jit_watch.snapshot() if peers else None
+    # Where a loop's time goes: the peers' set-up (torch.compile compiles and autotunes there)
+    # against the timed loop itself.
+    phase_s = {"prepare": state.set_up_s, "loop": 0.0}
     for shape in shapes:
         label = shape_label(shape)
         inputs = RepInputs(spec, _input_sets(ctx, spec, shape, dtype), job["warmup"] + job["repetitions"],
                            torch.Generator(device=ctx.device).manual_seed(random.randint(0, 2**31)))
         # One working set for every implementation (see evaluators.ours).
         work = inputs.buffer()
-        mine = OursOnShape(ctx, spec, shape, dtype, job["warmup"], job["repetitions"], inputs, work, baseline,
+        mine = OursOnShape(ctx, spec, shape, dtype, job["warmup"], job["repetitions"], inputs, work, state.baseline,
                            "in the peers' loop")
-        live = {n: k for n, k in ours.items() if n not in failed}
+        live = {n: k for n, k in state.ours.items() if n not in failed}
         impls = [mine.timed(n, k) for n, k in live.items()]
         if job.get("graph_ours"):
             impls += [mine.timed(n, k, graph=True) for n, k in live.items()]
         start = time.perf_counter()
         staged: list[torch.Tensor] = []
-        impls += peer_impls(ctx, spec, shape, dtype, inputs, work, peers, errors, prepare_by_peer, phases_by_peer,
-                            staged)
+        impls += peer_impls(ctx, spec, shape, dtype, inputs, work, peers, errors, state.prepare_by_peer,
+                            state.phases_by_peer, staged, checked=state.checked.get(label))
         phase_s["prepare"] += time.perf_counter() - start
-        if not prepare_first:
-            prepare_first = dict(prepare_by_peer)
         # Every flush takes what the timed implementations read out of the L2, whatever
         # eviction priority an earlier one left on it (see evaluators.timing.Flusher).
         ctx.flush.cover([*work.values(), *staged])
@@ -412,11 +531,12 @@ def _run_peers(ctx: Context, job: dict[str, Any], beat: Callable[[str], None], c
         "peers": times, "iqr": spreads, "errors": errors, "failed": failed, "copy_bw_bytes_per_s": ctx.copy_bw,
         "compiled": which, "compile_candidates": candidates, "l2_persistence": l2,
         "notes": {n: p.note for n, p in peers.items() if p.note}, "phase_s": phase_s,
-        "prepare_s_by_peer": prepare_by_peer, "prepare_s_first_shape_by_peer": prepare_first,
-        "compile_phases_s": {n: dict(sorted(ph.items(), key=lambda kv: -kv[1])) for n, ph in phases_by_peer.items() if ph},
+        "prepare_s_by_peer": state.prepare_by_peer, "prepare_s_first_shape_by_peer": state.prepare_first,
+        "compile_phases_s": {n: dict(sorted(ph.items(), key=lambda kv: -kv[1]))
+                             for n, ph in state.phases_by_peer.items() if ph},
     }
-    if jit_before is not None:
-        reply["jit_builds"] = jit_watch.report(jit_before)
+    if state.jit_before is not None:
+        reply["jit_builds"] = jit_watch.report(state.jit_before)
     if l2_finding(l2):
         reply["l2_finding"] = l2_finding(l2)
     return reply

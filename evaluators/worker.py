@@ -31,7 +31,7 @@ from evaluators.context import (
 )
 from evaluators.launcher import Kernel, LaunchResourceError
 from evaluators.ours import OursOnShape
-from evaluators.peers import run_peers
+from evaluators.peers import run_peers, run_round
 from evaluators.timing import l2_finding, l2_persistence, time_interleaved
 from evaluators.verify import TIMED_OUTPUT_GUARD, Buffers, DriftProbe, RepInputs
 from kernels.launch import LaunchLimitError
@@ -265,6 +265,8 @@ def handle(ctx: Context, job: dict[str, Any], beat: Beat) -> tuple[dict[str, Any
             reply = run_evaluate(ctx, job, beat)
         elif job["type"] == "peers":
             reply = run_peers(ctx, job, beat)
+        elif job["type"] == "peers_round":
+            reply = run_round(ctx, job, beat)
         else:
             raise ValueError(f"unknown job type {job['type']!r}")
         reply.setdefault("status", Status.OK.value)
@@ -283,8 +285,19 @@ def handle(ctx: Context, job: dict[str, Any], beat: Beat) -> tuple[dict[str, Any
         return {"status": "INTERNAL", "message": text, "traceback": traceback.format_exc()}, False
 
 
-def serve(conn: Any, device: int) -> None:
-    """Main loop of the worker process."""
+def serve(conn: Any, device: int, gpu_turns: str | None = None) -> None:
+    """Main loop of the worker process. ``gpu_turns``: the GPU's lock this process takes part
+    in (:mod:`evaluators.gpu_turns`), shared from before its CUDA context exists to its end,
+    alone while it times (a round of end-of-run loops beside other rounds' set-ups)."""
+    if gpu_turns:
+        from evaluators.gpu_turns import benchmark_lock_path, take_part
+        from evaluators.peer_compile import install_benchmark_turns
+
+        take_part(gpu_turns)
+        # Autotuning in the set-up (a compilation its compile-ahead folder lacked, or Inductor's
+        # coordinate-descent tuning on loading one) benchmarks one process at a time and never
+        # beside a sanitizer run; it needs no timed pass to wait, none runs during a set-up.
+        install_benchmark_turns(benchmark_lock_path(gpu_turns))
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     ctx = Context(device)
     conn.send(("ready", ctx.info))
@@ -321,8 +334,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--fd", type=int, required=True, help="the inherited socket's file descriptor")
     parser.add_argument("--device", type=int, default=0, help="CUDA device index as this process sees it")
+    parser.add_argument("--gpu-turns", help="the GPU's lock file this process shares, and holds alone to time")
     args = parser.parse_args(argv)
-    serve(Connection(args.fd), args.device)
+    serve(Connection(args.fd), args.device, args.gpu_turns)
 
 
 if __name__ == "__main__":

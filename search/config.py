@@ -102,6 +102,10 @@ class EvaluatorConfig:
             beside each other (never beside a timed call), each loop from a cache folder of its
             own (:mod:`evaluators.peer_compile`); off: every loop compiles for itself. On by
             default; only loops whose peers' figures are not in the peer cache compile anything.
+        overlap_rounds: run the rounds of end-of-run loops beside each other, each in a sandbox
+            process of its own that sets its loops up while others do and times them with the GPU
+            alone (:mod:`evaluators.gpu_turns`); off: one round at a time, in the evaluator's own
+            process, as an exclusive call.
         peer_cache: keep the peers' figures of each end-of-run loop on disk and reuse them in
             later runs on the same GPU model, driver and library versions (:mod:`search.peer_cache`);
             our kernels and the baseline are always timed afresh.
@@ -120,6 +124,7 @@ class EvaluatorConfig:
     compile_trials: int = 1
     sanitize: bool = True
     compile_ahead: bool = True
+    overlap_rounds: bool = True
     peer_cache: bool = True
     peer_cache_dir: str | None = None
     fresh_peers: bool = False

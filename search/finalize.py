@@ -189,6 +189,9 @@ class _Progress:
     member_sanitizer: dict[str, dict[str, Any]] = field(default_factory=dict)
     member_final: dict[str, Evaluation] = field(default_factory=dict)
     choice_ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    # compile-ahead (search.finalize.EndOfRun.compile_ahead): per (shape set, loop) the folder
+    # its compilations were made in, None where they failed or were not made
+    folders: dict[tuple[str, int], str | None] = field(default_factory=dict)
 
 
 @dataclass
@@ -274,6 +277,8 @@ class EndOfRun:
                                if cfg.peers else 0)
         self.loops_done = 0
         self.loops_started = time.time()
+        self.compiling = 0  # compile-ahead processes in flight
+        self.waiting: list[Callable[[], None]] = []  # rounds to start once none is
         self.kernels: dict[str, _Progress] = {}
         for st in ctl.states:
             assert st.baseline_scored is not None
@@ -344,8 +349,10 @@ class EndOfRun:
     # -- sanitizer, final timing, peers -----------------------------------------------------
 
     def finish(self) -> list[KernelResult]:
-        """Dispatch choice loop, sanitizer, final timing and peers for every kernel; returns the
-        results in order."""
+        """Dispatch choice loop, sanitizer, final timing and peers for every kernel, with the
+        peers' compilations made ahead of them all (:meth:`compile_ahead`); returns the results
+        in order."""
+        self.compile_ahead()
         for k in self.kernels.values():
             self._choose(k)
         self.ctl.drain(lambda: all(k.result is not None for k in self.kernels.values()))
@@ -459,8 +466,9 @@ class EndOfRun:
         """The end-of-run loops (winner, dispatch members, baseline and peers interleaved),
         repeated in ``peer_runs`` rounds, each in a fresh sandbox process that times the search
         shapes and then the spec's fixed held-out shapes; every ratio reported comes from
-        these loops (:mod:`search.spread`). With compile_ahead, the torch.compile programs of
-        every loop that the peer cache lacks, on both shape sets, are compiled first, all at once."""
+        these loops (:mod:`search.spread`). The rounds run all at once (see :meth:`_loops`),
+        their torch.compile programs compiled ahead where compile_ahead is on
+        (:meth:`compile_ahead`)."""
         assert k.winner is not None and k.heldout is not None and k.dispatch is not None
         heldout = compose_evaluation(k.dispatch, k.member_heldout, k.st.heldout_shapes())
         result = KernelResult(k.st, k.winner, heldout, final, rejected=k.rejected, sanitizer=k.sanitizer,
@@ -487,7 +495,7 @@ class EndOfRun:
             result.rejected_why = dict(k.rejected_why)
             self._finish_loops(k, plans, result)
 
-        self._compile_ahead(k, plans, lambda: self._loops(k, plans, looped))
+        self._loops(k, plans, looped)
 
     def _finish_loops(self, k: _Progress, plans: list[_LoopPlan], result: KernelResult) -> None:
         for plan in plans:
@@ -513,95 +521,138 @@ class EndOfRun:
         return _LoopPlan(shape_set, ours, keys, hits, record_keys, [None] * n)
 
     def _loops(self, k: _Progress, plans: list[_LoopPlan], then: Callable[[list[list[dict[str, Any]]]], None]) -> None:
-        """``peer_runs`` rounds of loops of our kernels and the peers, one loop at a time; round i
-        runs loop i of every plan (search shapes, then held-out shapes). Each round starts in a
-        fresh sandbox process and its held-out loop follows its search loop in that process (the
-        sandbox allows one loop per kernel and shape set in a process): a round pays for one
-        process start and one set-up of the peers' libraries, not two, and the rounds stay
-        independent of each other. ``then`` gets each plan's replies. A loop whose peers'
-        figures are in the peer cache (:mod:`search.peer_cache`) times our kernels alone and
-        takes the peers' from there; one that times the peers stores them. A winner that fails
-        verification in a loop is replaced by the baseline, whose loops start anew."""
-        cfg, cache = self.ctl.config.evaluator, self.cache
+        """``peer_runs`` rounds of loops of our kernels and the peers, all at once; round i runs
+        loop i of every plan (search shapes, then held-out shapes) in a fresh sandbox process
+        of its own (:meth:`search.pool.EvaluatorActor.time_round`), which sets every loop up
+        before it times any: the rounds' set-ups (compilations loaded, each peer run and
+        checked per shape) overlap each other and the other kernels' rounds, while each timed
+        pass has the GPU alone (:mod:`evaluators.gpu_turns`); the rounds stay independent of
+        each other. They start once no compile-ahead process is left (:meth:`compile_ahead`).
+        ``then`` gets each plan's replies, in round order. A loop whose peers' figures are in
+        the peer cache (:mod:`search.peer_cache`) times our kernels alone and takes the peers'
+        from there; one that times the peers stores them. A winner that fails verification in
+        a loop is replaced by the baseline, whose loops start anew."""
+        for plan in plans:
+            plan.folders = [k.folders.get((plan.shape_set.value, i)) for i in range(len(plan.folders))]
+        self._after_compiling(lambda: self._rounds(k, plans, then))
+
+    def _rounds(self, k: _Progress, plans: list[_LoopPlan], then: Callable[[list[list[dict[str, Any]]]], None]) -> None:
+        cfg = self.ctl.config.evaluator
         n = cfg.peer_runs
-        order = [(i, plan) for i in range(n) for plan in plans]
-        runs: dict[int, list[dict[str, Any]]] = {id(plan): [] for plan in plans}
+        answers: dict[int, tuple[dict[str, Any] | None, str]] = {}
 
         def label(plan: _LoopPlan) -> str:
             return "" if plan.shape_set is ShapeSet.SEARCH else " (held-out shapes)"
 
-        def submit() -> None:
-            i, plan = order[sum(len(r) for r in runs.values())]
-            self.ctl.recorded_call(plan.record_keys[i], done, "time_peers", k.st.ref, k.st.dtype, plan.shape_set.value,
-                                   plan.ours, True, cfg.compile_trials, plan.hits[i] is None, plan.folders[i],
-                                   what=f"{k.st.name} peers{label(plan)}, run {i + 1} of {n}"
-                                        + (" (peers from the cache)" if plan.hits[i] is not None else ""))
+        def answered(i: int, value: dict[str, Any] | None, error: str) -> None:
+            answers[i] = (value, error)
+            if len(answers) == n:
+                self._rounds_done(k, plans, [answers[j] for j in range(n)], label, then)
 
-        def done(reply: dict[str, Any] | None, error: str) -> None:
-            assert k.winner is not None and k.dispatch is not None
-            step = sum(len(r) for r in runs.values())
-            i, plan = order[step]
-            hit = plan.hits[i]
-            if reply is not None and hit is not None:
-                reply = with_cached(reply, hit)
-            elif reply is not None and cache is not None:
-                reply["peers_stored"] = cache.put(plan.keys[i], reply, sorted(plan.ours), self.ctl.records.run_id)
-            failed = reply.get("failed", {}) if reply is not None else {}
-            if "best" in failed and k.winner.variant.id != k.st.baseline.id:
-                # A winner that misbehaves in the peers' loop is a cheat or a latent bug:
-                # it is not reported, as for a sanitizer finding; the baseline is.
-                k.rejected_why[k.winner.variant.id] = f"failed in the peers' loop{label(plan)}: {failed['best']}"
-                self._to_baseline(k)
-                return
-            for item in list(k.dispatch.members[1:]):
-                if member_name(item) in failed:  # its shapes go to the winner, timed in the same loop
-                    self._drop_member(k, item, f"failed in the peers' loop{label(plan)}: {failed[member_name(item)]}")
-            runs[id(plan)].append(reply if reply is not None else {"loop_error": error})
-            self._loop_done(k, f"peers' loop{label(plan)} {len(runs[id(plan)])} of {n}", reply, error)
-            if step + 1 < len(order):
-                submit()
-                return
-            then([runs[id(plan)] for plan in plans])
+        for i in range(n):
+            loops = [{"shape_set": plan.shape_set.value, "ours": plan.ours, "compile_trials": cfg.compile_trials,
+                      "peers": plan.hits[i] is None, "compile_cache": plan.folders[i]} for plan in plans]
+            cached = sum(1 for plan in plans if plan.hits[i] is not None)
+            self.ctl.recorded_call(_round_key(plans, i), partial(answered, i), "time_round", k.st.ref, k.st.dtype,
+                                   loops, cfg.overlap_rounds, exclusive=not cfg.overlap_rounds,
+                                   what=f"{k.st.name} peers' loops, round {i + 1} of {n}"
+                                        + (f" ({cached} of {len(plans)} with peers from the cache)" if cached else ""))
 
-        submit()
+    def _rounds_done(self, k: _Progress, plans: list[_LoopPlan], answers: list[tuple[dict[str, Any] | None, str]],
+                     label: Callable[[_LoopPlan], str], then: Callable[[list[list[dict[str, Any]]]], None]) -> None:
+        """Every round answered: each loop's reply taken in round order, as if they had run one
+        after the other."""
+        assert k.winner is not None and k.dispatch is not None
+        cache, n = self.cache, self.ctl.config.evaluator.peer_runs
+        runs: dict[int, list[dict[str, Any]]] = {id(plan): [] for plan in plans}
+        for i, (value, error) in enumerate(answers):
+            loops = value.get("loops", []) if value is not None else []
+            for j, plan in enumerate(plans):
+                reply: dict[str, Any] | None = loops[j] if j < len(loops) else None
+                why = error or "the round answered no reply for this loop"
+                hit = plan.hits[i]
+                if reply is not None and hit is not None:
+                    reply = with_cached(reply, hit)
+                elif reply is not None and cache is not None:
+                    reply["peers_stored"] = cache.put(plan.keys[i], reply, sorted(plan.ours), self.ctl.records.run_id)
+                failed = reply.get("failed", {}) if reply is not None else {}
+                if "best" in failed and k.winner.variant.id != k.st.baseline.id:
+                    # A winner that misbehaves in the peers' loop is a cheat or a latent bug:
+                    # it is not reported, as for a sanitizer finding; the baseline is.
+                    k.rejected_why[k.winner.variant.id] = f"failed in the peers' loop{label(plan)}: {failed['best']}"
+                    self._to_baseline(k)
+                    return
+                for item in list(k.dispatch.members[1:]):
+                    if member_name(item) in failed:  # its shapes go to the winner, timed in the same loop
+                        self._drop_member(k, item, f"failed in the peers' loop{label(plan)}: {failed[member_name(item)]}")
+                runs[id(plan)].append(reply if reply is not None else {"loop_error": why})
+                self._loop_done(k, f"peers' loop{label(plan)} {len(runs[id(plan)])} of {n}", reply, why)
+        then([runs[id(plan)] for plan in plans])
 
-    def _compile_ahead(self, k: _Progress, plans: list[_LoopPlan], then: Callable[[], None]) -> None:
-        """With compile_ahead, compiles the torch.compile programs of every loop of ``plans``
-        that the peer cache lacks, each in a process of its own (they overlap each other, never
-        a timed call), filling the plans' ``folders``; a loop on record (a resumed run's, replayed)
-        needs nothing compiled. Then ``then``."""
-        n = self.ctl.config.evaluator.peer_runs
-        todo = [(plan, i) for plan in plans for i in range(n) if plan.hits[i] is None]
-        if not self.ctl.config.evaluator.compile_ahead or not todo:
-            then()
+    # -- compile-ahead --------------------------------------------------------------------
+
+    def compile_ahead(self) -> None:
+        """With compile_ahead, compiles the torch.compile programs of every end-of-run loop
+        that the peer cache lacks, for every kernel at once, each loop's in a process and
+        folder of its own (:mod:`evaluators.peer_compile`), beside the sanitizer runs; they
+        need the kernel, not its winner. A round on record (a resumed run's, replayed) needs
+        nothing compiled. What is compiled lies on this machine's disk, so it is not recorded:
+        a resumed run compiles again for the rounds it has not done."""
+        cfg = self.ctl.config.evaluator
+        if not cfg.compile_ahead or not cfg.peers:
             return
-        made: dict[tuple[str, int], dict[str, Any]] = {}
+        for k in self.kernels.values():
+            sets = loop_sets(k.st)
+            keys = {s: loop_keys(self.cache, cfg, k.st, s) if self.cache is not None else [""] * cfg.peer_runs
+                    for s in sets}
+            todo = [(s, i) for s in sets for i in range(cfg.peer_runs)
+                    if cfg.fresh_peers or self.cache is None or self.cache.get(keys[s][i]) is None]
+            done = self._recorded_rounds(k)
+            made: dict[tuple[str, int], dict[str, Any]] = {}
+            for shape_set, i in todo:
+                self.compiling += 1
+                call = partial(self._compiled, k, (shape_set.value, i), made, len(todo))
+                if i in done:
+                    call({"status": "SKIPPED", "summary": "loop done before"}, "")
+                    continue
+                where = f"{self.ctl.records.run_id}/{k.st.name}-{k.st.ref.digest[:8]}/{shape_set.value}-{i + 1}"
+                self.ctl.pool.call(call, "precompile", k.st.ref, k.st.dtype, shape_set.value, where, exclusive=False,
+                                   what=f"{k.st.name} compile ahead, loop {i + 1}")
 
-        def compiled(plan: _LoopPlan, i: int, reply: dict[str, Any] | None, error: str) -> None:
-            made[(plan.shape_set.value, i)] = reply if reply is not None else {"status": "ERROR", "summary": error}
-            if len(made) < len(todo):
-                return
-            for p, j in todo:
-                if made[(p.shape_set.value, j)].get("status") == "OK":
-                    p.folders[j] = made[(p.shape_set.value, j)].get("folder")
-            for p in plans:
-                mine = [j for q, j in todo if q is p]
-                why = "; ".join(f"loop {j + 1}: {made[(p.shape_set.value, j)].get('summary', '')}"[:200] for j in mine
-                                if made[(p.shape_set.value, j)].get("status") != "OK")
-                print(f"end {k.st.name}: compiled ahead for {sum(1 for f in p.folders if f)} of {n} loops"
-                      + ("" if p.shape_set is ShapeSet.SEARCH else " on the held-out shapes")
+    def _recorded_rounds(self, k: _Progress) -> set[int]:
+        """The rounds of the kernel's loops on record for its winner as it stands."""
+        if k.winner is None or k.dispatch is None:
+            return set()
+        ours = {**_ours(k), "baseline": (k.st.baseline.source, {})}
+        plans = [self._plan(k, shape_set, ours) for shape_set in loop_sets(k.st)]
+        return {i for i in range(self.ctl.config.evaluator.peer_runs) if _round_key(plans, i) in self.ctl.answers}
+
+    def _compiled(self, k: _Progress, where: tuple[str, int], made: dict[tuple[str, int], dict[str, Any]], todo: int,
+                  reply: dict[str, Any] | None, error: str) -> None:
+        made[where] = reply if reply is not None else {"status": "ERROR", "summary": error}
+        k.folders[where] = made[where].get("folder") if made[where].get("status") == "OK" else None
+        self.compiling -= 1
+        if len(made) == todo:
+            n = self.ctl.config.evaluator.peer_runs
+            for shape_set in sorted({s for s, _ in made}, key=lambda s: s != ShapeSet.SEARCH.value):
+                mine = sorted(i for s, i in made if s == shape_set)
+                why = "; ".join(f"loop {i + 1}: {made[(shape_set, i)].get('summary', '')}"[:200] for i in mine
+                                if made[(shape_set, i)].get("status") != "OK")
+                print(f"end {k.st.name}: compiled ahead for {sum(1 for i in mine if k.folders.get((shape_set, i)))} "
+                      f"of {n} loops" + ("" if shape_set == ShapeSet.SEARCH.value else " on the held-out shapes")
                       + (f" ({why})" if why else ""), file=sys.stderr, flush=True)
-            then()
+        if self.compiling == 0:
+            waiting, self.waiting = self.waiting, []
+            for start in waiting:
+                start()
 
-        for plan, i in todo:
-            if plan.record_keys[i] in self.ctl.answers:
-                compiled(plan, i, {"status": "SKIPPED", "summary": "loop done before"}, "")
-                continue
-            # Not recorded: what they make lies on this machine only, and a run resumed on another
-            # (or after this one's temporary files went) must make it again.
-            where = f"{self.ctl.records.run_id}/{k.st.name}-{k.st.ref.digest[:8]}/{plan.shape_set.value}-{i + 1}"
-            self.ctl.pool.call(partial(compiled, plan, i), "precompile", k.st.ref, k.st.dtype, plan.shape_set.value,
-                               where, exclusive=False, what=f"{k.st.name} compile ahead, loop {i + 1}")
+    def _after_compiling(self, start: Callable[[], None]) -> None:
+        """Runs ``start`` now if no compile-ahead process is in flight, else once none is: no
+        compilation's processes (CPU-bound, launching on the GPU) run beside a timed pass."""
+        if self.compiling == 0:
+            start()
+        else:
+            self.waiting.append(start)
 
     def _loop_done(self, k: _Progress, what: str, reply: dict[str, Any] | None, error: str) -> None:
         """One line per finished loop, with how many loops are left in the run and, at the pace
@@ -643,6 +694,11 @@ def _call_key(what: str, k: _Progress, *more: Any, item: Scored | None = None) -
     return json.dumps([what, k.st.name, k.st.dtype, item.variant.id, sorted(item.params.items()), *more])
 
 
+def _round_key(plans: list[_LoopPlan], i: int) -> str:
+    """The key round ``i`` of the loops of ``plans`` is recorded under: its loops' keys."""
+    return json.dumps(["round", *(plan.record_keys[i] for plan in plans)])
+
+
 def stop_warmup(warmup: PeerWarmup) -> float | None:
     """Ends the peers' warm-up before the loops time: no other process may launch anything on
     the GPUs then. What it has not done is stopped, not waited for: it only fills on-disk caches
@@ -672,13 +728,15 @@ def finalize(ctl: Controller, warmup: PeerWarmup | None = None, cache: PeerCache
     with clock.stage("end set-up"):
         if warmup is not None:
             stop_warmup(warmup)
-        # Non-exclusive calls overlap on an actor: a sanitizer run per kernel, and with compile_ahead
-        # compilations, one per kernel and loop up to one per two CPU cores (each is a process with
-        # torch and a CUDA context of its own).
+        # Non-exclusive calls overlap on an actor: a sanitizer run per kernel, and with peers the
+        # rounds of loops (one per kernel and round) and with compile_ahead the compilations (one
+        # per kernel, shape set and round), each a process with torch and a CUDA context of its
+        # own, up to one per CPU core but two.
         cfg = ctl.config.evaluator
         sharing = len(ctl.states)
-        if cfg.compile_ahead and cfg.peers:
-            sharing = max(sharing, min(sharing * cfg.peer_runs, (os.cpu_count() or 2) // 2))
+        if cfg.peers:
+            wanted = len(ctl.states) * cfg.peer_runs * ((2 if cfg.compile_ahead else 0) + cfg.overlap_rounds)
+            sharing = max(sharing, min(wanted, max(1, (os.cpu_count() or 2) - 2)))
         ctl.pool.renew(size=max(1, min(len(ctl.pool.actors), len(ctl.states))), max_concurrency=sharing)
         device = ctl.pool.device_name()
     since = time.monotonic()  # the pool's call spans are on the monotonic clock

@@ -285,11 +285,33 @@ class EvaluatorActor:
             reply = self.evaluator.time_peers_full(kernel, dtype, shape_set, ours, fresh_process=fresh_process,
                                                    compile_trials=compile_trials, peers=peers,
                                                    compile_cache=compile_cache)
-            kept = {k: reply[k] for k in ("compiled", "notes", "l2_persistence", "l2_finding", "phase_s",
-                                          "prepare_s_by_peer", "prepare_s_first_shape_by_peer", "compile_phases_s",
-                                          "compile_cache", "jit_builds") if k in reply}
-            return {"peers": dict(reply["peers"]), "errors": dict(reply.get("errors", {})),
-                    "failed": dict(reply.get("failed", {})), **kept, "busy_s": time.perf_counter() - start}
+            return {**_loop_answer(reply), "busy_s": time.perf_counter() - start}
+
+    def time_round(self, kernel: KernelRef | str, dtype: str, loops: list[dict[str, Any]],
+                   beside_others: bool = True) -> dict[str, Any]:
+        """A round of end-of-run loops (each of ``loops`` the keyword arguments of
+        :meth:`time_peers` but ``fresh_process``), in a process of its own that sets every loop
+        up before it times any: ``{"loops": [each loop's answer, as time_peers gives it],
+        "busy_s": the seconds its loops timed}``. On a GPU the round has an evaluator of its
+        own, whose sandbox process takes part in the GPU's turns (:mod:`evaluators.gpu_turns`):
+        rounds are non-exclusive calls, run beside each other and beside sanitizer runs, and
+        their set-ups overlap while their timed passes take turns with everything that
+        launches on the GPU. ``beside_others`` False (an exclusive call: the GPU is this
+        round's) and the stand-in take the evaluator's turn and its process."""
+        if self.kind == "gpu" and beside_others:
+            from evaluators.gpu import GpuEvaluator
+            from evaluators.gpu_turns import lock_path
+
+            evaluator = GpuEvaluator(device=0, gpu_turns=str(lock_path()))
+            try:
+                replies = evaluator.time_round(kernel, dtype, loops)
+            finally:
+                evaluator.close()
+        else:
+            with self._lock:
+                replies = self.evaluator.time_round(kernel, dtype, loops)
+        answers = [_loop_answer(r) for r in replies]
+        return {"loops": answers, "busy_s": sum(float(a.get("phase_s", {}).get("loop", 0.0)) for a in answers)}
 
     def precompile(self, kernel: KernelRef | str, dtype: str, shape_set: str, folder: str) -> dict[str, Any]:
         """Compiles the kernel's torch.compile programs for one end-of-run loop ahead of it, into
@@ -300,7 +322,8 @@ class EvaluatorActor:
             return {"status": "SKIPPED", "summary": "stand-in evaluator: no peers to compile"}
         import tempfile
 
-        from evaluators.peer_compile import compile_ahead, lock_path
+        from evaluators.gpu_turns import lock_path
+        from evaluators.peer_compile import compile_ahead
 
         where = Path(tempfile.gettempdir()) / "kernel-search-compiled" / folder
         # One lock per GPU: the compile-ahead processes of this GPU never benchmark at once.
@@ -312,11 +335,13 @@ class EvaluatorActor:
         has no GPU to check on and says so."""
         if self.kind != "gpu":
             return {"status": "SKIPPED", "summary": "stand-in evaluator: no GPU to sanitize on"}
-        from evaluators.peer_compile import lock_path, sharing_the_gpu
+        from evaluators.gpu_turns import benchmark_lock_path, lock_path
+        from evaluators.peer_compile import sharing_the_gpu
         from evaluators.sanitize import sanitize
 
-        # No compile-ahead process benchmarks while an instrumented kernel loads the GPU.
-        with sharing_the_gpu(lock_path()):
+        # No timed pass and no autotuning benchmark (of a compile-ahead process or of a round's
+        # set-up) while an instrumented kernel loads the GPU.
+        with sharing_the_gpu(lock_path()), sharing_the_gpu(benchmark_lock_path(lock_path())):
             report = sanitize(kernel, source, dtype, params=params, shapes=[dict(s) for s in shapes])
         return dict(report.to_dict(), summary=report.summary())
 
@@ -427,6 +452,15 @@ class Answer:
     error: str = ""
 
 
+def _loop_answer(reply: dict[str, Any]) -> dict[str, Any]:
+    """What a peers' loop answers over Ray: its times and what it recorded beside them."""
+    kept: dict[str, Any] = {k: reply[k] for k in ("compiled", "notes", "l2_persistence", "l2_finding", "phase_s", "prepare_s_by_peer",
+                                  "prepare_s_first_shape_by_peer", "compile_phases_s", "compile_cache", "jit_builds")
+            if k in reply}
+    return {"peers": dict(reply["peers"]), "errors": dict(reply.get("errors", {})),
+            "failed": dict(reply.get("failed", {})), **kept}
+
+
 class EvalPool:
     """Keeps every evaluator actor fed with one exclusive call at a time.
 
@@ -523,7 +557,7 @@ class EvalPool:
         busy = 0.0
         if call.method == "evaluate":
             value, busy = value
-        elif call.method == "time_peers":
+        elif call.method in ("time_peers", "time_round"):
             busy = float(value.get("busy_s", 0.0))
         self.busy_s += busy
         return Answer(call, value, busy)

@@ -9,7 +9,7 @@ Layout of ``runs/<id>/``::
     replies.jsonl       one line per agent reply (how many proposals; empty replies too)
     llm_calls.jsonl     one line per LLM call of a proposal
     rounds.jsonl        one line per finished (kernel, round)
-    answers.jsonl       one line per answered end-of-run call (sanitizer, each peers' loop),
+    answers.jsonl       one line per answered end-of-run call (sanitizer, each round of peers' loops),
                         under a key naming the call: a resumed run replays them
     extra_shapes.json   the tester's extra search shapes (LLM runs)
     heldout_shapes.json the held-out shapes drawn for this run

@@ -87,6 +87,9 @@ def add_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile-ahead", action=argparse.BooleanOptionalAction, default=None,
                    help="compile the end-of-run loops' torch.compile programs ahead of them, in parallel "
                         "(default on)")
+    p.add_argument("--overlap-rounds", action=argparse.BooleanOptionalAction, default=None,
+                   help="set the end-of-run rounds of loops up beside each other, each timing with the GPU "
+                        "alone (default on); off: one round at a time")
     p.add_argument("--fresh-peers", action="store_true", default=None,
                    help="time every production peer afresh instead of reusing its cached figures")
     p.add_argument("--peer-cache", metavar="DIR", dest="peer_cache_dir", help="folder of the peer-timing cache "
@@ -129,7 +132,7 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
 def peer_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The peer-cache options of :func:`add_search_options` as config overrides."""
     return {"evaluator.fresh_peers": args.fresh_peers, "evaluator.peer_cache_dir": args.peer_cache_dir,
-            "evaluator.peer_cache": args.use_peer_cache}
+            "evaluator.peer_cache": args.use_peer_cache, "evaluator.overlap_rounds": args.overlap_rounds}
 
 
 def resolve_kernels(config: RunConfig) -> list[tuple[KernelSpec, KernelRef]]:

@@ -172,6 +172,50 @@ def test_a_loop_loads_the_compilations_made_ahead_of_it(evaluator, tmp_path):
     assert set(reply["peers"]["torch_compile"]) == {shape_label(s) for s in spec.search_shapes}, reply["errors"]
 
 
+def test_rounds_beside_each_other_set_up_together_and_time_one_at_a_time(tmp_path):
+    """Two rounds (search and held-out loops each) in two evaluators taking part in one GPU
+    lock, as the end of a run runs them: both answer every loop with the peers and our
+    kernels timed, and their timed passes never overlap (each reports how long it waited for
+    the GPU, and their holds of it alone are disjoint)."""
+    import threading
+    import time
+
+    from evaluators.gpu import GpuEvaluator
+
+    spec = load_kernel("silu_and_mul")
+    ours = {"baseline": (spec.baseline_source(), {})}
+    loops = [{"shape_set": s, "ours": ours, "compile_trials": 1, "repetitions": 20} for s in ("search", "heldout")]
+    got: dict[int, tuple[float, float, list]] = {}
+
+    def one(i: int) -> None:
+        ev = GpuEvaluator(step_timeout_s=60.0, gpu_turns=str(tmp_path / "gpu.lock"))
+        try:
+            start = time.monotonic()
+            replies = ev.time_round("silu_and_mul", "float16", loops)
+            got[i] = (start, time.monotonic(), replies)
+        finally:
+            ev.close()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert set(got) == {0, 1}
+    for _, _, replies in got.values():
+        assert len(replies) == 2
+        for loop, reply in zip(loops, replies, strict=True):
+            labels = {shape_label(s) for s in spec.shapes(loop["shape_set"])}
+            assert set(reply["peers"]["baseline"]) == labels, reply
+            assert set(reply["peers"]["torch_compile"]) == labels, reply["errors"]
+            assert not reply["failed"], reply["failed"]
+        assert replies[0]["phase_s"]["wait"] >= 0.0 and replies[1]["phase_s"]["wait"] == 0.0
+    # Timed passes one at a time: the two rounds' holds of the GPU alone do not overlap.
+    (a0, a1), (b0, b1) = (got[i][2][0]["timed_at"] for i in range(2))
+    assert a1 <= b0 or b1 <= a0, ((a0, a1), (b0, b1))
+    assert all(got[i][2][0]["timed_at"] == got[i][2][1]["timed_at"] for i in range(2))
+
+
 def test_our_kernels_can_be_timed_through_graphs_like_the_peers(evaluator):
     # The same binary timed both ways in one loop: the graph replay must time the kernel
     # doing its work (not an empty graph: the capture has to see our launch on its stream).

@@ -129,30 +129,42 @@ def test_wall_time_of_overlapping_calls_is_counted_once() -> None:
 
 
 def _loops(tmp_path: Path, fresh: bool = False, cache: PeerCache | None = None,
-           sets: tuple[str, ...] = ("search",)) -> tuple[list[Any], list[Any]]:
+           sets: tuple[str, ...] = ("search",), hold: list[Any] | None = None,
+           compiling: int = 0, overlap: bool = True) -> tuple[list[Any], list[Any], Any]:
     """Runs EndOfRun._loops for silu_and_mul's shape sets ``sets`` against a scripted evaluator;
-    returns the calls made and the replies handed on (the first set's, or every set's when
-    several)."""
+    returns the calls made (one per loop), the replies handed on (the first set's, or every
+    set's when several) and the EndOfRun. ``hold``: the rounds' answers wait there (callables
+    that give them) instead of coming at once; ``compiling``: compile-ahead processes in
+    flight when the loops are asked for."""
     from search.finalize import EndOfRun, _Progress
 
     spec = load_kernel("silu_and_mul")
     calls: list[Any] = []
 
-    def recorded_call(key: str, done: Any, method: str, ref: Any, dtype: str, shape_set: str, ours: Any, fresh_p: bool,
-                      trials: int, peers: bool, folder: Any, what: str = "") -> None:
-        calls.append((key, peers, what) if len(sets) == 1 else (shape_set, key, what))
-        labels = [shape_label(s) for s in spec.shapes(shape_set)]
-        times = {"best": {lb: 1.0 for lb in labels}, "baseline": {lb: 3.0 for lb in labels}}
-        if peers:
-            times["torch_compile"] = {lb: 1.0 + len(calls) for lb in labels}
-        done({"peers": times, "failed": {}, "errors": {}}, "")
+    def recorded_call(key: str, done: Any, method: str, ref: Any, dtype: str, loops: Any, beside: bool,
+                      exclusive: bool = True, what: str = "") -> None:
+        assert method == "time_round" and beside is overlap and exclusive is not overlap
+        replies = []
+        for loop in loops:
+            calls.append((key, loop["peers"], what) if len(sets) == 1 else (loop["shape_set"], key, what))
+            labels = [shape_label(s) for s in spec.shapes(loop["shape_set"])]
+            times = {"best": {lb: 1.0 for lb in labels}, "baseline": {lb: 3.0 for lb in labels}}
+            if loop["peers"]:
+                times["torch_compile"] = {lb: 1.0 + len(calls) for lb in labels}
+            replies.append({"peers": times, "failed": {}, "errors": {}})
+        if hold is None:
+            done({"loops": replies}, "")
+        else:
+            hold.append(lambda: done({"loops": replies}, ""))
 
-    evaluator = SimpleNamespace(peer_runs=3, compile_trials=1, fresh_peers=fresh, compile_ahead=False, peers=True)
+    evaluator = SimpleNamespace(peer_runs=3, compile_trials=1, fresh_peers=fresh, compile_ahead=False, peers=True,
+                                overlap_rounds=overlap)
     ctl = SimpleNamespace(config=SimpleNamespace(evaluator=evaluator), recorded_call=recorded_call, answers={},
                           records=SimpleNamespace(run_id="run-x"))
     end = EndOfRun.__new__(EndOfRun)
     end.ctl, end.cache = ctl, cache  # type: ignore[assignment]
     end.loops_expected, end.loops_done, end.loops_started = 3, 0, 0.0
+    end.compiling, end.waiting = compiling, []
     base = Scored(Variant("silu_and_mul", "// baseline\n"),
                   Evaluation(Status.OK, shapes=tuple(ShapeResult(dict(s), 1.0, 1.0) for s in spec.search_shapes)))
     st = SimpleNamespace(name="silu_and_mul", dtype="float16", ref=SimpleNamespace(digest="d1"), spec=spec,
@@ -165,28 +177,54 @@ def _loops(tmp_path: Path, fresh: bool = False, cache: PeerCache | None = None,
     ours = {"best": ("// b\n", {}), "baseline": ("// baseline\n", {})}
     plans = [end._plan(k, ShapeSet(name), ours) for name in sets]
     end._loops(k, plans, lambda runs: got.extend(runs[0] if len(sets) == 1 else runs))
-    return calls, got
+    return calls, got, end
 
 
-def test_each_round_runs_its_held_out_loop_right_after_its_search_loop(tmp_path: Path) -> None:
-    """The held-out loop of round i follows the search loop of round i (the sandbox keeps them
-    in one fresh process), so the rounds, not the shape sets, are the outer order."""
-    calls, (search, heldout) = _loops(tmp_path, sets=("search", "heldout"))
+def test_each_round_holds_its_search_and_held_out_loops_in_order(tmp_path: Path) -> None:
+    """Round i is one call with the search loop of round i and then its held-out loop (one
+    fresh process sets both up, then times both), so the rounds, not the shape sets, are the
+    outer order."""
+    calls, (search, heldout), _ = _loops(tmp_path, sets=("search", "heldout"))
     assert [c[0] for c in calls] == ["search", "heldout"] * 3
-    assert [c[2] for c in calls][:2] == ["silu_and_mul peers, run 1 of 3", "silu_and_mul peers (held-out shapes), run 1 of 3"]
-    assert len({c[1] for c in calls}) == 6  # every loop recorded under a key of its own
+    assert [c[2] for c in calls][:2] == ["silu_and_mul peers' loops, round 1 of 3"] * 2
+    assert len({c[1] for c in calls}) == 3  # every round recorded under a key of its own
     spec = load_kernel("silu_and_mul")
     assert len(search) == len(heldout) == 3
     assert set(search[0]["peers"]["best"]) == {shape_label(s) for s in spec.search_shapes}
     assert set(heldout[0]["peers"]["best"]) == {shape_label(s) for s in spec.heldout_shapes}
 
 
+def test_the_rounds_are_asked_for_all_at_once_and_reported_in_their_order(tmp_path: Path) -> None:
+    """Every round is in flight before any answers (their set-ups overlap on the GPU machine),
+    and the replies reach the report in round order whatever order the answers came in."""
+    held: list[Any] = []
+    calls, got, _ = _loops(tmp_path, hold=held)
+    assert len(calls) == 3 and len(held) == 3 and got == []
+    for give in reversed(held):
+        give()
+    assert [r["peers"]["torch_compile"] for r in got] == [{lb: 1.0 + i for lb in r["peers"]["best"]} for i, r in
+                                                          enumerate(got, start=1)]
+
+
+def test_without_overlap_each_round_takes_the_evaluator_alone(tmp_path: Path) -> None:
+    calls, got, _ = _loops(tmp_path, overlap=False)  # the scripted evaluator checks the call's kind
+    assert len(calls) == 3 and len(got) == 3
+
+
+def test_no_round_starts_while_a_compile_ahead_process_runs(tmp_path: Path) -> None:
+    calls, got, end = _loops(tmp_path, compiling=2)
+    assert calls == [] and len(end.waiting) == 1
+    end.compiling = 0
+    end.waiting.pop()()
+    assert len(calls) == 3 and len(got) == 3
+
+
 def test_the_first_run_times_the_peers_and_a_later_one_times_ours_alone(tmp_path: Path) -> None:
     cache = PeerCache(tmp_path, ENV)
-    calls, first = _loops(tmp_path, cache=cache)
+    calls, first, _ = _loops(tmp_path, cache=cache)
     assert [peers for _, peers, _ in calls] == [True, True, True]
     assert all(r["peers_stored"] for r in first)
-    calls, later = _loops(tmp_path, cache=cache)
+    calls, later, _ = _loops(tmp_path, cache=cache)
     assert [peers for _, peers, _ in calls] == [False, False, False]  # our kernels alone, three fresh loops
     assert all("peers from the cache" in what for _, _, what in calls)
     # loop i takes loop i's figures: the spread over loops stays one over independent loops
@@ -200,12 +238,12 @@ def test_the_first_run_times_the_peers_and_a_later_one_times_ours_alone(tmp_path
 def test_fresh_peers_measures_again_and_replaces_the_figures(tmp_path: Path) -> None:
     cache = PeerCache(tmp_path, ENV)
     _loops(tmp_path, cache=cache)
-    calls, again = _loops(tmp_path, fresh=True, cache=cache)
+    calls, again, _ = _loops(tmp_path, fresh=True, cache=cache)
     assert [peers for _, peers, _ in calls] == [True, True, True]
     assert all(r.get("cached_peers") is None and r["peers_stored"] for r in again)
 
 
 def test_without_a_cache_every_loop_times_the_peers(tmp_path: Path) -> None:
-    calls, replies = _loops(tmp_path, cache=None)
+    calls, replies, _ = _loops(tmp_path, cache=None)
     assert [peers for _, peers, _ in calls] == [True, True, True]
     assert all("peers_stored" not in r for r in replies)

@@ -17,12 +17,12 @@ import torch
 
 from evaluators.peer_compile import (
     REPORT,
-    _BenchmarkLock,
     cache_folder,
     compile_ahead,
     first_calls,
     sharing_the_gpu,
 )
+from evaluators.gpu_turns import GpuTurns
 from evaluators.peers import _cache_counts, compile_name, peer_fns
 from kernels.peer import call_once
 from kernels.spec import load_kernel
@@ -116,13 +116,13 @@ def test_the_report_is_read_from_its_file_whatever_the_process_printed_after_it(
     assert compile_ahead("k", "float32", "search", folder, tmp_path / "l", device="cpu")["status"] == "ERROR"
 
 
-def test_the_benchmark_lock_excludes_other_processes_and_nests_in_one(tmp_path: Path):
-    lock = _BenchmarkLock(tmp_path / "gpu.lock")
+def test_a_benchmark_has_the_gpu_alone_and_nests_in_one_process(tmp_path: Path):
+    hold = GpuTurns(tmp_path / "gpu.lock")
     probe = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR)\n"
-             "try:\n    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); print('free')\n"
+             "try:\n    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB); print('free')\n"
              "except BlockingIOError:\n    print('held')\n")
-    with lock.held():
-        with lock.held():  # re-entrant: a benchmark inside a benchmark does not deadlock
+    with hold.alone():
+        with hold.alone():  # re-entrant: a benchmark inside a benchmark does not deadlock
             pass
         out = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "gpu.lock")], capture_output=True, text=True)
         assert out.stdout.strip() == "held"

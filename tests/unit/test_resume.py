@@ -114,8 +114,10 @@ def test_a_resumed_run_replays_the_answers_of_its_end(local_ray, tmp_path):
     answers = list(read_jsonl(path))
     # The sanitizer's (a stand-in says SKIPPED) and each of the peers' loops (none timed here), on
     # the search shapes and on the spec's held-out shapes.
-    assert sorted({a["method"] for a in answers}) == ["sanitize", "time_peers"]
-    assert sum(a["method"] == "time_peers" for a in answers) == 2 * prep.config.evaluator.peer_runs
+    assert sorted({a["method"] for a in answers}) == ["sanitize", "time_round"]
+    # one answer per round: its search-shape loop and its held-out one
+    assert sum(a["method"] == "time_round" for a in answers) == prep.config.evaluator.peer_runs
+    assert all(len(a["value"]["loops"]) == 2 for a in answers if a["method"] == "time_round")
     # As a kill in the end of the run leaves it; the answer on record is marked to be recognised.
     for name in ("summary.json", "evaluations.parquet", "best.parquet"):
         (prep.run_dir / name).unlink()
@@ -131,21 +133,21 @@ def test_a_resumed_run_replays_the_answers_of_its_end(local_ray, tmp_path):
 
 def test_compile_ahead_asks_one_compilation_per_loop_before_the_loops_and_again_on_resume(local_ray, tmp_path, capsys):
     """--compile-ahead: the end of the run asks the evaluator to compile each loop's programs
-    (non-exclusive calls, like the sanitizer's) before that kernel's loops; a stand-in has
-    nothing to compile and says so, and the loops then compile for themselves. What is compiled
-    lies on one machine's disk, so it is not recorded: a resumed run compiles again for the
-    loops it has not done, and for none of those it has."""
+    (non-exclusive calls, like the sanitizer's) before the loops; a stand-in has nothing to
+    compile and says so, and the loops then compile for themselves. What is compiled lies on
+    one machine's disk, so it is not recorded: a resumed run compiles again for the rounds it
+    has not done, and for none of those it has."""
     prep = _prepare(tmp_path / "run", "--compile-ahead")
     assert prep.config.evaluator.compile_ahead
     run_search(prep, "test")
     path = prep.run_dir / "answers.jsonl"
     answers = list(read_jsonl(path))
     loops = prep.config.evaluator.peer_runs
-    assert [a["method"] for a in answers if a["method"] != "sanitize"] == ["time_peers"] * 2 * loops
+    assert [a["method"] for a in answers if a["method"] != "sanitize"] == ["time_round"] * loops
     err = capsys.readouterr().err
     assert f"compiled ahead for 0 of {loops} loops (loop 1: stand-in evaluator: no peers to compile" in err
-    # Cut after the first loop: the resumed run compiles ahead for the two loops left only.
-    first = next(i for i, a in enumerate(answers) if a["method"] == "time_peers")
+    # Cut after the first round: the resumed run compiles ahead for the two rounds left only.
+    first = next(i for i, a in enumerate(answers) if a["method"] == "time_round")
     path.write_text("".join(json.dumps(a) + "\n" for a in answers[:first + 1]))
     for name in ("summary.json", "evaluations.parquet", "best.parquet"):
         (prep.run_dir / name).unlink()
@@ -154,7 +156,7 @@ def test_compile_ahead_asks_one_compilation_per_loop_before_the_loops_and_again_
     err = capsys.readouterr().err
     assert ("loop 1: loop done before; loop 2: stand-in evaluator: no peers to compile; "
             "loop 3: stand-in evaluator: no peers to compile") in err
-    assert [a["method"] for a in read_jsonl(path) if a["method"] != "sanitize"] == ["time_peers"] * 2 * loops
+    assert [a["method"] for a in read_jsonl(path) if a["method"] != "sanitize"] == ["time_round"] * loops
 
 
 def _journal_trials(run_dir: Path) -> dict[str, list[tuple[int, str, dict[str, Any], float | None]]]:
@@ -200,7 +202,7 @@ def test_the_summary_says_where_the_wall_time_went(local_ray, tmp_path, capsys):
     assert list(stages) == ["set-up", "search", "held-out", "end set-up", "sanitizer, final timing and peers", "report"]
     assert all(v >= 0 for v in stages.values())
     assert sum(stages.values()) <= summary["wall_s"] + 1.0
-    assert {"sanitize", "time_peers", "evaluate"} <= set(summary["end_calls_s"])
+    assert {"sanitize", "time_round", "evaluate"} <= set(summary["end_calls_s"])
     loops = 2 * prep.config.evaluator.peer_runs  # search and held-out shapes
     err = capsys.readouterr().err
     assert f"{loops} loops done, 0 to go" in err and f"1 loops done, {loops - 1} to go" in err

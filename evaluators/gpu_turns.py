@@ -1,0 +1,161 @@
+"""Turns on one GPU among the processes of a node: shared to set up, alone to time.
+
+Several processes launch work on one GPU at the end of a run: sanitizer runs, the compile-ahead
+processes (:mod:`evaluators.peer_compile`) and the rounds of end-of-run loops, each a sandbox
+process of its own that sets up its peers (loads their compilations, calls each library once,
+checks each against the reference) and then times. Set-up may overlap other set-ups; timing
+may overlap nothing that launches on the GPU, or its times would include the contention. One
+file lock per GPU (:func:`lock_path`) keeps that order: work that launches without timing
+holds it shared, timing (a loop's timed passes, the compile-ahead processes' autotuning
+benchmarks) holds it alone. The autotuning benchmarks inside a round's set-up take a second
+lock alone (:func:`benchmark_lock_path`), which sanitizer runs share: one benchmark at a time,
+never beside an instrumented kernel, and no set-up waiting for all the others.
+
+A process holds the lock through one open file, converted between the two modes: a process
+that holds it shared and needs it alone (a benchmark inside a compilation, a loop's timed pass
+after its set-up) gives up its share and waits for the others' (``flock`` converts a lock by
+dropping it and taking the new mode; it never waits for itself). A process started with
+:func:`take_part` holds its share from then on, so everything it does before and after its
+timed passes (its start-up and CUDA context, its set-up) counts as sharing the GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+__all__ = ["GpuTurns", "lock_path", "benchmark_lock_path", "take_part", "turns", "alone"]
+
+
+def lock_path(gpu: str | None = None) -> Path:
+    """The lock of one GPU on this node (``gpu``: its CUDA_VISIBLE_DEVICES entry; by default
+    this process's)."""
+    gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "0") if gpu is None else gpu
+    return Path(tempfile.gettempdir()) / f"kernel-search-benchmark-gpu{gpu}.lock"
+
+
+def benchmark_lock_path(path: str | Path) -> Path:
+    """The lock that the autotuning benchmarks of processes setting up beside each other take
+    alone (and sanitizer runs shared), apart from the GPU's lock at ``path``: were a
+    benchmark to take the GPU's lock alone, it would wait for every other set-up (each holds
+    that lock shared throughout) and the set-ups would run one at a time."""
+    path = Path(path)
+    return path.with_name(path.stem + ".benchmarks" + path.suffix)
+
+
+class GpuTurns:
+    """One process's hold on one GPU's lock: :meth:`shared` and :meth:`alone` nest, in any
+    order and in several threads (a thread waits while another has the GPU alone)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._fd: int | None = None
+        self._shared = 0  # holds of the shared mode (a life-long one counts as one)
+        self._alone = 0
+        self._guard = threading.RLock()
+
+    def _set(self, mode: int) -> None:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self._fd, mode)
+
+    def _settle(self) -> None:
+        """The file's mode for the holds left: alone, shared or none."""
+        if self._alone:
+            return
+        self._set(fcntl.LOCK_SH if self._shared else fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._guard:
+            if not self._shared and not self._alone:
+                self._set(fcntl.LOCK_SH)
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._guard:
+                self._shared -= 1
+                self._settle()
+
+    @contextlib.contextmanager
+    def alone(self, waiting: Callable[[], None] | None = None, every_s: float = 10.0) -> Iterator[None]:
+        """The GPU to this process alone while inside: waits until no other process holds it
+        in either mode. The guard is held throughout, so another thread of this process waits.
+        ``waiting``: called every ``every_s`` seconds while it waits (a worker's heartbeat,
+        so that a long wait for the GPU is not taken for a hang); the lock is then asked for
+        without blocking, and a conversion that fails holds nothing meanwhile (flock drops the
+        share first), which lets the others time while this process waits."""
+        with self._guard:
+            if not self._alone:
+                self._take_alone(waiting, every_s)
+            self._alone += 1
+            try:
+                yield
+            finally:
+                self._alone -= 1
+                self._settle()
+
+    def _take_alone(self, waiting: Callable[[], None] | None, every_s: float) -> None:
+        if waiting is None:
+            self._set(fcntl.LOCK_EX)
+            return
+        said = time.monotonic()
+        while True:
+            try:
+                self._set(fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() - said >= every_s:
+                    waiting()
+                    said = time.monotonic()
+                time.sleep(0.02)
+
+    def hold_shared(self) -> None:
+        """Takes a share held until the process ends."""
+        with self._guard:
+            if not self._shared and not self._alone:
+                self._set(fcntl.LOCK_SH)
+            self._shared += 1
+
+    @property
+    def mode(self) -> str:
+        """``alone``, ``shared`` or ``none``: what this process holds now."""
+        return "alone" if self._alone else "shared" if self._shared else "none"
+
+
+_turns: dict[Path, GpuTurns] = {}
+_mine: GpuTurns | None = None  # the lock this process takes part in (take_part), if any
+_registry_guard = threading.Lock()
+
+
+def turns(path: str | Path | None = None) -> GpuTurns:
+    """This process's hold on the lock at ``path`` (default: :func:`lock_path`): one per file,
+    so that every user in the process nests with the others."""
+    key = Path(path if path is not None else lock_path()).resolve()
+    with _registry_guard:
+        if key not in _turns:
+            _turns[key] = GpuTurns(key)
+        return _turns[key]
+
+
+def take_part(path: str | Path) -> GpuTurns:
+    """Makes this process share the GPU of ``path`` from now until it ends, and makes
+    :func:`alone` take that lock."""
+    global _mine
+    _mine = turns(path)
+    _mine.hold_shared()
+    return _mine
+
+
+def alone(waiting: Callable[[], None] | None = None) -> contextlib.AbstractContextManager[None]:
+    """The GPU alone, where this process takes part in a lock (:func:`take_part`); else
+    nothing to wait for (a process the pool already gives the GPU to alone). ``waiting``: see
+    :meth:`GpuTurns.alone`."""
+    return _mine.alone(waiting) if _mine is not None else contextlib.nullcontext()

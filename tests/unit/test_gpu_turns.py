@@ -1,0 +1,119 @@
+"""evaluators/gpu_turns.py: set-ups share a GPU, timing has it alone, across processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from evaluators.gpu_turns import GpuTurns
+
+PROBE = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+         "mode = fcntl.LOCK_SH if sys.argv[2] == 'shared' else fcntl.LOCK_EX\n"
+         "try:\n    fcntl.flock(fd, mode | fcntl.LOCK_NB); print('free')\n"
+         "except BlockingIOError:\n    print('held')\n")
+
+
+def other(path: Path, mode: str) -> str:
+    """What another process gets, without waiting, when it asks for ``mode``."""
+    return subprocess.run([sys.executable, "-c", PROBE, str(path), mode], capture_output=True,
+                          text=True).stdout.strip()
+
+
+def test_sharing_admits_other_set_ups_and_keeps_timing_out(tmp_path: Path):
+    path = tmp_path / "gpu.lock"
+    hold = GpuTurns(path)
+    with hold.shared():
+        assert hold.mode == "shared"
+        assert other(path, "shared") == "free"
+        assert other(path, "exclusive") == "held"
+    assert hold.mode == "none"
+    assert other(path, "exclusive") == "free"
+
+
+def test_timing_inside_a_share_converts_and_returns_to_sharing(tmp_path: Path):
+    """A process that shares the GPU for its whole life and times in between does not wait for
+    itself, keeps everyone out while it times and shares again after."""
+    path = tmp_path / "gpu.lock"
+    hold = GpuTurns(path)
+    hold.hold_shared()
+    with hold.alone():
+        assert hold.mode == "alone"
+        assert other(path, "shared") == "held"
+        with hold.shared(), hold.alone():  # nested either way: no wait for itself
+            pass
+        assert hold.mode == "alone"
+    assert hold.mode == "shared"
+    assert other(path, "shared") == "free"
+    assert other(path, "exclusive") == "held"
+
+
+def test_timing_waits_for_another_process_to_end_its_set_up(tmp_path: Path):
+    path = tmp_path / "gpu.lock"
+    setting_up = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT);"
+         " fcntl.flock(fd, fcntl.LOCK_SH); print('in', flush=True); time.sleep(1.5)", str(path)],
+        stdout=subprocess.PIPE, text=True)
+    assert setting_up.stdout is not None and setting_up.stdout.readline().strip() == "in"
+    hold = GpuTurns(path)
+    hold.hold_shared()  # this process's own set-up shares with the other's
+    start = time.monotonic()
+    with hold.alone():
+        waited = time.monotonic() - start
+        assert setting_up.poll() is not None  # the other's set-up had ended
+    setting_up.wait()
+    assert waited > 0.5
+
+
+def test_a_thread_waits_while_another_thread_of_the_process_times(tmp_path: Path):
+    hold = GpuTurns(tmp_path / "gpu.lock")
+    order: list[str] = []
+    timing = threading.Event()
+
+    def setter_up() -> None:
+        timing.wait()
+        with hold.shared():
+            order.append("set-up")
+
+    t = threading.Thread(target=setter_up)
+    t.start()
+    with hold.alone():
+        timing.set()
+        time.sleep(0.3)
+        order.append("timed")
+    t.join()
+    assert order == ["timed", "set-up"]
+
+
+def test_a_process_waiting_to_time_beats_while_it_waits(tmp_path: Path):
+    path = tmp_path / "gpu.lock"
+    setting_up = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT);"
+         " fcntl.flock(fd, fcntl.LOCK_SH); print('in', flush=True); time.sleep(1.0)", str(path)],
+        stdout=subprocess.PIPE, text=True)
+    assert setting_up.stdout is not None and setting_up.stdout.readline().strip() == "in"
+    hold = GpuTurns(path)
+    hold.hold_shared()
+    beats: list[float] = []
+    with hold.alone(waiting=lambda: beats.append(time.monotonic()), every_s=0.2):
+        assert other(path, "shared") == "held"
+    setting_up.wait()
+    assert len(beats) >= 2
+    assert hold.mode == "shared"
+
+
+def test_set_up_benchmarks_take_a_lock_of_their_own_beside_the_gpus(tmp_path: Path):
+    """A benchmark inside a set-up waits for other benchmarks and sanitizer runs, not for the
+    other set-ups (which hold the GPU's lock shared throughout)."""
+    from evaluators.gpu_turns import benchmark_lock_path
+
+    path = tmp_path / "kernel-search-benchmark-gpu0.lock"
+    bench = benchmark_lock_path(path)
+    assert bench != path and bench.parent == path.parent
+    setting_up = GpuTurns(path)
+    setting_up.hold_shared()
+    with GpuTurns(bench).alone():
+        assert other(bench, "shared") == "held"  # a sanitizer run waits
+        assert other(path, "shared") == "free"  # another set-up does not
