@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from evaluators.gpu_turns import GpuTurns
 from evaluators.peer_compile import (
     REPORT,
     cache_folder,
@@ -22,7 +23,6 @@ from evaluators.peer_compile import (
     first_calls,
     sharing_the_gpu,
 )
-from evaluators.gpu_turns import GpuTurns
 from evaluators.peers import _cache_counts, compile_name, peer_fns
 from kernels.peer import call_once
 from kernels.spec import load_kernel
