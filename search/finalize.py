@@ -506,10 +506,8 @@ class EndOfRun:
 
     def _plan(self, k: _Progress, shape_set: ShapeSet, ours: dict[str, tuple[str, dict[str, int]]]) -> _LoopPlan:
         """The loops of one shape set: each one's cache key, cached entry (if any) and record key."""
-        cfg, cache = self.ctl.config.evaluator, self.cache
-        n, names = cfg.peer_runs, sorted(ours)
-        keys = loop_keys(cache, cfg, k.st, shape_set) if cache is not None else [""] * n
-        hits = [cache.get(key) if cache is not None and not cfg.fresh_peers else None for key in keys]
+        n, names = self.ctl.config.evaluator.peer_runs, sorted(ours)
+        keys, hits = self._cached(k, shape_set)
         record_keys = []
         for i in range(n):
             more: list[Any] = [names] if len(names) > 2 else []
@@ -519,6 +517,13 @@ class EndOfRun:
                 more.append("cached peers")
             record_keys.append(_call_key("peers", k, i, *more))
         return _LoopPlan(shape_set, ours, keys, hits, record_keys, [None] * n)
+
+    def _cached(self, k: _Progress, shape_set: ShapeSet) -> tuple[list[str], list[dict[str, Any] | None]]:
+        """Per loop of the shape set: its peer-cache key ("" without a cache) and the cached
+        entry whose peers' figures it takes (None: it times the peers)."""
+        cfg, cache = self.ctl.config.evaluator, self.cache
+        keys = loop_keys(cache, cfg, k.st, shape_set) if cache is not None else [""] * cfg.peer_runs
+        return keys, [cache.get(key) if cache is not None and not cfg.fresh_peers else None for key in keys]
 
     def _loops(self, k: _Progress, plans: list[_LoopPlan], then: Callable[[list[list[dict[str, Any]]]], None]) -> None:
         """``peer_runs`` rounds of loops of our kernels and the peers, all at once; round i runs
@@ -532,13 +537,14 @@ class EndOfRun:
         the peer cache (:mod:`search.peer_cache`) times our kernels alone and takes the peers'
         from there; one that times the peers stores them. A winner that fails verification in
         a loop is replaced by the baseline, whose loops start anew."""
-        for plan in plans:
-            plan.folders = [k.folders.get((plan.shape_set.value, i)) for i in range(len(plan.folders))]
         self._after_compiling(lambda: self._rounds(k, plans, then))
 
     def _rounds(self, k: _Progress, plans: list[_LoopPlan], then: Callable[[list[list[dict[str, Any]]]], None]) -> None:
         cfg = self.ctl.config.evaluator
         n = cfg.peer_runs
+        # Read now, once the compilations are made (they may still run when the plans are made).
+        for plan in plans:
+            plan.folders = [k.folders.get((plan.shape_set.value, i)) for i in range(n)]
         answers: dict[int, tuple[dict[str, Any] | None, str]] = {}
 
         def label(plan: _LoopPlan) -> str:
@@ -602,11 +608,7 @@ class EndOfRun:
         if not cfg.compile_ahead or not cfg.peers:
             return
         for k in self.kernels.values():
-            sets = loop_sets(k.st)
-            keys = {s: loop_keys(self.cache, cfg, k.st, s) if self.cache is not None else [""] * cfg.peer_runs
-                    for s in sets}
-            todo = [(s, i) for s in sets for i in range(cfg.peer_runs)
-                    if cfg.fresh_peers or self.cache is None or self.cache.get(keys[s][i]) is None]
+            todo = [(s, i) for s in loop_sets(k.st) for i, hit in enumerate(self._cached(k, s)[1]) if hit is None]
             done = self._recorded_rounds(k)
             made: dict[tuple[str, int], dict[str, Any]] = {}
             for shape_set, i in todo:

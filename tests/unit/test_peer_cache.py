@@ -140,10 +140,12 @@ def _loops(tmp_path: Path, fresh: bool = False, cache: PeerCache | None = None,
 
     spec = load_kernel("silu_and_mul")
     calls: list[Any] = []
+    asked: list[Any] = []  # every loop of every round asked for
 
     def recorded_call(key: str, done: Any, method: str, ref: Any, dtype: str, loops: Any, beside: bool,
                       exclusive: bool = True, what: str = "") -> None:
         assert method == "time_round" and beside is overlap and exclusive is not overlap
+        asked.extend(loops)
         replies = []
         for loop in loops:
             calls.append((key, loop["peers"], what) if len(sets) == 1 else (loop["shape_set"], key, what))
@@ -176,6 +178,7 @@ def _loops(tmp_path: Path, fresh: bool = False, cache: PeerCache | None = None,
 
     ours = {"best": ("// b\n", {}), "baseline": ("// baseline\n", {})}
     plans = [end._plan(k, ShapeSet(name), ours) for name in sets]
+    end.asked, end.progress = asked, k  # type: ignore[attr-defined]
     end._loops(k, plans, lambda runs: got.extend(runs[0] if len(sets) == 1 else runs))
     return calls, got, end
 
@@ -214,9 +217,12 @@ def test_without_overlap_each_round_takes_the_evaluator_alone(tmp_path: Path) ->
 def test_no_round_starts_while_a_compile_ahead_process_runs(tmp_path: Path) -> None:
     calls, got, end = _loops(tmp_path, compiling=2)
     assert calls == [] and len(end.waiting) == 1
+    # The compilations end after the loops were asked for: the rounds load what they made.
+    end.progress.folders = {("search", i): f"/tmp/compiled/search-{i + 1}" for i in range(3)}
     end.compiling = 0
     end.waiting.pop()()
     assert len(calls) == 3 and len(got) == 3
+    assert [loop["compile_cache"] for loop in end.asked] == [f"/tmp/compiled/search-{i + 1}" for i in range(3)]
 
 
 def test_the_first_run_times_the_peers_and_a_later_one_times_ours_alone(tmp_path: Path) -> None:
