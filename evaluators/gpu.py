@@ -100,6 +100,12 @@ class _Worker:
                 return kind, payload
 
 
+def _loop_key(spec: KernelSpec, shape_set: str) -> str:
+    """A kernel's loop on one shape set, as a worker process that ran it is marked with (one
+    such loop per process: repetitions of a loop run in fresh processes)."""
+    return f"{spec.directory}:{shape_set}"
+
+
 class GpuEvaluator(Evaluator):
     """Evaluates variants on one GPU in a respawnable sandbox process.
 
@@ -329,7 +335,7 @@ class GpuEvaluator(Evaluator):
         # (search.finalize) runs its held-out loop right after its search loop, in that loop's
         # process (one process start and one set-up of the peers' libraries per round), while
         # the next round's search loop starts a fresh process
-        key = f"{spec.directory}:{shape_set}"
+        key = _loop_key(spec, shape_set)
         if fresh_process and self._worker is not None and key in self._looped.get(self._worker.info["pid"], set()):
             self.close()
         job, kernels, failed = self._loop_job(spec, dtype, shape_set, ours, repetitions, graph_ours, compile_trials,
@@ -349,8 +355,8 @@ class GpuEvaluator(Evaluator):
         timing never does. A round that fails as a whole (a kernel of ours crashing it) is run
         again loop by loop, each with the crash handling of :meth:`time_peers_full`."""
         spec = self.spec(kernel)
-        if self._worker is not None and any(f"{spec.directory}:{loop.get('shape_set', 'search')}"
-                                            in self._looped.get(self._worker.info["pid"], set()) for loop in loops):
+        keys = {_loop_key(spec, str(loop.get("shape_set", "search"))) for loop in loops}
+        if self._worker is not None and keys & self._looped.get(self._worker.info["pid"], set()):
             self.close()
         built = [self._loop_job(spec, dtype, str(loop.get("shape_set", "search")), loop.get("ours"),
                                 int(loop.get("repetitions", 100)), bool(loop.get("graph_ours", False)),
@@ -363,8 +369,7 @@ class GpuEvaluator(Evaluator):
         else:
             replies = [self._loop_alone(job, kernels, failed) for job, kernels, failed in built]
         if self._worker is not None:
-            looped = self._looped.setdefault(self._worker.info["pid"], set())
-            looped.update(f"{spec.directory}:{loop.get('shape_set', 'search')}" for loop in loops)
+            self._looped.setdefault(self._worker.info["pid"], set()).update(keys)
         return replies
 
     def _loop_job(self, spec: KernelSpec, dtype: str, shape_set: str, ours: dict[str, tuple[str, dict[str, int]]] | None,

@@ -22,6 +22,16 @@ def other(path: Path, mode: str) -> str:
                           text=True).stdout.strip()
 
 
+def sharing_for(path: Path, seconds: float) -> subprocess.Popen[str]:
+    """Another process that holds the lock shared for ``seconds`` (a set-up), once it holds it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT);"
+         f" fcntl.flock(fd, fcntl.LOCK_SH); print('in', flush=True); time.sleep({seconds})", str(path)],
+        stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "in"
+    return proc
+
+
 def test_sharing_admits_other_set_ups_and_keeps_timing_out(tmp_path: Path):
     path = tmp_path / "gpu.lock"
     hold = GpuTurns(path)
@@ -52,11 +62,7 @@ def test_timing_inside_a_share_converts_and_returns_to_sharing(tmp_path: Path):
 
 def test_timing_waits_for_another_process_to_end_its_set_up(tmp_path: Path):
     path = tmp_path / "gpu.lock"
-    setting_up = subprocess.Popen(
-        [sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT);"
-         " fcntl.flock(fd, fcntl.LOCK_SH); print('in', flush=True); time.sleep(1.5)", str(path)],
-        stdout=subprocess.PIPE, text=True)
-    assert setting_up.stdout is not None and setting_up.stdout.readline().strip() == "in"
+    setting_up = sharing_for(path, 1.5)
     hold = GpuTurns(path)
     hold.hold_shared()  # this process's own set-up shares with the other's
     start = time.monotonic()
@@ -89,11 +95,7 @@ def test_a_thread_waits_while_another_thread_of_the_process_times(tmp_path: Path
 
 def test_a_process_waiting_to_time_beats_while_it_waits(tmp_path: Path):
     path = tmp_path / "gpu.lock"
-    setting_up = subprocess.Popen(
-        [sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT);"
-         " fcntl.flock(fd, fcntl.LOCK_SH); print('in', flush=True); time.sleep(1.0)", str(path)],
-        stdout=subprocess.PIPE, text=True)
-    assert setting_up.stdout is not None and setting_up.stdout.readline().strip() == "in"
+    setting_up = sharing_for(path, 1.0)
     hold = GpuTurns(path)
     hold.hold_shared()
     beats: list[float] = []
