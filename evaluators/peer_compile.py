@@ -25,9 +25,10 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,11 @@ from evaluators.proc_group import run_group
 from kernels.folders import KernelRef
 
 REPORT = "compiled.json"  # what a compile-ahead process did, in its cache folder
+# Every FX-graph cache key a process computed in a loop's folder, with the details it hashed:
+# <folder>/fx-keys/<role>-<pid>.jsonl ("ahead" or "loop"). A loop that misses a compilation
+# made ahead for it can then say which detail differed (:func:`why_missed`).
+KEYS = "fx-keys"
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 def cache_folder(path: str | Path) -> contextlib.AbstractContextManager[None]:
@@ -47,6 +53,73 @@ def cache_folder(path: str | Path) -> contextlib.AbstractContextManager[None]:
     from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
     return temporary_cache_dir(str(Path(path).resolve()))
+
+
+@contextlib.contextmanager
+def recording_keys(folder: str | Path, role: str) -> Iterator[None]:
+    """Inside, each FX-graph cache key this process computes is appended with the details it
+    hashes (Inductor's own debug lines) to ``<folder>/fx-keys/<role>-<pid>.jsonl``. A no-op
+    where this torch computes its keys elsewhere."""
+    try:
+        from torch._inductor import codecache
+    except ImportError:
+        yield
+        return
+    original = getattr(codecache, "compiled_fx_graph_hash", None)
+    if original is None:
+        yield
+        return
+    path = Path(folder) / KEYS / f"{role}-{os.getpid()}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        key, lines = original(*args, **kwargs)
+        with path.open("a") as f:
+            # Objects' addresses ("<function f at 0x...>") differ between processes and are
+            # not what the key hashed: they would show as a difference in every miss.
+            f.write(json.dumps({"key": key, "lines": [_ADDRESS.sub("", str(x)) for x in lines]}) + "\n")
+        return key, lines
+
+    codecache.compiled_fx_graph_hash = recorded
+    try:
+        yield
+    finally:
+        codecache.compiled_fx_graph_hash = original
+
+
+def why_missed(folder: str | Path, limit: int = 8, width: int = 300) -> list[str]:
+    """For each key the loop computed that no compile-ahead process did, the hashed details of
+    the loop's that differ from those of the closest key made ahead (most details shared):
+    why the loop compiled instead of loading. At most ``limit`` lines, each cut to ``width``."""
+    from kernels.records import read_jsonl
+
+    def entries(role: str) -> list[dict[str, Any]]:
+        return [row for f in sorted((Path(folder) / KEYS).glob(f"{role}-*.jsonl")) for row in read_jsonl(f)]
+
+    ahead = entries("ahead")
+    made = {row["key"] for row in ahead}
+    out: list[str] = []
+    for row in entries("loop"):
+        if row["key"] in made:
+            continue
+        if not ahead:
+            return ["no key was computed ahead in this folder"]
+        mine = set(row["lines"])
+        closest = max(ahead, key=lambda other: len(mine & set(other["lines"])))
+        theirs = set(closest["lines"])
+        for line in row["lines"]:
+            if line not in theirs:
+                text = f"loop: {line}"[:width]
+                if text not in out:
+                    out.append(text)
+        for line in closest["lines"]:
+            if line not in mine:
+                text = f"ahead: {line}"[:width]
+                if text not in out:
+                    out.append(text)
+        if len(out) >= limit:
+            break
+    return out[:limit]
 
 
 def sharing_the_gpu(path: str | Path) -> contextlib.AbstractContextManager[None]:
@@ -94,7 +167,7 @@ def compile_kernel(kernel: str, dtype: str, shape_set: str, cache_dir: str | Pat
     spec = load_kernel(kernel)
     start = time.perf_counter()
     done: dict[str, dict[str, str]] = {}
-    with cache_folder(cache_dir):
+    with cache_folder(cache_dir), recording_keys(cache_dir, "ahead"):
         fns = peer_fns(spec, modes=tuple(modes or COMPILE_MODES), trials=1, cached=True, only_compiled=True)
         for shape in spec.shapes(shape_set):
             inputs = _inputs_or_why(spec, shape, dtype, device)

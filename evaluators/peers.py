@@ -367,6 +367,10 @@ def run_round(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
                 assert state.cache_counts is not None
                 reply["compile_cache"] = {"folder": str(loop["compile_cache"]),
                                           **{k: state.cache_counts[k] + counts[k] for k in counts}}
+                if reply["compile_cache"]["miss"]:
+                    from evaluators.peer_compile import why_missed
+
+                    reply["compile_cache"]["why_missed"] = why_missed(loop["compile_cache"])
             reply["phase_s"]["wait"] = waited if not replies else 0.0
             replies.append(reply)
         # The round's hold of the GPU alone, on the wall clock: rounds beside each other can be
@@ -386,11 +390,11 @@ def _loop_folder(loop: dict[str, Any]) -> Iterator[dict[str, int]]:
     if not folder:
         yield counts
         return
-    from evaluators.peer_compile import cache_folder
+    from evaluators.peer_compile import cache_folder, recording_keys
 
     before = _cache_counts()
     try:
-        with cache_folder(folder):
+        with cache_folder(folder), recording_keys(folder, "loop"):
             yield counts
     finally:
         after = _cache_counts()

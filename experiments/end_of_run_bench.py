@@ -52,12 +52,17 @@ def one_run(mode: str, cache: Path, out: Path, extra: Sequence[str], first: bool
     before = set(out.glob("*")) if out.is_dir() else set()
     cmd = [sys.executable, "-m", "search.run", *COMMAND, "--out", str(out), "--peer-cache", str(cache), *extra]
     start = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    # The run's output goes to a file as it comes, beside (not inside) the runs' folder: a run
+    # cut from outside still shows how far it got and where its time went.
+    log = out.with_name(out.name + "-logs") / f"{int(start)}-{mode}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as sink:
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
     wall = time.time() - start
     made = sorted(set(out.glob("*")) - before)
     record: dict[str, Any] = {"mode": mode, "first_on_machine": first, "command": "python -m search.run "
                               + " ".join(cmd[3:]), "wall_s": wall, "exit_code": proc.returncode,
-                              "stderr_tail": proc.stderr[-3000:]}
+                              "log": str(log), "output_tail": log.read_text(errors="replace")[-3000:]}
     summary_path = made[-1] / "summary.json" if made else None
     if summary_path is None or not summary_path.is_file():
         return record

@@ -18,12 +18,12 @@ import torch
 from evaluators.gpu_turns import GpuTurns
 from evaluators.peer_compile import (
     REPORT,
-    cache_folder,
     compile_ahead,
     first_calls,
     sharing_the_gpu,
+    why_missed,
 )
-from evaluators.peers import _cache_counts, compile_name, peer_fns
+from evaluators.peers import _loop_folder, compile_name, peer_fns
 from kernels.peer import call_once
 from kernels.spec import load_kernel
 from tests.unit.test_codegen import _kernel_here
@@ -37,17 +37,18 @@ def kernel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "clip_deadzone"
 
 
-def _load(kernel: Path, folder: Path) -> dict[str, int]:
-    """The loop's side: the program called under the folder, as run_peers does; FX-graph cache counts."""
+def _load(kernel: Path, folder: Path, **inductor: object) -> dict[str, int]:
+    """The loop's side: the program called in the loop's folder, as run_peers does (under
+    Inductor settings ``inductor``); FX-graph cache counts."""
+    import torch._inductor.config as inductor_config
+
     spec = load_kernel(kernel)
     fn = peer_fns(spec, modes=("default",), trials=1, cached=True, only_compiled=True)[compile_name("default", 1)]
     shape = dict(spec.search_shapes[0])
     inputs = spec.make_inputs(shape, torch.float32, torch.Generator().manual_seed(7), "random", torch.device("cpu"))
-    before = _cache_counts()
-    with cache_folder(folder):
+    with _loop_folder({"compile_cache": str(folder)}) as counts, inductor_config.patch(inductor):
         call_once(fn, inputs, shape, spec.constants)
-    after = _cache_counts()
-    return {k: after[k] - before[k] for k in after}
+    return counts
 
 
 def test_a_compilation_made_ahead_is_loaded_by_the_loop_and_another_loops_folder_is_not(kernel: Path, tmp_path: Path):
@@ -58,6 +59,12 @@ def test_a_compilation_made_ahead_is_loaded_by_the_loop_and_another_loops_folder
     assert set(report["modes"]["default"].values()) == {"ok"}
     assert json.loads((ahead / REPORT).read_text())["kernel"] == "clip_deadzone"
     assert _load(kernel, ahead) == {"hit": 1, "miss": 0, "bypass": 0}
+    assert why_missed(ahead) == []
+    # A loop whose process hashes a detail otherwise (here one Inductor setting) compiles for
+    # itself, and the folder's keys say which detail it was.
+    assert _load(kernel, ahead, epilogue_fusion=False)["miss"] == 1
+    assert [line.split("]", 1)[1].strip() for line in why_missed(ahead)] == [
+        "inductor_config[epilogue_fusion]: False", "inductor_config[epilogue_fusion]: True"]
     # An empty folder (another loop's, compiled by nobody yet): compiled here, as without one.
     assert _load(kernel, tmp_path / "loop-2")["miss"] == 1
     assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") != str(ahead.resolve())  # the folder is left on the way out
