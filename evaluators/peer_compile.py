@@ -61,6 +61,7 @@ def recording_keys(folder: str | Path, role: str) -> Iterator[None]:
     hashes (Inductor's own debug lines) to ``<folder>/fx-keys/<role>-<pid>.jsonl``. A no-op
     where this torch computes its keys elsewhere."""
     try:
+        import torch
         from torch._inductor import codecache
     except ImportError:
         yield
@@ -74,10 +75,15 @@ def recording_keys(folder: str | Path, role: str) -> Iterator[None]:
 
     def recorded(*args: Any, **kwargs: Any) -> Any:
         key, lines = original(*args, **kwargs)
+        # What the details' text leaves out: a real tensor among the example inputs is hashed
+        # with its values, a fake one by its metadata alone, and both print as their metadata.
+        inputs = args[1] if len(args) > 1 else kwargs.get("example_inputs", ())
+        seen = [*lines, f"[-] example input classes: {[type(x).__name__ for x in inputs]}",
+                f"[-] grad enabled: {torch.is_grad_enabled()}, inference mode: {torch.is_inference_mode_enabled()}"]
         with path.open("a") as f:
             # Objects' addresses ("<function f at 0x...>") differ between processes and are
             # not what the key hashed: they would show as a difference in every miss.
-            f.write(json.dumps({"key": key, "lines": [_ADDRESS.sub("", str(x)) for x in lines]}) + "\n")
+            f.write(json.dumps({"key": key, "lines": [_ADDRESS.sub("", str(x)) for x in seen]}) + "\n")
         return key, lines
 
     codecache.compiled_fx_graph_hash = recorded

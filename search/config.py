@@ -100,8 +100,12 @@ class EvaluatorConfig:
             reported; a winner with findings is replaced by the baseline.
         compile_ahead: compile each loop's torch.compile programs ahead of it, in processes
             beside each other (never beside a timed call), each loop from a cache folder of its
-            own (:mod:`evaluators.peer_compile`); off: every loop compiles for itself. On by
-            default; only loops whose peers' figures are not in the peer cache compile anything.
+            own (:mod:`evaluators.peer_compile`); off: every loop compiles for itself, in its
+            round's set-up, beside the other rounds' set-ups. Off by default: on an H100 at
+            4d4e490 and e94914c the loops loaded none of the compilations made ahead of them
+            (every FX-graph lookup missed), so compiling ahead only added a second compilation
+            of every program, and no round could start before the last one ended. Only loops
+            whose peers' figures are not in the peer cache compile anything.
         overlap_rounds: run the rounds of end-of-run loops beside each other, each in a sandbox
             process of its own that sets its loops up while others do and times them with the GPU
             alone (:mod:`evaluators.gpu_turns`); off: one round at a time, in the evaluator's own
@@ -123,7 +127,7 @@ class EvaluatorConfig:
     peer_runs: int = 3
     compile_trials: int = 1
     sanitize: bool = True
-    compile_ahead: bool = True
+    compile_ahead: bool = False
     overlap_rounds: bool = True
     peer_cache: bool = True
     peer_cache_dir: str | None = None

@@ -86,7 +86,7 @@ def add_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--compile-ahead", action=argparse.BooleanOptionalAction, default=None,
                    help="compile the end-of-run loops' torch.compile programs ahead of them, in parallel "
-                        "(default on)")
+                        "(default off: on a GPU the loops have not yet loaded those compilations)")
     p.add_argument("--overlap-rounds", action=argparse.BooleanOptionalAction, default=None,
                    help="set the end-of-run rounds of loops up beside each other, each timing with the GPU "
                         "alone (default on); off: one round at a time")
