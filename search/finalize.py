@@ -192,6 +192,15 @@ class _Progress:
     # compile-ahead (search.finalize.EndOfRun.compile_ahead): per (shape set, loop) the folder
     # its compilations were made in, None where they failed or were not made
     folders: dict[tuple[str, int], str | None] = field(default_factory=dict)
+    # After the final timing, the sanitizer runs and the peers' loops go on side by side
+    # (EndOfRun._beside): the result is put together once both are in (_assemble). A new
+    # winner (the baseline, after a finding) starts a new generation; answers of an older one
+    # are dropped.
+    timed: bool = False  # the final timing is in: the sanitizer and the loops may start
+    started: bool = False
+    sanitized: bool = False
+    looped: tuple[list[_LoopPlan], list[list[dict[str, Any]]]] | None = None
+    generation: int = 0
 
 
 @dataclass
@@ -360,17 +369,23 @@ class EndOfRun:
 
     def _sanitize(self, k: _Progress) -> None:
         """compute-sanitizer on every member of the kernel's result (the winner and those
-        joining it), all at once; then the final timing."""
+        joining it), all at once, beside the kernel's peers' loops (:meth:`_beside`). A winner
+        with findings is replaced by the baseline (its loops' answers are dropped); a member
+        with findings leaves the dispatch."""
         assert k.winner is not None and k.dispatch is not None
         cfg = self.ctl.config.evaluator
         if not cfg.sanitize or k.winner.variant.id == k.st.baseline.id:
             k.sanitizer = {"status": "SKIPPED", "summary": "not asked for" if not cfg.sanitize else "baseline"}
-            self._final(k)
+            k.sanitized = True
+            self._assemble(k)
             return
         members = list(k.dispatch.members)
         k.member_sanitizer = {}
+        generation = k.generation
 
         def done(item: Scored, report: dict[str, Any] | None, error: str) -> None:
+            if k.generation != generation:
+                return  # about a winner replaced meanwhile (it failed in a peers' loop)
             report = report if report is not None else {"status": "ERROR", "summary": error}
             k.member_sanitizer[item.variant.id] = report
             print(f"end {k.st.name}: sanitizer {report.get('status')}"
@@ -383,11 +398,14 @@ class EndOfRun:
                 k.rejected_why[k.winner.variant.id] = f"sanitizer: {k.sanitizer.get('summary', '')}"[:500]
                 self._to_baseline(k)  # a latent memory bug or race: not reported, whatever its speed
                 return
+            assert k.dispatch is not None
             for other in members[1:]:
                 found = k.member_sanitizer[other.variant.id]
-                if found.get("status") == "FINDINGS":
+                if found.get("status") == "FINDINGS" and any(m.variant.id == other.variant.id
+                                                             for m in k.dispatch.members):
                     self._drop_member(k, other, f"sanitizer: {found.get('summary', '')}")
-            self._final(k)
+            k.sanitized = True
+            self._assemble(k)
 
         shapes = [*k.st.search_shapes(), *k.st.heldout_shapes()]
         for item in members:
@@ -398,6 +416,10 @@ class EndOfRun:
 
     def _to_baseline(self, k: _Progress) -> None:
         assert k.winner is not None and k.st.baseline_scored is not None
+        # A new generation: what is still in flight about the old winner is dropped on arrival.
+        k.generation += 1
+        k.timed = k.started = k.sanitized = False
+        k.looped = None
         k.rejected.append(k.winner.variant.id)
         k.winner = k.st.baseline_scored
         k.dispatch = single(k.winner, k.st.search_shapes())
@@ -410,7 +432,8 @@ class EndOfRun:
         self.ctl.submit(self._heldout_job(k.st, k.winner, done))
 
     def _final(self, k: _Progress) -> None:
-        """The final timing of every member, then the peers' loops."""
+        """The final timing of every member (a timed call: before any sanitizer run or peers'
+        loop of the kernel, see :meth:`_beside`)."""
         assert k.winner is not None and k.dispatch is not None
         members = list(k.dispatch.members)
         k.member_final = {}
@@ -424,7 +447,8 @@ class EndOfRun:
                 if not k.member_final[other.variant.id].status.is_ok:
                     verdict = k.member_final[other.variant.id]
                     self._drop_member(k, other, f"final timing: {verdict.status.value} {verdict.message}")
-            self._peers(k, compose_evaluation(k.dispatch, k.member_final, k.st.search_shapes()))
+            k.timed = True
+            self._beside()
 
         for item in members:
             self.ctl.submit(Job(k.st, item.variant, Stage.FINAL, item.params, partial(done, item)))
@@ -433,10 +457,10 @@ class EndOfRun:
         """Which member runs on which search shape, settled by one loop of the members alone
         (interleaved, no peers) apart from the loops that report them (search.dispatch),
         first, so that a member it drops costs no sanitizer run or final timing; then the
-        sanitizer."""
+        final timing."""
         assert k.winner is not None and k.dispatch is not None
         if len(k.dispatch.members) == 1 or not self.ctl.config.evaluator.peers:
-            self._sanitize(k)
+            self._final(k)
             return
         ours = _ours(k)
 
@@ -456,13 +480,31 @@ class EndOfRun:
                 k.choice_ms = {n: dict(t) for n, t in timed.items()}
             print(f"end {k.st.name}: choice loop " + ("done" if reply is not None else f"failed: {error}")
                   + f", {len(k.dispatch.members)} kernels dispatched", file=sys.stderr, flush=True)
-            self._sanitize(k)
+            self._final(k)
 
         self.ctl.recorded_call(_call_key("choose", k, sorted(ours)), done, "time_peers", k.st.ref, k.st.dtype,
                                ShapeSet.SEARCH.value, ours, False, None, False,
                                what=f"{k.st.name} dispatch choice loop")
 
-    def _peers(self, k: _Progress, final: Evaluation) -> None:
+    def _beside(self) -> None:
+        """Once every kernel has its final timing, each kernel's sanitizer runs and peers' loops
+        start together, for all kernels at once: they are non-exclusive calls, and a timed
+        call (a final timing, a choice loop) waits for an evaluator with none in flight, so a
+        kernel's final timing asked for while another kernel's loops ran would wait for them
+        all. Set-ups (compilations, checks) overlap the sanitizer runs; each loop's timed pass
+        still has the GPU alone (:mod:`evaluators.gpu_turns`: sanitizer runs hold it shared).
+        A kernel back from a finding (the baseline's final timing) starts at once."""
+        if not all(k.timed or k.result is not None for k in self.kernels.values()):
+            return
+        for k in self.kernels.values():
+            if k.timed and not k.started:
+                k.started = True
+                generation = k.generation
+                self._sanitize(k)
+                if k.generation == generation:  # a recorded finding may have replaced the winner
+                    self._peers(k)
+
+    def _peers(self, k: _Progress) -> None:
         """The end-of-run loops (winner, dispatch members, baseline and peers interleaved),
         repeated in ``peer_runs`` rounds, each in a fresh sandbox process that times the search
         shapes and then the spec's fixed held-out shapes; every ratio reported comes from
@@ -470,32 +512,49 @@ class EndOfRun:
         their torch.compile programs compiled ahead where compile_ahead is on
         (:meth:`compile_ahead`)."""
         assert k.winner is not None and k.heldout is not None and k.dispatch is not None
-        heldout = compose_evaluation(k.dispatch, k.member_heldout, k.st.heldout_shapes())
-        result = KernelResult(k.st, k.winner, heldout, final, rejected=k.rejected, sanitizer=k.sanitizer,
-                              dispatch=k.dispatch, member_heldout=dict(k.member_heldout),
-                              member_final=dict(k.member_final), member_sanitizer=dict(k.member_sanitizer),
-                              choice_ms=dict(k.choice_ms))
         if not self.ctl.config.evaluator.peers:
-            self._done(k, result)
+            k.looped = ([], [])
+            self._assemble(k)
             return
         # The winner, its dispatch members and the baseline are timed again in the same
         # interleaved loop as the peers, so that "vs baseline" and "vs peers" are ratios of
         # one loop's times; which member runs on which shape was fixed before (no member is
-        # chosen on the times it is reported with).
+        # chosen on the times it is reported with; a member the sanitizer drops later gives
+        # its shapes back to the winner, timed on every shape in the same loops).
         ours = {**_ours(k), "baseline": (k.st.baseline.source, {})}
         plans = [self._plan(k, shape_set, ours) for shape_set in loop_sets(k.st)]
+        generation = k.generation
 
         def looped(runs: list[list[dict[str, Any]]]) -> None:
-            assert result.dispatch is not None
-            combine_runs(result, [r if "loop_error" in r else compose_reply(r, result.dispatch) for r in runs[0]])
-            if len(plans) > 1:
-                shapes = k.st.spec.heldout_shapes
-                combine_heldout(result, [r if "loop_error" in r else compose_reply(r, result.dispatch, shapes)
-                                         for r in runs[1]])
-            result.rejected_why = dict(k.rejected_why)
-            self._finish_loops(k, plans, result)
+            if k.generation == generation:
+                k.looped = (plans, runs)
+                self._assemble(k)
 
         self._loops(k, plans, looped)
+
+    def _assemble(self, k: _Progress) -> None:
+        """The kernel's result, once its sanitizer verdict and its loops are both in."""
+        if not k.sanitized or k.looped is None or k.result is not None:
+            return
+        assert k.winner is not None and k.heldout is not None and k.dispatch is not None
+        plans, runs = k.looped
+        heldout = compose_evaluation(k.dispatch, k.member_heldout, k.st.heldout_shapes())
+        final = compose_evaluation(k.dispatch, k.member_final, k.st.search_shapes())
+        result = KernelResult(k.st, k.winner, heldout, final, rejected=k.rejected, sanitizer=k.sanitizer,
+                              dispatch=k.dispatch, member_heldout=dict(k.member_heldout),
+                              member_final=dict(k.member_final), member_sanitizer=dict(k.member_sanitizer),
+                              choice_ms=dict(k.choice_ms))
+        if not plans:
+            self._done(k, result)
+            return
+        assert result.dispatch is not None
+        combine_runs(result, [r if "loop_error" in r else compose_reply(r, result.dispatch) for r in runs[0]])
+        if len(plans) > 1:
+            shapes = k.st.spec.heldout_shapes
+            combine_heldout(result, [r if "loop_error" in r else compose_reply(r, result.dispatch, shapes)
+                                     for r in runs[1]])
+        result.rejected_why = dict(k.rejected_why)
+        self._finish_loops(k, plans, result)
 
     def _finish_loops(self, k: _Progress, plans: list[_LoopPlan], result: KernelResult) -> None:
         for plan in plans:
@@ -546,11 +605,14 @@ class EndOfRun:
         for plan in plans:
             plan.folders = [k.folders.get((plan.shape_set.value, i)) for i in range(n)]
         answers: dict[int, tuple[dict[str, Any] | None, str]] = {}
+        generation = k.generation
 
         def label(plan: _LoopPlan) -> str:
             return "" if plan.shape_set is ShapeSet.SEARCH else " (held-out shapes)"
 
         def answered(i: int, value: dict[str, Any] | None, error: str) -> None:
+            if k.generation != generation:
+                return  # loops of a winner the sanitizer replaced meanwhile
             answers[i] = (value, error)
             if len(answers) == n:
                 self._rounds_done(k, plans, [answers[j] for j in range(n)], label, then)
@@ -730,14 +792,16 @@ def finalize(ctl: Controller, warmup: PeerWarmup | None = None, cache: PeerCache
     with clock.stage("end set-up"):
         if warmup is not None:
             stop_warmup(warmup)
-        # Non-exclusive calls overlap on an actor: a sanitizer run per kernel, and with peers the
-        # rounds of loops (one per kernel and round) and with compile_ahead the compilations (one
-        # per kernel, shape set and round), each a process with torch and a CUDA context of its
-        # own, up to one per CPU core but two.
+        # Non-exclusive calls overlap on an actor: a sanitizer run per dispatch member (up to
+        # search.dispatch per kernel), and with peers, beside them, the rounds of loops (one per
+        # kernel and round) and with compile_ahead the compilations (one per kernel, shape set
+        # and round), each a process with torch and a CUDA context of its own, up to one per
+        # CPU core but two.
         cfg = ctl.config.evaluator
         sharing = len(ctl.states)
         if cfg.peers:
-            wanted = len(ctl.states) * cfg.peer_runs * ((2 if cfg.compile_ahead else 0) + cfg.overlap_rounds)
+            wanted = len(ctl.states) * (cfg.peer_runs * ((2 if cfg.compile_ahead else 0) + cfg.overlap_rounds)
+                                        + ctl.config.search.dispatch)
             sharing = max(sharing, min(wanted, max(1, (os.cpu_count() or 2) - 2)))
         ctl.pool.renew(size=max(1, min(len(ctl.pool.actors), len(ctl.states))), max_concurrency=sharing)
         device = ctl.pool.device_name()

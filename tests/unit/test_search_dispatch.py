@@ -179,7 +179,8 @@ def test_the_choice_loop_settles_which_member_runs_where():
 def test_the_end_of_run_choice_loop_retables_and_drops_a_member_that_wins_nothing():
     """EndOfRun._choose: one loop of the members alone (no peers, recorded for resume), its
     medians settle the table, a member left without a shape is dropped with a reason before
-    the sanitizer, and the final evaluation is composed with the new table."""
+    the final timing (and the sanitizer after it), and the final evaluation is composed with
+    the new table."""
     from types import SimpleNamespace
 
     from search.finalize import EndOfRun, _Progress, compose_evaluation, member_name
@@ -200,7 +201,7 @@ def test_the_end_of_run_choice_loop_retables_and_drops_a_member_that_wins_nothin
     ctl = SimpleNamespace(config=SimpleNamespace(evaluator=SimpleNamespace(peers=True)), recorded_call=recorded_call)
     end = EndOfRun.__new__(EndOfRun)
     end.ctl = ctl  # type: ignore[assignment]
-    end._sanitize = lambda k: handed.append(k)  # type: ignore[method-assign]
+    end._final = lambda k: handed.append(k)  # type: ignore[method-assign]
     st = SimpleNamespace(name="k", dtype="float16", ref="k", search_shapes=lambda: SHAPES)
     k = _Progress(st, [])  # type: ignore[arg-type]
     k.winner, k.dispatch = primary, choose(primary, [split, other], SHAPES)
@@ -211,6 +212,6 @@ def test_the_end_of_run_choice_loop_retables_and_drops_a_member_that_wins_nothin
     assert [m.variant.source for m in k.dispatch.members] == ["// primary\n", "// other\n"]
     assert k.dispatch.table == {labels[0]: 0, labels[1]: 0, labels[2]: 1, labels[3]: 1}
     assert "choice loop" in k.rejected_why[split.variant.id]
-    assert handed == [k]  # then the sanitizer, on the members kept
+    assert handed == [k]  # then the final timing, of the members kept
     final = compose_evaluation(k.dispatch, k.member_final, SHAPES)
     assert [round(s.speedup, 3) for s in final.shapes] == [2.0, 3.0, 3.0, 1.0]

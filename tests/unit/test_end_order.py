@@ -1,0 +1,134 @@
+"""The order of the end of a run (search.finalize.EndOfRun) against a scripted evaluator: every
+kernel's final timing (a timed call) comes first; then each kernel's sanitizer runs and
+peers' loops are asked for together, so that the loops' set-ups overlap the sanitizer runs;
+a result is put together once both are in, and a winner the sanitizer catches is replaced by
+the baseline, whose loops start anew while the old winner's late answers are dropped."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from kernels.records import Stage
+from kernels.spec import kernel_ref, load_kernel, shape_label
+from kernels.variant import Variant
+from kernels.verdict import Evaluation, ShapeResult, Status
+from search.dispatch import single
+from search.finalize import EndOfRun, _Progress
+from search.selection import Scored
+from search.state import KernelState
+
+KERNELS = ("silu_and_mul", "fused_add_rmsnorm")
+
+
+def _ok(shapes: Any, ms: float) -> Evaluation:
+    return Evaluation(Status.OK, shapes=tuple(ShapeResult(dict(s), ms, ms * 2) for s in shapes))
+
+
+class Scripted:
+    """The controller's side: jobs and calls are held until the test answers them."""
+
+    def __init__(self) -> None:
+        self.jobs: list[Any] = []
+        self.calls: list[tuple[str, str, Any]] = []  # (method, kernel, done)
+        evaluator = SimpleNamespace(peer_runs=2, compile_trials=1, fresh_peers=False, compile_ahead=False, peers=True,
+                                    overlap_rounds=True, sanitize=True)
+        self.config = SimpleNamespace(evaluator=evaluator, search=SimpleNamespace(dispatch=1))
+        self.answers: dict[str, Any] = {}
+        self.records = SimpleNamespace(run_id="run-x")
+
+    def submit(self, job: Any) -> None:
+        self.jobs.append(job)
+
+    def recorded_call(self, key: str, done: Any, method: str, ref: Any, *args: Any, exclusive: bool = True,
+                      what: str = "") -> None:
+        self.calls.append((method, what.split()[0], (done, args)))
+
+    def pending(self, method: str, kernel: str | None = None) -> list[Any]:
+        return [c for c in self.calls if c[0] == method and (kernel is None or c[1] == kernel)]
+
+    def answer_jobs(self) -> None:
+        while self.jobs:
+            job = self.jobs.pop(0)
+            shapes = job.state.heldout_shapes() if job.stage is Stage.HELDOUT else job.state.search_shapes()
+            job.on_done(_ok(shapes, 1.0 if job.variant.id != job.state.baseline.id else 3.0))
+
+    def answer_rounds(self, kernel: str) -> None:
+        for call in self.pending("time_round", kernel):
+            self.calls.remove(call)
+            done, (dtype, loops, *_rest) = call[2]
+            spec = load_kernel(kernel)
+            replies = []
+            for loop in loops:
+                labels = [shape_label(s) for s in spec.shapes(loop["shape_set"])]
+                replies.append({"peers": {name: {lb: 1.0 for lb in labels} for name in (*loop["ours"], "torch_compile")},
+                                "failed": {}, "errors": {}})
+            done({"loops": replies}, "")
+
+    def answer_sanitizer(self, kernel: str, status: str) -> None:
+        for call in self.pending("sanitize", kernel):
+            self.calls.remove(call)
+            call[2][0]({"status": status, "summary": f"{status.lower()} (scripted)"}, "")
+
+
+def _end() -> tuple[EndOfRun, Scripted]:
+    ctl = Scripted()
+    end = EndOfRun.__new__(EndOfRun)
+    end.ctl, end.cache = ctl, None  # type: ignore[assignment]
+    end.loops_expected, end.loops_done, end.loops_started = 8, 0, 0.0
+    end.compiling, end.waiting, end.kernels = 0, [], {}
+    for name in KERNELS:
+        spec = load_kernel(name)
+        st = KernelState(spec, kernel_ref(name), "float16", 1, 1, 1)
+        st.baseline_scored = Scored(st.baseline, _ok(spec.search_shapes, 3.0))
+        winner = Scored(Variant(name, "// faster\n" + st.baseline.source), _ok(spec.search_shapes, 1.0))
+        k = _Progress(st, [winner, st.baseline_scored])
+        k.winner, k.heldout = winner, _ok(spec.heldout_shapes, 1.0)
+        k.dispatch = single(winner, spec.search_shapes)
+        k.member_heldout = {winner.variant.id: k.heldout}
+        end.kernels[name] = k
+    return end, ctl
+
+
+def test_the_sanitizer_runs_beside_the_loops_once_every_final_timing_is_in() -> None:
+    end, ctl = _end()
+    for k in end.kernels.values():
+        end._final(k)
+    assert ctl.calls == []  # nothing beside a timed call: the final timings are still out
+    ctl.answer_jobs()
+    # Both kernels' sanitizer runs and rounds are asked for together, before any answers.
+    assert len(ctl.pending("sanitize")) == 2 and len(ctl.pending("time_round")) == 2 * 2
+    ctl.answer_rounds("silu_and_mul")
+    assert end.kernels["silu_and_mul"].result is None  # its sanitizer verdict is not in yet
+    ctl.answer_sanitizer("silu_and_mul", "CLEAN")
+    result = end.kernels["silu_and_mul"].result
+    assert result is not None and result.sanitizer["status"] == "CLEAN"
+    assert result.winner.variant.source.startswith("// faster") and result.final.status is Status.OK
+    assert len(result.peer_runs) == 2
+    ctl.answer_sanitizer("fused_add_rmsnorm", "CLEAN")  # the verdict first, the loops after
+    assert end.kernels["fused_add_rmsnorm"].result is None
+    ctl.answer_rounds("fused_add_rmsnorm")
+    assert end.kernels["fused_add_rmsnorm"].result is not None
+
+
+def test_a_winner_the_sanitizer_catches_gives_way_to_the_baseline_and_its_loops_are_dropped() -> None:
+    end, ctl = _end()
+    for k in end.kernels.values():
+        end._final(k)
+    ctl.answer_jobs()
+    old_rounds = ctl.pending("time_round", "silu_and_mul")
+    for call in old_rounds:
+        ctl.calls.remove(call)
+    ctl.answer_sanitizer("silu_and_mul", "FINDINGS")
+    k = end.kernels["silu_and_mul"]
+    assert k.winner is k.st.baseline_scored
+    ctl.answer_jobs()  # the baseline's held-out check and final timing
+    assert len(ctl.pending("time_round", "silu_and_mul")) == 2  # the baseline's loops, anew
+    assert ctl.pending("sanitize", "silu_and_mul") == []  # the baseline is not sanitized
+    for call in old_rounds:  # the caught winner's loops answer late: dropped
+        done, (dtype, loops, *_rest) = call[2]
+        done({"loops": [{"peers": {}, "failed": {"best": "should never be read"}, "errors": {}} for _ in loops]}, "")
+    assert k.result is None
+    ctl.answer_rounds("silu_and_mul")
+    assert k.result is not None and k.result.winner is k.st.baseline_scored
+    assert "sanitizer" in k.result.rejected_why[k.result.rejected[0]] and not k.result.peer_failures
