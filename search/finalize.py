@@ -287,6 +287,7 @@ class EndOfRun:
         self.loops_done = 0
         self.loops_started = time.time()
         self.compiling = 0  # compile-ahead processes in flight
+        self.released = False  # every final timing is in: the non-exclusive calls have begun
         self.waiting: list[Callable[[], None]] = []  # rounds to start once none is
         self.kernels: dict[str, _Progress] = {}
         for st in ctl.states:
@@ -358,10 +359,9 @@ class EndOfRun:
     # -- sanitizer, final timing, peers -----------------------------------------------------
 
     def finish(self) -> list[KernelResult]:
-        """Dispatch choice loop, sanitizer, final timing and peers for every kernel, with the
-        peers' compilations made ahead of them all (:meth:`compile_ahead`); returns the results
-        in order."""
-        self.compile_ahead()
+        """Dispatch choice loop, final timing, then sanitizer and peers for every kernel (with
+        the peers' compilations made ahead of them all where compile_ahead is on,
+        :meth:`compile_ahead`); returns the results in order."""
         for k in self.kernels.values():
             self._choose(k)
         self.ctl.drain(lambda: all(k.result is not None for k in self.kernels.values()))
@@ -496,6 +496,11 @@ class EndOfRun:
         A kernel back from a finding (the baseline's final timing) starts at once."""
         if not all(k.timed or k.result is not None for k in self.kernels.values()):
             return
+        if not self.released:
+            # Compilations ahead (non-exclusive calls as well) start here too, not earlier: a
+            # choice loop or final timing asked for while they ran would wait for them all.
+            self.released = True
+            self.compile_ahead()
         for k in self.kernels.values():
             if k.timed and not k.started:
                 k.started = True
@@ -662,8 +667,8 @@ class EndOfRun:
     def compile_ahead(self) -> None:
         """With compile_ahead, compiles the torch.compile programs of every end-of-run loop
         that the peer cache lacks, for every kernel at once, each loop's in a process and
-        folder of its own (:mod:`evaluators.peer_compile`), beside the sanitizer runs; they
-        need the kernel, not its winner. A round on record (a resumed run's, replayed) needs
+        folder of its own (:mod:`evaluators.peer_compile`), beside the sanitizer runs, once
+        every final timing is in (:meth:`_beside`). A round on record (a resumed run's, replayed) needs
         nothing compiled. What is compiled lies on this machine's disk, so it is not recorded:
         a resumed run compiles again for the rounds it has not done."""
         cfg = self.ctl.config.evaluator

@@ -76,7 +76,7 @@ def _end() -> tuple[EndOfRun, Scripted]:
     end = EndOfRun.__new__(EndOfRun)
     end.ctl, end.cache = ctl, None  # type: ignore[assignment]
     end.loops_expected, end.loops_done, end.loops_started = 8, 0, 0.0
-    end.compiling, end.waiting, end.kernels = 0, [], {}
+    end.compiling, end.waiting, end.kernels, end.released = 0, [], {}, False
     for name in KERNELS:
         spec = load_kernel(name)
         st = KernelState(spec, kernel_ref(name), "float16", 1, 1, 1)
@@ -132,3 +132,22 @@ def test_a_winner_the_sanitizer_catches_gives_way_to_the_baseline_and_its_loops_
     ctl.answer_rounds("silu_and_mul")
     assert k.result is not None and k.result.winner is k.st.baseline_scored
     assert "sanitizer" in k.result.rejected_why[k.result.rejected[0]] and not k.result.peer_failures
+
+
+def test_compilations_ahead_start_with_the_sanitizer_runs_not_before_the_final_timings() -> None:
+    """--compile-ahead: its processes are non-exclusive calls too, so they are asked for once
+    every final timing is in (a final timing asked for while they ran would wait for them
+    all), and no round is asked for while they run."""
+    end, ctl = _end()
+    ctl.config.evaluator.compile_ahead = True
+    asked: list[Any] = []
+    ctl.pool = SimpleNamespace(call=lambda done, method, *args, **kw: asked.append((method, done)))  # type: ignore[attr-defined]
+    for k in end.kernels.values():
+        end._final(k)
+    assert asked == []
+    ctl.answer_jobs()
+    assert len(asked) == 2 * 2 * 2 and {m for m, _ in asked} == {"precompile"}  # kernels x shape sets x loops
+    assert len(ctl.pending("sanitize")) == 2 and ctl.pending("time_round") == []
+    for _, done in asked:
+        done({"status": "OK", "folder": "/tmp/x"}, "")
+    assert len(ctl.pending("time_round")) == 2 * 2
