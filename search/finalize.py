@@ -351,8 +351,12 @@ class EndOfRun:
         return k.dispatch is not None and all(m.variant.id in k.member_heldout for m in k.dispatch.members)
 
     def _drop_member(self, k: _Progress, item: Scored, why: str) -> None:
+        """Takes ``item`` out of the dispatch, its shapes to the winner; a member dropped
+        before (by its loops, when the sanitizer reports after them) keeps its first reason."""
         assert k.dispatch is not None
-        index = next(i for i, m in enumerate(k.dispatch.members) if m.variant.id == item.variant.id)
+        index = next((i for i, m in enumerate(k.dispatch.members) if m.variant.id == item.variant.id), None)
+        if index is None:
+            return
         k.dispatch = k.dispatch.without(index)
         k.rejected_why[item.variant.id] = f"dispatch member dropped: {why}"[:500]
 
@@ -398,11 +402,9 @@ class EndOfRun:
                 k.rejected_why[k.winner.variant.id] = f"sanitizer: {k.sanitizer.get('summary', '')}"[:500]
                 self._to_baseline(k)  # a latent memory bug or race: not reported, whatever its speed
                 return
-            assert k.dispatch is not None
             for other in members[1:]:
                 found = k.member_sanitizer[other.variant.id]
-                if found.get("status") == "FINDINGS" and any(m.variant.id == other.variant.id
-                                                             for m in k.dispatch.members):
+                if found.get("status") == "FINDINGS":
                     self._drop_member(k, other, f"sanitizer: {found.get('summary', '')}")
             k.sanitized = True
             self._assemble(k)
@@ -442,7 +444,6 @@ class EndOfRun:
             k.member_final[item.variant.id] = evaluation
             if len(k.member_final) < len(members):
                 return
-            assert k.dispatch is not None
             for other in members[1:]:
                 if not k.member_final[other.variant.id].status.is_ok:
                     verdict = k.member_final[other.variant.id]
