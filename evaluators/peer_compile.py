@@ -44,15 +44,20 @@ KEYS = "fx-keys"
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
-def cache_folder(path: str | Path) -> contextlib.AbstractContextManager[None]:
+@contextlib.contextmanager
+def cache_folder(path: str | Path) -> Iterator[None]:
     """Inductor's on-disk caches (FX graphs, autotuning choices) in ``path`` while inside, its
     in-memory caches cleared on the way in and out, so nothing compiled elsewhere is picked up
     (torch's own ``temporary_cache_dir``). Triton's binary cache stays where it is: a binary is
     found by its source's hash, so sharing it hands no compilation another's choices (as in
-    :data:`evaluators.peers._FRESH`)."""
+    :data:`evaluators.peers._FRESH`). Inside, memory formats hash the same in every process
+    (:func:`evaluators.peers.stable_memory_formats`)."""
     from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
-    return temporary_cache_dir(str(Path(path).resolve()))
+    from evaluators.peers import stable_memory_formats
+
+    with temporary_cache_dir(str(Path(path).resolve())), stable_memory_formats():
+        yield
 
 
 @contextlib.contextmanager
@@ -113,15 +118,10 @@ def why_missed(folder: str | Path, limit: int = 8, width: int = 300) -> list[str
         mine = set(row["lines"])
         closest = max(ahead, key=lambda other: len(mine & set(other["lines"])))
         theirs = set(closest["lines"])
-        for line in row["lines"]:
-            if line not in theirs:
-                text = f"loop: {line}"[:width]
-                if text not in out:
-                    out.append(text)
-        for line in closest["lines"]:
-            if line not in mine:
-                text = f"ahead: {line}"[:width]
-                if text not in out:
+        for side, lines, other in (("loop", row["lines"], theirs), ("ahead", closest["lines"], mine)):
+            for line in lines:
+                text = f"{side}: {line}"[:width]
+                if line not in other and text not in out:
                     out.append(text)
         if len(out) >= limit:
             break

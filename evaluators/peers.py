@@ -66,6 +66,36 @@ _FRESH = {"fx_graph_cache": False, "fx_graph_remote_cache": False, "autotune_loc
           "autotune_remote_cache": False, "bundled_autotune_remote_cache": False}
 
 
+def memory_format(name: str) -> Any:
+    """The memory format ``torch.<name>`` (what :func:`stable_memory_formats` pickles)."""
+    return getattr(torch, name)
+
+
+@contextlib.contextmanager
+def stable_memory_formats() -> Iterator[None]:
+    """A tensor's memory format (in every example input of an FX-graph cache key) has no
+    ``__module__``, so pickle names it after the first module in ``sys.modules`` through which
+    ``torch.contiguous_format`` resolves: any module that imported torch, which one depending
+    on the process's import order. Two processes (a compile-ahead process and a loop's worker)
+    then hash the same graph to different keys and the loop loads nothing (a CPU test saw
+    ``__mp_main__`` in one and ``torch._utils`` in the other). Inside, it is pickled by name
+    through :func:`memory_format` instead (Inductor's pickler starts from copyreg's table),
+    a function of this module, which no process runs as ``__main__`` (a compile-ahead process
+    runs evaluators.peer_compile so)."""
+    import copyreg
+
+    kind = type(torch.contiguous_format)
+    before = copyreg.dispatch_table.get(kind)
+    copyreg.pickle(kind, lambda f: (memory_format, (str(f).removeprefix("torch."),)))
+    try:
+        yield
+    finally:
+        if before is None:
+            copyreg.dispatch_table.pop(kind, None)
+        else:
+            copyreg.dispatch_table[kind] = before
+
+
 def compile_name(mode: str, trial: int) -> str:
     """The loop's name of one compilation: ``torch_compile[<mode>#<trial>]``."""
     return f"{COMPILED}[{mode}#{trial}]"
@@ -367,17 +397,17 @@ def run_round(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
                 assert state.cache_counts is not None
                 reply["compile_cache"] = {"folder": str(loop["compile_cache"]),
                                           **{k: state.cache_counts[k] + counts[k] for k in counts}}
-                if reply["compile_cache"]["miss"]:
-                    from evaluators.peer_compile import why_missed
-
-                    reply["compile_cache"]["why_missed"] = why_missed(loop["compile_cache"])
             reply["phase_s"]["wait"] = waited if not replies else 0.0
             replies.append(reply)
         # The round's hold of the GPU alone, on the wall clock: rounds beside each other can be
         # seen never to overlap.
         held = [began, time.time()]
-    for reply in replies:
+    for loop, reply in zip(job["loops"], replies, strict=True):
         reply["timed_at"] = held
+        if reply.get("compile_cache", {}).get("miss"):  # read after the GPU is given back
+            from evaluators.peer_compile import why_missed
+
+            reply["compile_cache"]["why_missed"] = why_missed(loop["compile_cache"])
     return {"loops": replies}
 
 

@@ -18,6 +18,7 @@ import torch
 from evaluators.gpu_turns import GpuTurns
 from evaluators.peer_compile import (
     REPORT,
+    cache_folder,
     compile_ahead,
     first_calls,
     sharing_the_gpu,
@@ -185,3 +186,23 @@ def test_a_shape_without_inputs_costs_that_shape_not_the_folder(tmp_path: Path, 
                                          device="cpu")
     assert list(report["modes"]["default"].values()) == ["inputs: RuntimeError: CUDA error: invalid argument"] * 2
     assert json.loads((tmp_path / "c" / REPORT).read_text())["modes"] == report["modes"]
+
+
+def test_a_memory_format_pickles_by_name_inside_a_loops_folder(tmp_path: Path):
+    """Inductor hashes every example input's memory format into its FX-graph keys; pickled by
+    default, it is named after whichever module that imported torch comes first in this
+    process's sys.modules, so a compile-ahead process and a loop's worker hashed one graph to
+    two keys. Inside a loop's folder it pickles through evaluators.peers.memory_format."""
+    import copyreg
+    import io
+    import pickle
+
+    buffer = io.BytesIO()
+    with cache_folder(tmp_path):
+        pickler = pickle.Pickler(buffer)
+        pickler.dispatch_table = copyreg.dispatch_table.copy()  # as Inductor's pickler starts
+        pickler.dump(torch.channels_last)
+    data = buffer.getvalue()
+    assert b"evaluators.peers" in data and b"memory_format" in data and b"channels_last" in data, data
+    assert pickle.loads(data) is torch.channels_last
+    assert type(torch.channels_last) not in copyreg.dispatch_table  # left as found
