@@ -30,19 +30,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from search.report import git_commit
 from search.spread import from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMAND = ["--population", "8", "--rounds", "5"]
 RATIOS = ("baseline", "torch_compile", "flashinfer", "flashinfer_in_place", "liger", "torch_eager")
-
-
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def one_run(mode: str, cache: Path, out: Path, extra: Sequence[str], first: bool) -> dict[str, Any]:
@@ -177,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.json is None:
         p.error("--json is required unless --report")
-    meta = {"commit": _git_commit(), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+    meta = {"commit": git_commit(ROOT), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
     done: list[dict[str, Any]] = []
     for i, mode in enumerate(args.runs.split(",")):
         if mode not in ("cold", "warm"):
