@@ -93,19 +93,18 @@ class EvaluatorConfig:
         peers: time the production peers beside the winners at the end of the run.
         peer_runs: independent repetitions of that loop, each in a fresh sandbox process;
             every reported ratio is their median with its min-max.
-        compile_trials: fresh torch.compile compilations per mode in each of those loops
-            (1: each loop compiles each mode afresh, so with three loops every mode is
-            compiled three times and the spread over loops shows how much compilations vary).
+        compile_trials: torch.compile compilations per mode in each of those loops (more than
+            1 needs compile_ahead off: each loop then compiles each mode afresh that often).
         sanitize: run compute-sanitizer (memcheck, racecheck) on each winner before it is
             reported; a winner with findings is replaced by the baseline.
-        compile_ahead: compile each loop's torch.compile programs ahead of it, in processes
-            beside each other (never beside a timed call), each loop from a cache folder of its
-            own (:mod:`evaluators.peer_compile`); off: every loop compiles for itself, in its
-            round's set-up, beside the other rounds' set-ups. Off by default: on an H100 at
-            4d4e490 and e94914c the loops loaded none of the compilations made ahead of them
-            (every FX-graph lookup missed), so compiling ahead only added a second compilation
-            of every program, and no round could start before the last one ended. Only loops
-            whose peers' figures are not in the peer cache compile anything.
+        compile_ahead: compile the end-of-run loops' torch.compile programs ahead of them, once
+            per kernel and shape set, in processes beside each other (never beside a timed
+            call), into one cache folder that the loops of every round on that shape set load
+            from (:mod:`evaluators.peer_compile`): the rounds time the same compilations, so
+            their spread is that of timing, not of compiling. Off: every loop compiles for
+            itself in its round's set-up, beside the other rounds' set-ups (three times the
+            compiling, and the spread shows how compilations vary). Only loops whose peers'
+            figures are not in the peer cache compile anything.
         overlap_rounds: run the rounds of end-of-run loops beside each other, each in a sandbox
             process of its own that sets its loops up while others do and times them with the GPU
             alone (:mod:`evaluators.gpu_turns`); off: one round at a time, in the evaluator's own
@@ -127,7 +126,7 @@ class EvaluatorConfig:
     peer_runs: int = 3
     compile_trials: int = 1
     sanitize: bool = True
-    compile_ahead: bool = False
+    compile_ahead: bool = True
     overlap_rounds: bool = True
     peer_cache: bool = True
     peer_cache_dir: str | None = None

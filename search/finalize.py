@@ -666,28 +666,30 @@ class EndOfRun:
     # -- compile-ahead --------------------------------------------------------------------
 
     def compile_ahead(self) -> None:
-        """With compile_ahead, compiles the torch.compile programs of every end-of-run loop
-        that the peer cache lacks, for every kernel at once, each loop's in a process and
-        folder of its own (:mod:`evaluators.peer_compile`), beside the sanitizer runs, once
-        every final timing is in (:meth:`_beside`). A round on record (a resumed run's, replayed) needs
-        nothing compiled. What is compiled lies on this machine's disk, so it is not recorded:
-        a resumed run compiles again for the rounds it has not done."""
+        """With compile_ahead, compiles the torch.compile programs of the end-of-run loops that
+        the peer cache lacks, once per kernel and shape set, into one folder that every round's
+        loop on that shape set loads from (:mod:`evaluators.peer_compile`): all kernels at once,
+        beside the sanitizer runs, once every final timing is in (:meth:`_beside`). The rounds
+        then time the same compilations in three fresh processes: their spread is that of
+        timing, not of compiling (``--no-compile-ahead``: every loop compiles afresh). A round
+        on record (a resumed run's, replayed) needs nothing compiled. What is compiled lies on
+        this machine's disk, so it is not recorded: a resumed run compiles again for the rounds
+        it has not done."""
         cfg = self.ctl.config.evaluator
         if not cfg.compile_ahead or not cfg.peers:
             return
         for k in self.kernels.values():
-            todo = [(s, i) for s in loop_sets(k.st) for i, hit in enumerate(self._cached(k, s)[1]) if hit is None]
             done = self._recorded_rounds(k)
-            made: dict[tuple[str, int], dict[str, Any]] = {}
-            for shape_set, i in todo:
+            todo = {s: [i for i, hit in enumerate(self._cached(k, s)[1]) if hit is None and i not in done]
+                    for s in loop_sets(k.st)}
+            todo = {s: rounds for s, rounds in todo.items() if rounds}
+            made: dict[str, dict[str, Any]] = {}
+            for shape_set, rounds in todo.items():
                 self.compiling += 1
-                call = partial(self._compiled, k, (shape_set.value, i), made, len(todo))
-                if i in done:
-                    call({"status": "SKIPPED", "summary": "loop done before"}, "")
-                    continue
-                where = f"{self.ctl.records.run_id}/{k.st.name}-{k.st.ref.digest[:8]}/{shape_set.value}-{i + 1}"
+                call = partial(self._compiled, k, shape_set.value, rounds, made, len(todo))
+                where = f"{self.ctl.records.run_id}/{k.st.name}-{k.st.ref.digest[:8]}/{shape_set.value}"
                 self.ctl.pool.call(call, "precompile", k.st.ref, k.st.dtype, shape_set.value, where, exclusive=False,
-                                   what=f"{k.st.name} compile ahead, loop {i + 1}")
+                                   what=f"{k.st.name} compile ahead ({shape_set.value} shapes)")
 
     def _recorded_rounds(self, k: _Progress) -> set[int]:
         """The rounds of the kernel's loops on record for its winner as it stands."""
@@ -697,20 +699,17 @@ class EndOfRun:
         plans = [self._plan(k, shape_set, ours) for shape_set in loop_sets(k.st)]
         return {i for i in range(self.ctl.config.evaluator.peer_runs) if _round_key(plans, i) in self.ctl.answers}
 
-    def _compiled(self, k: _Progress, where: tuple[str, int], made: dict[tuple[str, int], dict[str, Any]], todo: int,
+    def _compiled(self, k: _Progress, shape_set: str, rounds: list[int], made: dict[str, dict[str, Any]], todo: int,
                   reply: dict[str, Any] | None, error: str) -> None:
-        made[where] = reply if reply is not None else {"status": "ERROR", "summary": error}
-        k.folders[where] = made[where].get("folder") if made[where].get("status") == "OK" else None
+        made[shape_set] = reply if reply is not None else {"status": "ERROR", "summary": error}
+        folder = made[shape_set].get("folder") if made[shape_set].get("status") == "OK" else None
+        for i in rounds:
+            k.folders[(shape_set, i)] = folder
         self.compiling -= 1
-        if len(made) == todo:
-            n = self.ctl.config.evaluator.peer_runs
-            for shape_set in sorted({s for s, _ in made}, key=lambda s: s != ShapeSet.SEARCH.value):
-                mine = sorted(i for s, i in made if s == shape_set)
-                why = "; ".join(f"loop {i + 1}: {made[(shape_set, i)].get('summary', '')}"[:200] for i in mine
-                                if made[(shape_set, i)].get("status") != "OK")
-                print(f"end {k.st.name}: compiled ahead for {sum(1 for i in mine if k.folders.get((shape_set, i)))} "
-                      f"of {n} loops" + ("" if shape_set == ShapeSet.SEARCH.value else " on the held-out shapes")
-                      + (f" ({why})" if why else ""), file=sys.stderr, flush=True)
+        where = "" if shape_set == ShapeSet.SEARCH.value else " on the held-out shapes"
+        print(f"end {k.st.name}: compiled ahead for {len(rounds)} loops{where}" if folder else
+              f"end {k.st.name}: nothing compiled ahead for {len(rounds)} loops{where} "
+              f"({made[shape_set].get('summary', '')[:200]}); they compile for themselves", file=sys.stderr, flush=True)
         if self.compiling == 0:
             waiting, self.waiting = self.waiting, []
             for start in waiting:

@@ -314,7 +314,8 @@ class EvaluatorActor:
         return {"loops": answers, "busy_s": sum(float(a.get("phase_s", {}).get("loop", 0.0)) for a in answers)}
 
     def precompile(self, kernel: KernelRef | str, dtype: str, shape_set: str, folder: str) -> dict[str, Any]:
-        """Compiles the kernel's torch.compile programs for one end-of-run loop ahead of it, into
+        """Compiles the kernel's torch.compile programs for its end-of-run loops on one shape set
+        ahead of them (every round's loop on that set loads them), into
         ``folder`` under this node's temporary directory (:mod:`evaluators.peer_compile`); the
         report carries the folder's full path as ``folder``. A separate process, like a
         sanitizer run: it never overlaps a timed call. The stand-in has nothing to compile."""

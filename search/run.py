@@ -85,8 +85,9 @@ def add_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--evaluator", choices=("gpu", "standin"), help="standin: CPU test double, never for reported numbers")
     p.add_argument("--seed", type=int)
     p.add_argument("--compile-ahead", action=argparse.BooleanOptionalAction, default=None,
-                   help="compile the end-of-run loops' torch.compile programs ahead of them, in parallel "
-                        "(default off: on a GPU the loops have not yet loaded those compilations)")
+                   help="compile the end-of-run loops' torch.compile programs ahead of them, once per kernel "
+                        "and shape set, every round's loop loading them (default on); off: every loop compiles "
+                        "afresh")
     p.add_argument("--overlap-rounds", action=argparse.BooleanOptionalAction, default=None,
                    help="set the end-of-run rounds of loops up beside each other, each timing with the GPU "
                         "alone (default on); off: one round at a time")

@@ -135,7 +135,7 @@ def test_a_winner_the_sanitizer_catches_gives_way_to_the_baseline_and_its_loops_
 
 
 def test_compilations_ahead_start_with_the_sanitizer_runs_not_before_the_final_timings() -> None:
-    """--compile-ahead: its processes are non-exclusive calls too, so they are asked for once
+    """Compile-ahead: its processes are non-exclusive calls too, so they are asked for once
     every final timing is in (a final timing asked for while they ran would wait for them
     all), and no round is asked for while they run."""
     end, ctl = _end()
@@ -146,8 +146,14 @@ def test_compilations_ahead_start_with_the_sanitizer_runs_not_before_the_final_t
         end._final(k)
     assert asked == []
     ctl.answer_jobs()
-    assert len(asked) == 2 * 2 * 2 and {m for m, _ in asked} == {"precompile"}  # kernels x shape sets x loops
+    # One compilation per kernel and shape set, loaded by every round's loop on that set.
+    assert len(asked) == 2 * 2 and {m for m, _ in asked} == {"precompile"}  # kernels x shape sets
     assert len(ctl.pending("sanitize")) == 2 and ctl.pending("time_round") == []
-    for _, done in asked:
-        done({"status": "OK", "folder": "/tmp/x"}, "")
-    assert len(ctl.pending("time_round")) == 2 * 2
+    for n, (_, done) in enumerate(asked):
+        done({"status": "OK", "folder": f"/tmp/x{n}"}, "")
+    rounds = ctl.pending("time_round")
+    assert len(rounds) == 2 * 2
+    for kernel in end.kernels:
+        folders = [[loop["compile_cache"] for loop in call[2][1][1]] for call in ctl.pending("time_round", kernel)]
+        assert len(folders) == 2 and folders[0] == folders[1]  # both rounds: the same folder per shape set
+        assert len(set(folders[0])) == len(folders[0]) and all(folders[0])  # a folder of its own per shape set

@@ -131,12 +131,13 @@ def test_a_resumed_run_replays_the_answers_of_its_end(local_ray, tmp_path):
     assert best["sanitizer"]["summary"] == "as recorded"
 
 
-def test_compile_ahead_asks_one_compilation_per_loop_before_the_loops_and_again_on_resume(local_ray, tmp_path, capsys):
-    """--compile-ahead: the end of the run asks the evaluator to compile each loop's programs
-    (non-exclusive calls, like the sanitizer's) before the loops; a stand-in has nothing to
-    compile and says so, and the loops then compile for themselves. What is compiled lies on
-    one machine's disk, so it is not recorded: a resumed run compiles again for the rounds it
-    has not done, and for none of those it has."""
+def test_compile_ahead_asks_one_compilation_per_shape_set_before_the_loops_and_again_on_resume(local_ray, tmp_path,
+                                                                                               capsys):
+    """--compile-ahead: the end of the run asks the evaluator to compile the programs of each
+    kernel's loops once per shape set (non-exclusive calls, like the sanitizer's) before the
+    loops; a stand-in has nothing to compile and says so, and the loops then compile for
+    themselves. What is compiled lies on one machine's disk, so it is not recorded: a resumed
+    run compiles again for the rounds it has not done, and for none of those it has."""
     prep = _prepare(tmp_path / "run", "--compile-ahead")
     assert prep.config.evaluator.compile_ahead
     run_search(prep, "test")
@@ -145,7 +146,7 @@ def test_compile_ahead_asks_one_compilation_per_loop_before_the_loops_and_again_
     loops = prep.config.evaluator.peer_runs
     assert [a["method"] for a in answers if a["method"] != "sanitize"] == ["time_round"] * loops
     err = capsys.readouterr().err
-    assert f"compiled ahead for 0 of {loops} loops (loop 1: stand-in evaluator: no peers to compile" in err
+    assert f"nothing compiled ahead for {loops} loops (stand-in evaluator: no peers to compile)" in err
     # Cut after the first round: the resumed run compiles ahead for the two rounds left only.
     first = next(i for i, a in enumerate(answers) if a["method"] == "time_round")
     path.write_text("".join(json.dumps(a) + "\n" for a in answers[:first + 1]))
@@ -154,8 +155,8 @@ def test_compile_ahead_asks_one_compilation_per_loop_before_the_loops_and_again_
     shutil.rmtree(prep.run_dir / "best")
     run_search(Prepared(prep.config, prep.kernels, prep.run_dir, resume=True), "test --resume")
     err = capsys.readouterr().err
-    assert ("loop 1: loop done before; loop 2: stand-in evaluator: no peers to compile; "
-            "loop 3: stand-in evaluator: no peers to compile") in err
+    assert f"nothing compiled ahead for {loops - 1} loops (stand-in evaluator: no peers to compile)" in err
+    assert f"for {loops} loops" not in err
     assert [a["method"] for a in read_jsonl(path) if a["method"] != "sanitize"] == ["time_round"] * loops
 
 
