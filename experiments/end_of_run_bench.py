@@ -71,7 +71,11 @@ def kernel_figures(k: dict[str, Any]) -> dict[str, Any]:
     return {"winner": k["winner"], "search": {p: v for p, v in k.get("spreads", {}).items() if p in RATIOS},
             "heldout": {p: v for p, v in held.get("spreads", {}).items() if p in RATIOS},
             "cached_loops": sum(1 for c in k.get("peer_cache", []) + held.get("peer_cache", []) if c),
-            "loops": len(k.get("peer_cache", [])) + len(held.get("peer_cache", []))}
+            "loops": len(k.get("peer_cache", [])) + len(held.get("peer_cache", [])),
+            # where each loop's round spent its time (set-up, waiting for the GPU, timing) and
+            # what it loaded of the compilations made ahead of it
+            "phase_s": {"search": k.get("loop_phase_s", []), "heldout": held.get("loop_phase_s", [])},
+            "compile_cache": {"search": k.get("compile_cache", []), "heldout": held.get("compile_cache", [])}}
 
 
 def _text(d: dict[str, Any] | None) -> str:
@@ -120,8 +124,30 @@ def report(runs: list[dict[str, Any]]) -> str:
                 return "; ".join(f"{p} {_text(part.get(p))}" for p in sorted(part))
             lines.append(f"| {i} | {r['mode']} | {name} | {k['cached_loops']} of {k['loops']} | "
                          f"{cells(k['search'])} | {cells(k['heldout'])} |")
-    lines += ["", agreement(runs)]
+    lines += ["", phases(runs), "", agreement(runs)]
     return "\n".join(lines) + "\n"
+
+
+def phases(runs: list[dict[str, Any]]) -> str:
+    """Per run, kernel and shape set: each loop's set-up, wait for the GPU and timing seconds
+    (one entry per round), and the compilations it loaded (hit) or made (miss)."""
+    out = ["## Where the end-of-run loops spent their time", "",
+           "Per loop (one per round): set-up / waiting for the GPU alone / timing, in seconds; compile cache: "
+           "FX-graph lookups that loaded a compilation made ahead (hit) or compiled (miss).", "",
+           "| run | mode | kernel | shapes | set-up, wait, timing per loop (s) | compile cache per loop |",
+           "|---|---|---|---|---|---|"]
+    for i, r in enumerate(runs, 1):
+        for name, k in (r.get("kernels") or {}).items():
+            for part in ("search", "heldout"):
+                loops = (k.get("phase_s") or {}).get(part) or []
+                if not loops:
+                    continue
+                cells = "; ".join(f"{p.get('prepare', 0):.0f}, {p.get('wait', 0):.0f}, {p.get('loop', 0):.1f}"
+                                  for p in loops)
+                cache = "; ".join(f"{c.get('hit', 0)} hit, {c.get('miss', 0)} miss" if c else "-"
+                                  for c in (k.get("compile_cache") or {}).get(part) or []) or "-"
+                out.append(f"| {i} | {r['mode']} | {name} | {part} | {cells} | {cache} |")
+    return "\n".join(out)
 
 
 def agreement(runs: list[dict[str, Any]]) -> str:

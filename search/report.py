@@ -170,7 +170,8 @@ def heldout_loops(result: Any) -> dict[str, Any] | None:
     ratios = {} if OURS in failures else spread.spreads(runs, exclude=list(failures), labels=labels or None)
     return {"shapes": labels, "loops": len(runs), "spreads": {k: v.to_dict() for k, v in ratios.items()},
             "loop_ms": dict(getattr(result, "heldout_peers", {})), "peer_errors": dict(extra.get("errors", {})),
-            "failures": failures, "peer_cache": list(extra.get("cached_peers", []))}
+            "failures": failures, "peer_cache": list(extra.get("cached_peers", [])),
+            "loop_phase_s": list(extra.get("phase_s", [])), "compile_cache": list(extra.get("compile_cache", []))}
 
 
 def build_summary(run_dir: Path, results: Sequence[Any], meta: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,49 @@
+"""experiments.end_of_run_bench's reading of run summaries and its report (no run is made)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from experiments.end_of_run_bench import kernel_figures, report
+
+
+def _spread(median: float, low: float, high: float) -> dict[str, Any]:
+    return {"median": median, "low": low, "high": high, "runs": 3}
+
+
+def _summary_kernel(cached: bool) -> dict[str, Any]:
+    """One kernel of a summary.json as search.report writes it: three loops per shape set."""
+    phase = [{"prepare": 20.0 + i, "wait": 3.0 * i, "loop": 1.5} for i in range(3)]
+    return {
+        "kernel": "silu_and_mul", "winner": "abc",
+        "spreads": {"baseline": _spread(3.0, 2.9, 3.1), "torch_compile": _spread(1.05, 1.0, 1.1),
+                    "not_a_ratio_we_report": _spread(9.0, 9.0, 9.0)},
+        "peer_cache": [cached] * 3, "loop_phase_s": phase,
+        "compile_cache": [] if cached else [{"hit": 12, "miss": 0}] * 3,
+        "heldout_loops": {"spreads": {"baseline": _spread(2.5, 2.4, 2.6)}, "peer_cache": [cached] * 3,
+                          "loop_phase_s": phase[:1], "compile_cache": []},
+    }
+
+
+def test_kernel_figures_keep_the_reported_ratios_the_cache_use_and_the_loops_phases() -> None:
+    k = kernel_figures(_summary_kernel(cached=False))
+    assert set(k["search"]) == {"baseline", "torch_compile"} and set(k["heldout"]) == {"baseline"}
+    assert (k["cached_loops"], k["loops"]) == (0, 6)
+    assert len(k["phase_s"]["search"]) == 3 and len(k["phase_s"]["heldout"]) == 1
+    assert k["compile_cache"]["search"][0] == {"hit": 12, "miss": 0}
+
+
+def test_the_report_shows_wall_per_mode_where_the_loops_spent_their_time_and_warm_against_cold() -> None:
+    def run(mode: str, wall: float) -> dict[str, Any]:
+        return {"mode": mode, "command": "python -m search.run --population 8 --rounds 5", "wall_s": wall,
+                "exit_code": 0, "gpu": "GPU X", "stage_s": {"search": 100.0}, "end_calls_s": {"time_round": 30.0},
+                "meta": {"commit": "c0ffee", "date": "2026-12-06"},
+                "kernels": {"silu_and_mul": kernel_figures(_summary_kernel(cached=mode == "warm"))}}
+
+    text = report([run("cold", 230.0), run("warm", 150.0), run("warm", 160.0)])
+    assert "| cold | 230 s [230-230] (1 runs) |" in text and "| warm | 155 s [150-160] (2 runs) |" in text
+    # one row per run, kernel and shape set: set-up, wait, timing per loop, and the cache lookups
+    assert "| 1 | cold | silu_and_mul | search | 20, 0, 1.5; 21, 3, 1.5; 22, 6, 1.5 | " \
+           "12 hit, 0 miss; 12 hit, 0 miss; 12 hit, 0 miss |" in text
+    assert "| 2 | warm | silu_and_mul | heldout | 20, 0, 1.5 | - |" in text
+    assert "| silu_and_mul | search: vs torch_compile | 1.050 | [1.000-1.100] | 1.050, 1.050 | 2 of 2 |" in text
