@@ -7,15 +7,17 @@ dead actors) and every evaluation is recorded by the same code as the search's:
    ones and those drawn for this run) until one passes; the baseline is the last resort. The
    variants that would be dispatched by shape beside the winner (:mod:`search.dispatch`) are
    checked on the same shapes; one that fails is left out;
-2. the pool is renewed (fresh evaluators, one per GPU, after the peers' background compiles);
+2. the peers' warm-up (search.run) is stopped and the pool renewed (fresh evaluators, one per GPU);
 3. per kernel (each answer recorded, so a resumed run picks up where it stopped): the
-   dispatch's choice loop (its kernels alone: which runs on which shape), compute-sanitizer on
-   each kernel kept (a winner with findings is replaced by the baseline, whose held-out
-   verdict is then evaluated and recorded too; another kernel with findings is dropped), the
-   final timing of each (stage final: the evaluator's verdict and A/A noise floor), and the
-   production peers timed in one loop with them and the baseline, repeated in ``peer_runs``
-   fresh sandbox processes: every reported ratio, "vs baseline" included, is taken from
-   these loops.
+   dispatch's choice loop (its kernels alone: which runs on which shape) and the final timing
+   of each kernel kept (stage final: the evaluator's verdict and A/A noise floor);
+4. once every kernel's final timing is in, for all kernels at once: compute-sanitizer on each
+   kernel kept (a winner with findings is replaced by the baseline, whose held-out verdict
+   and final timing are then evaluated and recorded too; another kernel with findings is
+   dropped) and, beside it, the peers' torch.compile programs compiled ahead (once per kernel
+   and shape set); then the production peers timed in one loop with our kernels and the
+   baseline, repeated in ``peer_runs`` fresh sandbox processes: every reported ratio, "vs
+   baseline" included, is taken from these loops.
 
 A failure of one kernel's step (an evaluator error, an actor that keeps dying) is recorded for
 that kernel and the others finish.
@@ -798,14 +800,14 @@ def finalize(ctl: Controller, warmup: PeerWarmup | None = None, cache: PeerCache
         if warmup is not None:
             stop_warmup(warmup)
         # Non-exclusive calls overlap on an actor: a sanitizer run per dispatch member (up to
-        # search.dispatch per kernel), and with peers, beside them, the rounds of loops (one per
-        # kernel and round) and with compile_ahead the compilations (one per kernel, shape set
-        # and round), each a process with torch and a CUDA context of its own, up to one per
-        # CPU core but two.
+        # search.dispatch per kernel), and with peers, beside them, the compilations ahead (one
+        # per kernel and shape set) and after those the rounds of loops (one per kernel and
+        # round), each a process with torch and a CUDA context of its own, up to one per CPU
+        # core but two.
         cfg = ctl.config.evaluator
         sharing = len(ctl.states)
         if cfg.peers:
-            wanted = len(ctl.states) * (cfg.peer_runs * ((2 if cfg.compile_ahead else 0) + cfg.overlap_rounds)
+            wanted = len(ctl.states) * (max(2 if cfg.compile_ahead else 0, cfg.peer_runs * cfg.overlap_rounds)
                                         + ctl.config.search.dispatch)
             sharing = max(sharing, min(wanted, max(1, (os.cpu_count() or 2) - 2)))
         ctl.pool.renew(size=max(1, min(len(ctl.pool.actors), len(ctl.states))), max_concurrency=sharing)
