@@ -172,35 +172,43 @@ def test_a_loop_loads_the_compilations_made_ahead_of_it(evaluator, tmp_path):
     assert set(reply["peers"]["torch_compile"]) == {shape_label(s) for s in spec.search_shapes}, reply["errors"]
 
 
-def test_rounds_beside_each_other_set_up_together_and_time_one_at_a_time(tmp_path):
-    """Two rounds (search and held-out loops each) in two evaluators taking part in one GPU
-    lock, as the end of a run runs them: both answer every loop with the peers and our
-    kernels timed, and their timed passes never overlap (each reports how long it waited for
-    the GPU, and their holds of it alone are disjoint)."""
+def _rounds_at_once(count: int, kernel: str, loops: list, lock: Path) -> dict[int, tuple[float, float, list]]:
+    """``count`` rounds of ``loops`` at once, each in an evaluator of its own taking part in the
+    GPU lock at ``lock``, as the end of a run runs them: per round, when it started and ended
+    (monotonic seconds) and its replies."""
     import threading
     import time
 
     from evaluators.gpu import GpuEvaluator
 
-    spec = load_kernel("silu_and_mul")
-    ours = {"baseline": (spec.baseline_source(), {})}
-    loops = [{"shape_set": s, "ours": ours, "compile_trials": 1, "repetitions": 20} for s in ("search", "heldout")]
     got: dict[int, tuple[float, float, list]] = {}
 
     def one(i: int) -> None:
-        ev = GpuEvaluator(step_timeout_s=60.0, gpu_turns=str(tmp_path / "gpu.lock"))
+        ev = GpuEvaluator(step_timeout_s=60.0, gpu_turns=str(lock))
         try:
             start = time.monotonic()
-            replies = ev.time_round("silu_and_mul", "float16", loops)
+            replies = ev.time_round(kernel, "float16", loops)
             got[i] = (start, time.monotonic(), replies)
         finally:
             ev.close()
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    return got
+
+
+def test_rounds_beside_each_other_set_up_together_and_time_one_at_a_time(tmp_path):
+    """Two rounds (search and held-out loops each) in two evaluators taking part in one GPU
+    lock, as the end of a run runs them: both answer every loop with the peers and our
+    kernels timed, and their timed passes never overlap (each reports how long it waited for
+    the GPU, and their holds of it alone are disjoint)."""
+    spec = load_kernel("silu_and_mul")
+    ours = {"baseline": (spec.baseline_source(), {})}
+    loops = [{"shape_set": s, "ours": ours, "compile_trials": 1, "repetitions": 20} for s in ("search", "heldout")]
+    got = _rounds_at_once(2, "silu_and_mul", loops, tmp_path / "gpu.lock")
     assert set(got) == {0, 1}
     for _, _, replies in got.values():
         assert len(replies) == 2
@@ -221,9 +229,6 @@ def test_rounds_beside_each_other_load_one_folder_compiled_ahead_for_them_all(tm
     into one folder, then the rounds' loops on that shape set, each in a fresh process beside
     the others, all load every compilation from it (none compiled again) and time
     torch.compile on every shape."""
-    import threading
-
-    from evaluators.gpu import GpuEvaluator
     from evaluators.peer_compile import compile_ahead
 
     spec = load_kernel("silu_and_mul")
@@ -234,23 +239,10 @@ def test_rounds_beside_each_other_load_one_folder_compiled_ahead_for_them_all(tm
     ours = {"baseline": (spec.baseline_source(), {})}
     loops = [{"shape_set": "search", "ours": ours, "compile_trials": 1, "repetitions": 20,
               "compile_cache": str(folder)}]
-    got: dict[int, list] = {}
-
-    def one(i: int) -> None:
-        ev = GpuEvaluator(step_timeout_s=60.0, gpu_turns=str(lock))
-        try:
-            got[i] = ev.time_round("silu_and_mul", "float16", loops)
-        finally:
-            ev.close()
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    got = _rounds_at_once(3, "silu_and_mul", loops, lock)
     assert set(got) == {0, 1, 2}
     labels = {shape_label(s) for s in spec.search_shapes}
-    for (reply,) in got.values():
+    for _, _, (reply,) in got.values():
         cache = reply["compile_cache"]
         assert cache["miss"] == 0 and cache["bypass"] == 0 and cache["hit"] >= 2 * len(labels), cache
         assert set(reply["peers"]["torch_compile"]) == labels, reply["errors"]
