@@ -602,11 +602,23 @@ class InterruptWatch:
 
     def _handler(self, signum: int, frame: Any) -> None:
         self.seen = True
-        raise KeyboardInterrupt
+        if not swallowed_there(frame):
+            raise KeyboardInterrupt
 
     def check(self) -> None:
         if self.seen:
             raise KeyboardInterrupt
+
+
+def swallowed_there(frame: Any) -> bool:
+    """Whether an exception raised in ``frame`` would be printed as "Exception ignored" with its
+    traceback and dropped: a finalizer (``__del__``), or the logging module, whose lock release
+    runs as an at-fork hook after every subprocess start. A Ctrl-C arriving there is only noted;
+    :meth:`InterruptWatch.check` raises it on the controller's next turn."""
+    if frame is None:
+        return False
+    name = str(frame.f_globals.get("__name__", ""))
+    return frame.f_code.co_name == "__del__" or name == "logging" or name.startswith("logging.")
 
 
 INTERRUPTS = InterruptWatch()  # installed by the command-line entry points only

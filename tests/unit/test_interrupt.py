@@ -13,13 +13,32 @@ from pathlib import Path
 
 import pytest
 
-from search.run import REPO_ROOT, interrupted_line
+from search.run import REPO_ROOT, InterruptWatch, interrupted_line
 
 
 def test_the_interrupt_line_names_the_resume_command_or_that_nothing_started(tmp_path: Path) -> None:
     assert interrupted_line(tmp_path) == f"interrupted before the search started; nothing to resume in {tmp_path}"
     (tmp_path / "config.yaml").write_text("{}")
     assert interrupted_line(tmp_path).endswith(f"continue with: python -m search.run --resume {tmp_path}")
+
+
+def test_a_ctrl_c_where_python_would_drop_it_is_noted_and_raised_on_the_next_check() -> None:
+    """Inside the logging module (its lock release runs as an at-fork hook after a subprocess
+    starts) or a finalizer, a KeyboardInterrupt would be printed as "Exception ignored" with a
+    traceback and lost: the handler only notes it there; elsewhere it raises at once."""
+    def frame_in(module: str, function: str = "f") -> object:
+        scope: dict[str, object] = {"__name__": module, "sys": sys}
+        exec(f"def {function}():\n    return sys._getframe()", scope)  # noqa: S102 - a frame with these globals
+        return scope[function]()  # type: ignore[operator]
+
+    watch = InterruptWatch()
+    watch._handler(signal.SIGINT, frame_in("logging", "_releaseLock"))
+    watch._handler(signal.SIGINT, frame_in("somewhere", "__del__"))
+    assert watch.seen
+    with pytest.raises(KeyboardInterrupt):
+        watch.check()
+    with pytest.raises(KeyboardInterrupt):
+        InterruptWatch()._handler(signal.SIGINT, frame_in("search.controller"))
 
 
 @pytest.mark.slow
