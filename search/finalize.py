@@ -682,13 +682,12 @@ class EndOfRun:
             return
         for k in self.kernels.values():
             done = self._recorded_rounds(k)
-            todo = {s: [i for i, hit in enumerate(self._cached(k, s)[1]) if hit is None and i not in done]
-                    for s in loop_sets(k.st)}
-            todo = {s: rounds for s, rounds in todo.items() if rounds}
-            made: dict[str, dict[str, Any]] = {}
-            for shape_set, rounds in todo.items():
+            for shape_set in loop_sets(k.st):
+                rounds = [i for i, hit in enumerate(self._cached(k, shape_set)[1]) if hit is None and i not in done]
+                if not rounds:
+                    continue
                 self.compiling += 1
-                call = partial(self._compiled, k, shape_set.value, rounds, made, len(todo))
+                call = partial(self._compiled, k, shape_set.value, rounds)
                 where = f"{self.ctl.records.run_id}/{k.st.name}-{k.st.ref.digest[:8]}/{shape_set.value}"
                 self.ctl.pool.call(call, "precompile", k.st.ref, k.st.dtype, shape_set.value, where, exclusive=False,
                                    what=f"{k.st.name} compile ahead ({shape_set.value} shapes)")
@@ -701,17 +700,17 @@ class EndOfRun:
         plans = [self._plan(k, shape_set, ours) for shape_set in loop_sets(k.st)]
         return {i for i in range(self.ctl.config.evaluator.peer_runs) if _round_key(plans, i) in self.ctl.answers}
 
-    def _compiled(self, k: _Progress, shape_set: str, rounds: list[int], made: dict[str, dict[str, Any]], todo: int,
-                  reply: dict[str, Any] | None, error: str) -> None:
-        made[shape_set] = reply if reply is not None else {"status": "ERROR", "summary": error}
-        folder = made[shape_set].get("folder") if made[shape_set].get("status") == "OK" else None
+    def _compiled(self, k: _Progress, shape_set: str, rounds: list[int], reply: dict[str, Any] | None,
+                  error: str) -> None:
+        made = reply if reply is not None else {"status": "ERROR", "summary": error}
+        folder = made.get("folder") if made.get("status") == "OK" else None
         for i in rounds:
             k.folders[(shape_set, i)] = folder
         self.compiling -= 1
         where = "" if shape_set == ShapeSet.SEARCH.value else " on the held-out shapes"
         print(f"end {k.st.name}: compiled ahead for {len(rounds)} loops{where}" if folder else
               f"end {k.st.name}: nothing compiled ahead for {len(rounds)} loops{where} "
-              f"({made[shape_set].get('summary', '')[:200]}); they compile for themselves", file=sys.stderr, flush=True)
+              f"({made.get('summary', '')[:200]}); they compile for themselves", file=sys.stderr, flush=True)
         if self.compiling == 0:
             waiting, self.waiting = self.waiting, []
             for start in waiting:
