@@ -11,7 +11,9 @@ variant (a library kernel's baseline or an honest fixture under a fresh comment:
 never seen, so it is compiled, validated and timed), or, with ``--repeat-fraction``, one it
 sent before (answered from the records). Every hostile fixture of ``--fixtures`` (a folder with
 ``fixtures.yaml``, the adversarial index) is sent once at the start, spread over the
-clients; the report lists each one's verdict and reward, and whether all were non-positive.
+clients; the report lists each one's verdict and reward, and whether each was held: a
+non-positive reward, or, for correct code whose trick must gain nothing (its ``twin`` in the
+index, sent as well), a speedup no more than the twin's over :data:`TWIN_MARGIN`.
 
 Writes OUT/reward_bench.json and OUT/reward_bench.md: command, git commit, GPU, date,
 rewards per minute (all, and freshly evaluated ones), latency p50/p95, verdict counts.
@@ -29,7 +31,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,7 @@ from search.reward_client import HttpClient, RewardClientError
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_KERNELS = ("silu_and_mul", "fused_add_rmsnorm", "merge_attn_states_lse")
+TWIN_MARGIN = 0.9  # a correct trick's speedup may exceed its honest twin's by 1/0.9 at most
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class Item:
     source: str
     dtype: str = "float16"
     name: str = ""  # a hostile fixture's name ('' for an honest variant)
+    twin: str = ""  # a hostile fixture's honest twin (fixtures.yaml); for a twin sent as such: "twin"
 
 
 @dataclass
@@ -60,25 +64,33 @@ class Script:
 
     honest: list[Item]
     hostile: list[Item]
+    twins: list[Item] = field(default_factory=list)  # sent once each, by name, beside the hostile
     sent: list[Item] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def load_script(kernels: Sequence[str], fixtures: Path | None) -> Script:
     """Baselines of ``kernels``, plus the honest and hostile fixtures listed in
-    ``fixtures/fixtures.yaml`` (an honest fixture's trick starts with 'none')."""
+    ``fixtures/fixtures.yaml`` (an honest fixture's trick starts with 'none'). A hostile
+    fixture that is correct code names its honest ``twin`` (the same code without the trick):
+    the twin is sent too, by name, so that the trick's speedup can be held to the twin's."""
     honest = [Item(k, load_kernel(k).baseline_source()) for k in kernels]
     hostile: list[Item] = []
+    twins: list[Item] = []
     if fixtures is not None:
-        index = yaml.safe_load((fixtures / "fixtures.yaml").read_text())
-        for entry in index["fixtures"]:
-            item = Item(entry["kernel"], (fixtures / entry["file"]).read_text(), entry.get("dtype", "float16"),
-                        Path(entry["file"]).stem)
+        entries = yaml.safe_load((fixtures / "fixtures.yaml").read_text())["fixtures"]
+        wanted = {Path(e["twin"]).stem for e in entries if e.get("twin")}
+        for entry in entries:
+            name = Path(entry["file"]).stem
+            item = Item(entry["kernel"], (fixtures / entry["file"]).read_text(), entry.get("dtype", "float16"), name,
+                        Path(entry.get("twin") or "").stem)
             if str(entry["trick"]).strip().lower().startswith("none"):
                 honest.append(Item(item.kernel, item.source, item.dtype))
+                if name in wanted:
+                    twins.append(replace(item, twin="twin"))
             else:
                 hostile.append(item)
-    return Script(honest, hostile)
+    return Script(honest, hostile, twins)
 
 
 @dataclass
@@ -93,6 +105,8 @@ class Sample:
     hostile: str = ""
     error: str = ""
     end: float = 0.0  # when the answer came (seconds since the epoch)
+    speedup: float | None = None
+    twin: str = ""  # the name of a twin sent as such (then ``hostile`` is empty)
 
 
 def client_loop(index: int, url: str, script: Script, hostile: list[Item], deadline: float, grace_s: float,
@@ -121,12 +135,16 @@ def client_loop(index: int, url: str, script: Script, hostile: list[Item], deadl
         start = time.perf_counter()
         try:
             answer = HttpClient(url, timeout_s=left_s).score(item.kernel, item.source, item.dtype, f"client{index}")
+            speedup = answer.get("speedup")
             samples.append(Sample(index, time.perf_counter() - start, answer["status"], float(answer["score"]),
-                                  bool(answer.get("cached")), item.name, end=time.time()))
+                                  bool(answer.get("cached")), "" if item.twin == "twin" else item.name,
+                                  end=time.time(), speedup=None if speedup is None else float(speedup),
+                                  twin=item.name if item.twin == "twin" else ""))
         except RewardClientError as exc:
             late = time.time() >= deadline + grace_s - 1
             samples.append(Sample(index, time.perf_counter() - start, "UNANSWERED" if late else "ERROR", 0.0, False,
-                                  item.name, str(exc)[:300], time.time()))
+                                  "" if item.twin == "twin" else item.name, str(exc)[:300], time.time(),
+                                  twin=item.name if item.twin == "twin" else ""))
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -144,11 +162,15 @@ def summarise(samples: Sequence[Sample], start: float, deadline: float, hostile:
     """Rates count the answers that came within the measured window (start to deadline)."""
     answered = [s for s in samples if s.status not in ("ERROR", "UNANSWERED")]
     in_window = [s for s in answered if s.end <= deadline]
-    fresh = [s for s in in_window if not s.cached and not s.hostile]
+    fresh = [s for s in in_window if not s.cached and not s.hostile and not s.twin]
     lat = [s.latency_s for s in answered]
     window_s = deadline - start
-    per_hostile: dict[str, dict[str, Any]] = {s.hostile: {"status": s.status, "score": s.score}
+    per_hostile: dict[str, dict[str, Any]] = {s.hostile: {"status": s.status, "score": s.score, "speedup": s.speedup}
                                               for s in samples if s.hostile}
+    twins = {s.twin: s for s in samples if s.twin}
+    for item in hostile:
+        if item.twin and item.name in per_hostile:
+            per_hostile[item.name].update(twin=item.twin, **gains_nothing(per_hostile[item.name], twins.get(item.twin)))
     return {
         "requests": len(samples), "answered": len(answered),
         "unanswered_at_end": sum(s.status == "UNANSWERED" for s in samples),
@@ -163,9 +185,25 @@ def summarise(samples: Sequence[Sample], start: float, deadline: float, hostile:
         "statuses": dict(Counter(s.status for s in answered)),
         "hostile": per_hostile, "hostile_sent": len(hostile),
         "hostile_all_nonpositive": all(v["score"] <= 0 and v["status"] not in ("ERROR", "UNANSWERED")
-                                       for v in per_hostile.values()) and len(per_hostile) == len(hostile),
+                                       for v in per_hostile.values() if "twin" not in v)
+                                   and len(per_hostile) == len(hostile),
+        # every hostile fixture as its fixture asks: a non-positive reward, or (correct code with a
+        # twin) no gain over the twin beyond the timing margin
+        "hostile_all_held": all(v.get("gains_nothing", False) if "twin" in v else
+                                v["score"] <= 0 and v["status"] not in ("ERROR", "UNANSWERED")
+                                for v in per_hostile.values()) and len(per_hostile) == len(hostile),
         "first_errors": [s.error for s in samples if s.error][:5],
     }
+
+
+def gains_nothing(tricked: dict[str, Any], twin: Sample | None) -> dict[str, Any]:
+    """A correct trick against its honest twin: both correct (OK), and the trick's speedup at
+    most the twin's over :data:`TWIN_MARGIN` (the timing margin tests/gpu/test_reward_gpu.py
+    holds the same pair to)."""
+    if twin is None or twin.speedup is None or tricked.get("speedup") is None:
+        return {"twin_speedup": None if twin is None else twin.speedup, "gains_nothing": False}
+    ok = tricked["status"] == twin.status == "OK"
+    return {"twin_speedup": twin.speedup, "gains_nothing": ok and tricked["speedup"] <= twin.speedup / TWIN_MARGIN}
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -189,9 +227,21 @@ def markdown(result: dict[str, Any]) -> str:
         f"| verdicts | {', '.join(f'{k} {v}' for k, v in sorted(r['statuses'].items()))} |", "",
     ]
     if r["hostile_sent"]:
-        lines += [f"Hostile fixtures: {r['hostile_sent']} sent; all rewards non-positive: "
-                  f"**{r['hostile_all_nonpositive']}**", "", "| fixture | verdict | reward |", "|---|---|---|"]
-        lines += [f"| {n} | {v['status']} | {v['score']:.3f} |" for n, v in sorted(r["hostile"].items())]
+        def fmt(v: float | None) -> str:
+            return "-" if v is None else f"{v:.3f}x"
+
+        def held(v: dict[str, Any]) -> str:
+            if "twin" in v:
+                return (f"correct code: speedup {fmt(v['speedup'])} vs its twin {v['twin']} {fmt(v['twin_speedup'])}: "
+                        f"{'gains nothing' if v['gains_nothing'] else 'GAINS'}")
+            return "yes" if v["score"] <= 0 and v["status"] not in ("ERROR", "UNANSWERED") else "NO"
+
+        lines += [f"Hostile fixtures: {r['hostile_sent']} sent; every one held (a non-positive reward, or for "
+                  f"correct code with an honest twin no gain over the twin beyond 1/{TWIN_MARGIN}): "
+                  f"**{r.get('hostile_all_held')}**; all rewards of those without a twin non-positive: "
+                  f"**{r['hostile_all_nonpositive']}**", "",
+                  "| fixture | verdict | reward | held |", "|---|---|---|---|"]
+        lines += [f"| {n} | {v['status']} | {v['score']:.3f} | {held(v)} |" for n, v in sorted(r["hostile"].items())]
     if result["evaluator"] == "standin":
         lines += ["", "STAND-IN EVALUATOR: synthetic numbers from a CPU test double, not measurements."]
     return "\n".join(lines) + "\n"
@@ -240,7 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     samples: list[Sample] = []
     start = time.time()
     deadline = start + args.duration_s
-    threads = [threading.Thread(target=client_loop, args=(i, url, script, script.hostile[i::args.clients], deadline,
+    first = script.hostile + script.twins  # sent whatever the time, shared out among the clients
+    threads = [threading.Thread(target=client_loop, args=(i, url, script, first[i::args.clients], deadline,
                                                           args.grace_s, args.repeat_fraction, args.seed, samples))
                for i in range(args.clients)]
     for t in threads:

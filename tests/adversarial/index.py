@@ -32,6 +32,8 @@ class Fixture:
         known_gap: set when the evaluator is not expected to catch it yet (and why).
         dtype: the run dtype its verdict is judged at.
         shape_set: the shapes its verdict is judged on (``search`` or ``heldout``).
+        twin: for correct code whose trick must gain nothing, the honest fixture that is the
+            same code without the trick (file name); its speedup bounds the trick's.
     """
 
     file: str
@@ -45,6 +47,7 @@ class Fixture:
     known_gap: str = ""
     dtype: str = "float16"
     shape_set: str = "search"
+    twin: str = ""
 
     @property
     def honest(self) -> bool:
@@ -78,6 +81,7 @@ def _fixture(entry: dict[str, Any]) -> Fixture:
         known_gap=entry.get("known_gap", ""),
         dtype=entry.get("dtype", "float16"),
         shape_set=entry.get("shape_set", "search"),
+        twin=entry.get("twin", ""),
     )
 
 

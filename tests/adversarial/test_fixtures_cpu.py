@@ -58,6 +58,10 @@ def test_index_entries_are_consistent():
         if f.name.startswith(("honest_", "baseline_")):
             assert status is Status.OK, f"{f.file}: honest kernels must pass"
         assert all(i in SECTION5_ITEMS for i in f.covers), f"{f.file}: covers {f.covers}"
+        if f.twin:
+            (twin,) = [t for t in FIXTURES if t.file == f.twin]
+            assert twin.honest and twin.kernel == f.kernel, f"{f.file}: twin {f.twin} must be honest, same kernel"
+            assert not f.honest and status is Status.OK, f"{f.file}: only correct hostile code has a twin"
 
 
 def test_every_cheat_of_reference_section5_is_covered_or_ruled_out():

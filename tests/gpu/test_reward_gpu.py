@@ -17,10 +17,10 @@ pytestmark = [
 ]
 HOSTILE = [f for f in fixtures() if not f.honest]
 HONEST = [f for f in fixtures() if f.honest]
-# Correct code whose trick gains nothing (fixtures.yaml): it is paid as what it is, a correct
-# kernel, and its speedup must stay that of its twin without the trick (honest_rmsnorm_warp_shuffle,
-# the pair tests/gpu/test_timing_truth_gpu.py times; the same 10% margin).
-NO_GAIN = {"evict_last_inputs"}
+# Correct code whose trick gains nothing (fixtures.yaml's ``twin``): it is paid as what it is, a
+# correct kernel, and its speedup must stay that of its twin without the trick (the pair
+# tests/gpu/test_timing_truth_gpu.py times; the same 10% margin).
+NO_GAIN = [f for f in HOSTILE if f.twin]
 
 
 def _param(fx: Fixture):
@@ -41,16 +41,16 @@ def service(tmp_path_factory):
     ray.shutdown()
 
 
-@pytest.mark.parametrize("fx", [_param(f) for f in HOSTILE if f.name not in NO_GAIN])
+@pytest.mark.parametrize("fx", [_param(f) for f in HOSTILE if not f.twin])
 def test_hostile_fixture_earns_no_positive_reward(service, fx: Fixture):
     r = service.score(fx.kernel, fx.source(), fx.dtype, client="hostile", timeout_s=1800)
     assert r["score"] <= 0 and not r["correct"], f"{fx.file}: {r['status']} {r['score']}: {r['feedback'][:300]}"
 
 
-def test_a_trick_that_gains_nothing_is_paid_as_plain_code(service):
-    (fx,) = [f for f in HOSTILE if f.name == "evict_last_inputs"]
+@pytest.mark.parametrize("fx", NO_GAIN, ids=[f.name for f in NO_GAIN])
+def test_a_trick_that_gains_nothing_is_paid_as_plain_code(service, fx: Fixture):
     tricked = service.score(fx.kernel, fx.source(), fx.dtype, timeout_s=1800)
-    (twin,) = [f for f in HONEST if f.name == "honest_rmsnorm_warp_shuffle"]
+    (twin,) = [f for f in HONEST if f.file == fx.twin]
     plain = service.score(twin.kernel, twin.source(), twin.dtype, timeout_s=1800)
     assert tricked["correct"] and plain["correct"]
     assert tricked["speedup"] <= plain["speedup"] / 0.9
