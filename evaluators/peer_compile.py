@@ -191,11 +191,13 @@ def compile_kernel(kernel: str, dtype: str, shape_set: str, cache_dir: str | Pat
                     done.setdefault(mode, {})[shape_label(shape)] = "ok"
                 except Exception as exc:  # the loop meets the same failure and reports it
                     done.setdefault(mode, {})[shape_label(shape)] = f"{type(exc).__name__}: {exc}"[:300]
-    # After the compilations: a peer that breaks this process's CUDA context then costs its own
-    # first calls only, not the loop's compilations.
-    first = first_calls(spec, dtype, shape_set, device, lock)
-    report = {"kernel": spec.name, "dtype": dtype, "modes": done, "first_calls": first,
+    # The report is written before the first calls as well as after: a library that kills this
+    # process in its first call (a segfault, seen at 8fb6475 on merge_attn_states_lse's held-out
+    # shapes) then costs its own first calls only, not the loops' compilations.
+    report = {"kernel": spec.name, "dtype": dtype, "modes": done, "first_calls": None,
               "seconds": time.perf_counter() - start}
+    (Path(cache_dir) / REPORT).write_text(json.dumps(report))
+    report.update(first_calls=first_calls(spec, dtype, shape_set, device, lock), seconds=time.perf_counter() - start)
     (Path(cache_dir) / REPORT).write_text(json.dumps(report))
     return report
 
@@ -248,19 +250,40 @@ def compile_ahead(kernel: KernelRef | str, dtype: str, shape_set: str, cache_dir
     Path(cache_dir).mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "evaluators.peer_compile", folder, "--cache-dir", str(cache_dir), "--lock", str(lock),
            "--dtype", dtype, "--shapes", shape_set, "--device", device, *(["--modes", *modes] if modes else [])]
-    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}  # as in the sandbox worker
+    # TORCHINDUCTOR_COMPILE_THREADS as in the sandbox worker; faulthandler so that a process
+    # killed by a signal (a segfault in a library) says in which Python frames.
+    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
     # A group of its own: a timeout also ends what it started (FlashInfer's ninja and nvcc).
     rc, out, err = run_group(cmd, env=env, cwd=Path(__file__).resolve().parent.parent, timeout_s=timeout_s)
     if rc is None:
         return {"status": "ERROR", "summary": f"compile-ahead of {folder} passed {timeout_s:.0f} s"}
-    if rc != 0:
-        return {"status": "ERROR", "summary": f"rc {rc}: {err.strip()[-500:]}"}
     # The report file, not the last line of stdout: a library the process imported may print
     # after it (a log line at exit), and the compilations would then be thrown away for nothing.
     try:
-        return {"status": "OK", **json.loads((Path(cache_dir) / REPORT).read_text())}
+        report = json.loads((Path(cache_dir) / REPORT).read_text())
     except (OSError, ValueError):
-        return {"status": "ERROR", "summary": f"no report in {cache_dir}: {out.strip()[-300:]}"}
+        report = None
+    if report is None:
+        why = f"rc {rc}: {crash_summary(err)}" if rc != 0 else f"no report in {cache_dir}: {out.strip()[-300:]}"
+        return {"status": "ERROR", "summary": why}
+    if rc != 0:  # the compilations were made and kept; what came after them killed the process
+        report["crashed"] = f"rc {rc} after the compilations: {crash_summary(err)}"
+        if report.get("first_calls") is None:
+            report["first_calls"] = {"error": report["crashed"]}
+    return {"status": "OK", **report}
+
+
+def crash_summary(err: str, width: int = 500) -> str:
+    """What a child's stderr tells of its end: from faulthandler's dump (a fatal signal), the
+    signal and the innermost frames of the thread it hit ("Current thread", most recent call
+    first; the dump lists the other threads too); else the stderr's tail."""
+    err = err.strip()
+    at = err.find("Fatal Python error")
+    if at < 0:
+        return err[-width:]
+    signal = err[at:].splitlines()[0]
+    current = err.find("Current thread", at)
+    return f"{signal}; {err[current:] if current >= 0 else err[at:]}"[:width]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

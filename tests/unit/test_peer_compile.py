@@ -206,3 +206,27 @@ def test_a_memory_format_pickles_by_name_inside_a_loops_folder(tmp_path: Path):
     assert b"evaluators.peers" in data and b"memory_format" in data and b"channels_last" in data, data
     assert pickle.loads(data) is torch.channels_last
     assert type(torch.channels_last) not in copyreg.dispatch_table  # left as found
+
+
+def test_a_library_that_kills_the_process_in_its_first_call_costs_the_first_calls_only(tmp_path: Path):
+    """A peer whose first call segfaults the compile-ahead process (a real SIGSEGV here) leaves
+    the compilations made before it in use: the report comes back OK, says the process
+    crashed and where (faulthandler's dump names the signal and the frames)."""
+    spec_text, baseline = REVIEWER["clip_deadzone"]
+    crashing = ("\ndef crash(inputs, shape, constants):\n    import ctypes\n    ctypes.string_at(0)\n\n\n"
+                "SPEC = KernelSpec(")
+    assert spec_text.count("\nSPEC = KernelSpec(") == 1
+    spec_text = spec_text.replace("\nSPEC = KernelSpec(", crashing).replace(
+        "    constants={\"cap\": 6.0, \"dead\": 0.05},\n)", "    constants={\"cap\": 6.0, \"dead\": 0.05},\n"
+        "    peers={\"crashing\": crash},\n)")
+    assert "peers={" in spec_text
+    _kernel_here(tmp_path, "clip_deadzone", spec_text, baseline)
+    cache = tmp_path / "c"
+    report = compile_ahead(tmp_path / "clip_deadzone", "float32", "search", cache, tmp_path / "l", timeout_s=300,
+                           modes=("default",), device="cpu")
+    assert report["status"] == "OK", report
+    assert set(report["modes"]["default"].values()) == {"ok"}
+    assert "rc -11" in report["crashed"] and "Segmentation fault" in report["crashed"]
+    assert "crash" in report["crashed"]  # the innermost frames: the peer's own function
+    assert report["first_calls"] == {"error": report["crashed"]}
+    assert _load(tmp_path / "clip_deadzone", cache) == {"hit": 1, "miss": 0, "bypass": 0}
