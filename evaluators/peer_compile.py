@@ -194,7 +194,7 @@ def compile_kernel(kernel: str, dtype: str, shape_set: str, cache_dir: str | Pat
     # The report is written before the first calls as well as after: a library that kills this
     # process in its first call (a segfault, seen at 8fb6475 on merge_attn_states_lse's held-out
     # shapes) then costs its own first calls only, not the loops' compilations.
-    report = {"kernel": spec.name, "dtype": dtype, "modes": done, "first_calls": None,
+    report: dict[str, Any] = {"kernel": spec.name, "dtype": dtype, "modes": done, "first_calls": None,
               "seconds": time.perf_counter() - start}
     (Path(cache_dir) / REPORT).write_text(json.dumps(report))
     report.update(first_calls=first_calls(spec, dtype, shape_set, device, lock), seconds=time.perf_counter() - start)
