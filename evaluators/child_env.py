@@ -83,8 +83,12 @@ def compile_environment(workdir: str) -> dict[str, str]:
 def run_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The whole environment of a process that runs candidate code: the allowed variables of
     this process, PYTHONPATH rebuilt by :func:`python_path`, then ``extra`` (the caller's own
-    settings, which are not checked against the lists)."""
+    settings, which are not checked against the lists). Its ninja takes turns per build folder
+    (:mod:`evaluators.ninja_turns`): a peer library building beside other processes (FlashInfer)
+    would otherwise corrupt ninja's log and build again in every process."""
+    from evaluators.ninja_turns import environment
+
     env = {name: value for name, value in os.environ.items() if run_allowed(name)}
     env["PYTHONPATH"] = python_path()
     env.update(extra or {})
-    return env
+    return environment(env)

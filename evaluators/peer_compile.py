@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluators.gpu_turns import turns
+from evaluators.ninja_turns import environment as ninja_environment
 from evaluators.proc_group import run_group
 from kernels.folders import KernelRef
 
@@ -252,7 +253,8 @@ def compile_ahead(kernel: KernelRef | str, dtype: str, shape_set: str, cache_dir
            "--dtype", dtype, "--shapes", shape_set, "--device", device, *(["--modes", *modes] if modes else [])]
     # TORCHINDUCTOR_COMPILE_THREADS as in the sandbox worker; faulthandler so that a process
     # killed by a signal (a segfault in a library) says in which Python frames.
-    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
+    # Its ninja takes turns per build folder (evaluators.ninja_turns).
+    env = ninja_environment({**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1", "PYTHONFAULTHANDLER": "1"})
     # A group of its own: a timeout also ends what it started (FlashInfer's ninja and nvcc).
     rc, out, err = run_group(cmd, env=env, cwd=Path(__file__).resolve().parent.parent, timeout_s=timeout_s)
     if rc is None:

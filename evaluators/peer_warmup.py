@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from evaluators.ninja_turns import environment as ninja_environment
 from evaluators.proc_group import kill_group, start_group
 from kernels.folders import KernelRef
 
@@ -97,7 +98,7 @@ class PeerWarmup:
         self.started = time.time()
         self._lock = threading.Lock()
         n = max(1, min(processes, len(kernels)))
-        env = {**os.environ, **WORKER_ENV}
+        env = ninja_environment({**os.environ, **WORKER_ENV})  # ninja takes turns (evaluators.ninja_turns)
         log_dir.mkdir(parents=True, exist_ok=True)
         folders = [str(k.resolve()) if isinstance(k, KernelRef) else k for k in kernels]
         for i in range(n):
