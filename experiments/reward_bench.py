@@ -177,6 +177,7 @@ def summarise(samples: Sequence[Sample], start: float, deadline: float, hostile:
         "errors": sum(s.status == "ERROR" for s in samples),
         "window_s": window_s, "rewards_per_minute": len(in_window) / window_s * 60,
         "fresh_rewards_per_minute": len(fresh) / window_s * 60,
+        "whole_run": whole_run(answered, start),
         "latency_s": {"p50": percentile(lat, 0.5), "p95": percentile(lat, 0.95)},
         "fresh_latency_s": {"p50": percentile([s.latency_s for s in fresh], 0.5),
                             "p95": percentile([s.latency_s for s in fresh], 0.95)},
@@ -194,6 +195,15 @@ def summarise(samples: Sequence[Sample], start: float, deadline: float, hostile:
                                 for v in per_hostile.values()) and len(per_hostile) == len(hostile),
         "first_errors": [s.error for s in samples if s.error][:5],
     }
+
+
+def whole_run(answered: Sequence[Sample], start: float) -> dict[str, Any]:
+    """The policy's fresh rewards over the whole run, from the start to the last answer (the
+    grace included): a window that the hostile phase fills (it is sent first, and every hang or
+    crash costs its timeout or a new worker) shows little of the service's pace on new sources."""
+    fresh = [s for s in answered if not (s.cached or s.hostile or s.twin)]
+    span = max((s.end for s in answered), default=start) - start
+    return {"span_s": span, "fresh": len(fresh), "fresh_rewards_per_minute": len(fresh) / span * 60 if span > 0 else None}
 
 
 def gains_nothing(tricked: dict[str, Any], twin: Sample | None) -> dict[str, Any]:
@@ -220,6 +230,9 @@ def markdown(result: dict[str, Any]) -> str:
         "| measure | value |", "|---|---|",
         f"| rewards per minute | {r['rewards_per_minute']:.1f} |",
         f"| freshly evaluated rewards per minute | {r['fresh_rewards_per_minute']:.1f} |",
+        *([f"| freshly evaluated rewards per minute, whole run (grace included) | "
+           f"{whole['fresh_rewards_per_minute']:.1f} ({whole['fresh']} in {whole['span_s']:.0f} s) |"]
+          if (whole := r.get("whole_run") or {}).get("fresh_rewards_per_minute") is not None else []),
         f"| latency p50 / p95 (all) | {ms(lat['p50'])} / {ms(lat['p95'])} |",
         f"| latency p50 / p95 (fresh) | {ms(fresh['p50'])} / {ms(fresh['p95'])} |",
         f"| requests answered / unanswered at the end / errors | {r['answered']} / {r['unanswered_at_end']} / "

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import json
 
-from experiments.reward_bench import Item, Sample, load_script, main, percentile, summarise
+from experiments.reward_bench import (
+    Item,
+    Sample,
+    load_script,
+    main,
+    percentile,
+    summarise,
+    whole_run,
+)
 from tests.adversarial.index import FIXTURE_DIR, fixtures
 
 
@@ -54,3 +62,13 @@ def test_the_script_sends_each_named_twin_by_name():
     named = {f.name: f.twin for f in fixtures() if f.twin}
     assert named and {t.name for t in script.twins} == {n.removesuffix(".cu") for n in named.values()}
     assert all(i.twin == named[i.name].removesuffix(".cu") for i in script.hostile if i.name in named)
+
+
+def test_the_whole_run_pace_counts_every_fresh_answer_of_the_policy():
+    def at(end: float, hostile: str = "", cached: bool = False, twin: str = "") -> Sample:
+        return Sample(0, 1.0, "OK", 0.1, cached, hostile, end=end, twin=twin)
+
+    answered = [at(5.0, "trap"), at(8.0), at(70.0, "infinite_loop"), at(80.0), at(100.0, cached=True),
+                at(110.0, twin="plain"), at(130.0)]
+    assert whole_run(answered, 10.0) == {"span_s": 120.0, "fresh": 3, "fresh_rewards_per_minute": 1.5}
+    assert whole_run([], 10.0)["fresh_rewards_per_minute"] is None
