@@ -12,8 +12,8 @@ each round's timed pass waiting on the slowest set-up.
 
 The processes that may call a library that builds with ninja (sandbox workers, compile-ahead
 and warm-up processes) find a shim first on their PATH (:func:`environment`): it takes a file
-lock named after the build folder (``-C``, else the working directory), holds it through an
-exec of the real ninja, and so lets the builds of one folder run one after the other. Builds of
+lock in the build folder (``-C``, else the working directory; so every process finds the same
+lock whatever its TMPDIR), holds it through an exec of the real ninja, and so lets the builds of one folder run one after the other. Builds of
 other folders still run at once.
 """
 
@@ -32,9 +32,12 @@ _SHIM = """#!{python} -I
 # ninja, one at a time per build folder (evaluators/ninja_turns.py).
 import fcntl, hashlib, os, sys
 args = sys.argv[1:]
-folder = args[args.index("-C") + 1] if "-C" in args[:-1] else os.getcwd()
-name = hashlib.sha1(os.path.realpath(folder).encode()).hexdigest()[:16] + ".lock"
-fd = os.open(os.path.join({locks!r}, name), os.O_RDWR | os.O_CREAT, 0o666)
+folder = os.path.realpath(args[args.index("-C") + 1] if "-C" in args[:-1] else os.getcwd())
+try:  # in the folder itself, so that every process finds it whatever its TMPDIR
+    fd = os.open(os.path.join(folder, ".kernel-search-ninja.lock"), os.O_RDWR | os.O_CREAT, 0o666)
+except OSError:  # a folder this process cannot write to (ninja will fail there anyway)
+    name = hashlib.sha1(folder.encode()).hexdigest()[:16] + ".lock"
+    fd = os.open(os.path.join({locks!r}, name), os.O_RDWR | os.O_CREAT, 0o666)
 fcntl.flock(fd, fcntl.LOCK_EX)
 os.set_inheritable(fd, True)  # held by the real ninja until it exits
 real = os.environ[{real!r}]

@@ -48,14 +48,18 @@ def test_builds_in_one_folder_take_turns_and_other_folders_do_not_wait(recorder:
     shared, other = tmp_path / "jit", tmp_path / "elsewhere"
     shared.mkdir()
     other.mkdir()
-    procs = [subprocess.Popen(["ninja", "-v", "-C", str(folder), "-f", "build.ninja"], env=recorder, cwd=tmp_path,
-                              stdout=subprocess.PIPE, text=True) for folder in (shared, shared, shared, other)]
+    # one of the three with a TMPDIR of its own: the lock lies in the build folder, found all the same
+    envs = [recorder, {**recorder, "TMPDIR": str(tmp_path)}, recorder, recorder]
+    procs = [subprocess.Popen(["ninja", "-v", "-C", str(folder), "-f", "build.ninja"], env=env, cwd=tmp_path,
+                              stdout=subprocess.PIPE, text=True)
+             for folder, env in zip((shared, shared, shared, other), envs, strict=True)]
     start = time.time()
     outs = [p.communicate(timeout=60)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs) and all(o.startswith("ran -v -C") for o in outs)
     spans = sorted(_spans(shared))
     assert len(spans) == 3
     assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:], strict=False))
+    assert (shared / ".kernel-search-ninja.lock").is_file()
     (o_start, _), = _spans(other)
     assert o_start - start < 1.0  # the other folder's build did not wait for the three
 
