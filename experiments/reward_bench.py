@@ -132,19 +132,19 @@ def client_loop(index: int, url: str, script: Script, hostile: list[Item], deadl
         left_s = deadline + grace_s - time.time()
         if left_s <= 0:
             return
+        # a twin sent as such is named as a twin, not as a hostile fixture
+        as_hostile, as_twin = ("", item.name) if item.twin == "twin" else (item.name, "")
         start = time.perf_counter()
         try:
             answer = HttpClient(url, timeout_s=left_s).score(item.kernel, item.source, item.dtype, f"client{index}")
             speedup = answer.get("speedup")
             samples.append(Sample(index, time.perf_counter() - start, answer["status"], float(answer["score"]),
-                                  bool(answer.get("cached")), "" if item.twin == "twin" else item.name,
-                                  end=time.time(), speedup=None if speedup is None else float(speedup),
-                                  twin=item.name if item.twin == "twin" else ""))
+                                  bool(answer.get("cached")), as_hostile, end=time.time(),
+                                  speedup=None if speedup is None else float(speedup), twin=as_twin))
         except RewardClientError as exc:
             late = time.time() >= deadline + grace_s - 1
             samples.append(Sample(index, time.perf_counter() - start, "UNANSWERED" if late else "ERROR", 0.0, False,
-                                  "" if item.twin == "twin" else item.name, str(exc)[:300], time.time(),
-                                  twin=item.name if item.twin == "twin" else ""))
+                                  as_hostile, str(exc)[:300], time.time(), twin=as_twin))
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
