@@ -29,6 +29,8 @@
 #           FI_KERNELS (space-separated) and FI_ROUNDS (fresh processes per kernel, default 2)
 #           choose what it probes: FI_ROUNDS=1 over a sweep's kernels builds their FlashInfer
 #           modules before the sweep
+#   evalprof  experiments.eval_profile (where one evaluation's time goes: validation, the timing
+#           loop's host and GPU work) into runs/diag/eval-profile.json
 #   neighbours  experiments.timing_neighbours (what a neighbour in the loop does to the baseline's
 #           time: event window, kernel duration, gap) into runs/diag/neighbours.json
 #   h2h     experiments.head_to_head --old $H2H_OLD --new $H2H_NEW (default: the committed sweep's
@@ -151,6 +153,9 @@ step() {
       mkdir -p runs/diag
       # shellcheck disable=SC2086  # FI_KERNELS: several names, split on purpose
       run fisetup "$PY" -m experiments.flashinfer_setup --rounds "${FI_ROUNDS:-2}" --out runs/diag/flashinfer-setup.json ${FI_KERNELS:-} ;;
+    evalprof)
+      mkdir -p runs/diag
+      run evalprof "$PY" -m experiments.eval_profile --out runs/diag/eval-profile.json ;;
     neighbours)
       mkdir -p runs/diag
       run neighbours "$PY" -m experiments.timing_neighbours --out runs/diag/neighbours.json ;;
