@@ -22,7 +22,7 @@ from kernels.compare import (
 
 __all__ = [
     "FLOAT_SENTINEL", "Finding", "bitwise_equal", "check_inputs_unchanged", "check_outputs", "compare",
-    "index_of", "mismatch_finding", "mismatch_mask", "mismatch_stats", "poison_", "unwritten",
+    "index_of", "mismatch_finding", "mismatch_mask", "mismatch_stats", "mismatch_stats_into", "poison_", "unwritten",
 ]
 
 # A second poison value for float outputs: finite, exact in fp16/bf16/fp8 e4m3, and unlikely
@@ -52,6 +52,19 @@ def mismatch_stats(got: torch.Tensor, expected: torch.Tensor, rtol: float, atol:
     first = bad.view(torch.uint8).argmax().reshape(1)  # the first True (argmax returns the first maximum)
     at = [_element(t, first).to(torch.float64) for t in (got, expected)]
     return torch.cat([bad.sum().to(torch.float64).reshape(1), first.to(torch.float64), *at])
+
+
+def mismatch_stats_into(row: torch.Tensor, got: torch.Tensor, expected: torch.Tensor, rtol: float,
+                        atol: float) -> None:
+    """:func:`mismatch_stats` written into the float64 device tensor ``row``, in one pass over
+    the data where :mod:`evaluators.mismatch_device` supports the pair (same dtype, contiguous,
+    on a GPU), else through the torch operators."""
+    from evaluators import mismatch_device
+
+    if mismatch_device.supported(got, expected):
+        mismatch_device.checker(got.device).stats_into(row, got, expected, rtol, atol)
+    else:
+        row.copy_(mismatch_stats(got, expected, rtol, atol))
 
 
 _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

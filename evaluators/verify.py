@@ -186,7 +186,7 @@ class TimedOutputCheck:
             return
         for j, name in enumerate(self.inputs.written):
             rtol, atol = self.tolerance[name]
-            self.stats[rep, j].copy_(V.mismatch_stats(got[name], expected[name], rtol, atol))
+            V.mismatch_stats_into(self.stats[rep, j], got[name], expected[name], rtol, atol)
 
     def _where(self, rep: int) -> str:
         return f"on timed launch {rep + 1} of {self.repetitions} {self.context}".rstrip()

@@ -9,7 +9,9 @@ candidate (two binaries, so every guard runs as for a real candidate) through
 ``--repeats`` times after one warm-up evaluation; reported per protocol: the median wall time
 of the whole evaluation, of validation alone (``time: False``), the GPU's busy time inside
 the evaluation (sum of kernel and memcpy/memset durations in a torch profiler trace) and the
-top host functions by cumulative time (cProfile of one evaluation). A search's screening
+top host functions by own time (cProfile of one evaluation). Each protocol runs twice: with
+the timed launches checked in one pass (:mod:`evaluators.mismatch_device`) and, as
+``<protocol>/torch-check``, through the torch operators. A search's screening
 evaluations are what bounds the search phase on one GPU (about 0.3 s each, 224 of them in a
 default run on the H200, ``experiments/results/search-h200-634aee9-evaluations.jsonl.gz``).
 """
@@ -88,8 +90,15 @@ def profile_kernel(kernel: str, dtype: str, repeats: int) -> dict[str, Any]:
     base = _job(kernel, dtype, ctx)
     out: dict[str, Any] = {"kernel": kernel, "dtype": dtype, "gpu": torch.cuda.get_device_name(0),
                            "shapes": len(base["shapes"])}
-    for name, timing in PROTOCOLS.items():
+    from evaluators import mismatch_device
+
+    one_pass = mismatch_device.supported
+    for name, timing, check in [(f"{p}{suffix}", t, c) for p, t in PROTOCOLS.items()
+                                for suffix, c in (("", "device"), ("/torch-check", "torch"))]:
         job = {**base, "timing": timing}
+        # "torch": every timed launch checked through the torch operators, as before the
+        # one-pass device check (evaluators.mismatch_device), for the comparison
+        mismatch_device.supported = one_pass if check == "device" else (lambda *_: False)
 
         def once(j: dict[str, Any] = job) -> None:
             run_evaluate(ctx, j, lambda _: None)
@@ -110,6 +119,7 @@ def profile_kernel(kernel: str, dtype: str, repeats: int) -> dict[str, Any]:
                      "top_host": _top_host(once)}
         print(f"{kernel} {name}: evaluation {out[name]['wall_s']:.3f} s, validation alone "
               f"{out[name]['validation_s']:.3f} s, GPU busy {busy:.3f} s (under the profiler)", flush=True)
+    mismatch_device.supported = one_pass
     return out
 
 

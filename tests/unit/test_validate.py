@@ -152,3 +152,14 @@ def test_device_side_statistics_gather_the_first_bad_element_of_any_dtype(dtype)
     got = expected.clone()
     got[2, 1] = 1
     assert V.mismatch_stats(got, expected, 0.1, 0.01).tolist() == [1.0, 7.0, 1.0, 0.0]
+
+
+def test_statistics_into_a_row_fall_back_to_the_torch_operators_off_the_gpu():
+    # mismatch_stats_into takes the one-pass device check only on a GPU; on the CPU (and for
+    # pairs the device check does not take) the row is the torch operators' row.
+    e = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    got = e.clone()
+    got[1, 0] = 9.0
+    row = torch.zeros(4, dtype=torch.float64)
+    V.mismatch_stats_into(row, got, e, 0.01, 0.01)
+    assert row.tolist() == V.mismatch_stats(got, e, 0.01, 0.01).tolist() == [1.0, 2.0, 9.0, 3.0]
