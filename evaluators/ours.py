@@ -80,6 +80,40 @@ class OursOnShape:
         self.checks[impl] = check
         return Timed(impl, prepare, launch, lambda i: check.check(i, self.work))
 
+    def paired(self, trusted: tuple[str, Kernel], verified: tuple[str, Kernel]) -> tuple[Timed, Timed]:
+        """Two of our kernels for one loop, the second's every timed launch checked against the
+        first's timed launch of the same repetition (both run on that launch index's inputs):
+        whichever of the two runs first in a repetition has its outputs kept in a buffer of
+        the checker's, and the second is compared with them. The same check as :meth:`timed`
+        with ``verify``, without an extra launch of the trusted kernel and a restore of the
+        inputs for it after every timed launch (the evaluator, where the baseline is timed
+        beside the candidate anyway)."""
+        label = shape_label(self.shape)
+        (t_name, t_kernel), (v_name, v_kernel) = trusted, verified
+        context = f"(shape {label}, {self.dtype}{', ' + self.where if self.where else ''})"
+        check = TimedOutputCheck(self.inputs, None, tolerances(self.spec, self.dtype, 2.0), self.spec.compare,
+                                 self.warmup, self.repetitions, context)
+        self.checks[v_name] = check
+        self.owner[t_name], self.owner[v_name] = t_name, v_name
+        kept = {n: self.work[n].clone() for n in self.inputs.written}
+        first_of: dict[int, str] = {}  # launch index -> the one of the two that ran first in it
+
+        def after(name: str) -> Callable[[int], None]:
+            def hook(i: int) -> None:
+                if first_of.pop(i, None) is None:
+                    first_of[i] = name
+                    for n, t in kept.items():
+                        t.copy_(self.work[n])
+                    return
+                got, expected = (self.work, kept) if name == v_name else (kept, self.work)
+                check.compare(i, got, expected)
+            return hook
+
+        prepare = lambda i: self.inputs.restore(self.work, i)  # noqa: E731
+        t_args, v_args = t_kernel.args(self.work, self.shape), v_kernel.args(self.work, self.shape)
+        return (Timed(t_name, prepare, lambda: t_kernel.launch(label, t_args), after(t_name)),
+                Timed(v_name, prepare, lambda: v_kernel.launch(label, v_args), after(v_name)))
+
     def failures(self, samples: dict[str, Samples]) -> dict[str, tuple[str, Any]]:
         """Per kernel of ours, the first guard that fired on this shape: ``(guard, finding)``."""
         out: dict[str, tuple[str, Any]] = {}

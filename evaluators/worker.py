@@ -38,6 +38,10 @@ from kernels.launch import LaunchLimitError
 from kernels.spec import KernelSpec, Shape, shape_label
 from kernels.verdict import ShapeResult, Status, geomean
 
+# Candidate launches checked against the baseline's timed launch of the same repetition
+# (OursOnShape.paired) rather than a baseline run of the checker's own after each of them
+# (OursOnShape.timed): the same check; False only for experiments.eval_profile's comparison.
+CHECK_AGAINST_TIMED_BASELINE = True
 DRIFT_PROBES_PER_LOOP = 3  # re-runs of the validated inputs inside each timing loop, at random launches
 
 
@@ -149,9 +153,13 @@ def _time_shape(
     work = inputs.buffer()
     ctx.flush.cover(work.values())  # every flush takes the working set out of the L2, whatever its priority
     ours = OursOnShape(ctx, spec, shape, dtype, warmup, reps, inputs, work, base)
-    baseline = ours.timed("baseline", base, verify=False)
-    # The candidate is not the baseline's binary: verify it (else it is the baseline itself).
-    candidate = ours.timed("candidate", cand, verify=probe is not None)
+    if probe is not None and CHECK_AGAINST_TIMED_BASELINE:
+        # The candidate is not the baseline's binary: verify it against the baseline's timed
+        # launch of the same repetition.
+        baseline, candidate = ours.paired(("baseline", base), ("candidate", cand))
+    else:  # the baseline itself as the candidate; or the oracle re-run after every launch
+        baseline = ours.timed("baseline", base, verify=False)
+        candidate = ours.timed("candidate", cand, verify=probe is not None)
     after = None
     if probe is not None:
         probe_at = set(random.sample(range(reps), min(DRIFT_PROBES_PER_LOOP, reps)))

@@ -9,9 +9,12 @@ candidate (two binaries, so every guard runs as for a real candidate) through
 ``--repeats`` times after one warm-up evaluation; reported per protocol: the median wall time
 of the whole evaluation, of validation alone (``time: False``), the GPU's busy time inside
 the evaluation (sum of kernel and memcpy/memset durations in a torch profiler trace) and the
-top host functions by own time (cProfile of one evaluation). Each protocol runs twice: with
-the timed launches checked in one pass (:mod:`evaluators.mismatch_device`) and, as
-``<protocol>/torch-check``, through the torch operators. A search's screening
+top host functions by own time (cProfile of one evaluation). Each protocol runs three
+times: as the evaluator runs it; as ``<protocol>/oracle-rerun``, with the checker re-running
+the baseline after every timed candidate launch instead of comparing with the baseline's timed
+launch of the same repetition (``evaluators.worker.CHECK_AGAINST_TIMED_BASELINE``); and as
+``<protocol>/oracle-rerun+torch-check``, also comparing through the torch operators instead of
+the one-pass device check (:mod:`evaluators.mismatch_device`): the evaluator before both. A search's screening
 evaluations are what bounds the search phase on one GPU (about 0.3 s each, 224 of them in a
 default run on the H200, ``experiments/results/search-h200-634aee9-evaluations.jsonl.gz``).
 """
@@ -90,15 +93,18 @@ def profile_kernel(kernel: str, dtype: str, repeats: int) -> dict[str, Any]:
     base = _job(kernel, dtype, ctx)
     out: dict[str, Any] = {"kernel": kernel, "dtype": dtype, "gpu": torch.cuda.get_device_name(0),
                            "shapes": len(base["shapes"])}
-    from evaluators import mismatch_device
+    from evaluators import mismatch_device, worker
 
     one_pass = mismatch_device.supported
-    for name, timing, check in [(f"{p}{suffix}", t, c) for p, t in PROTOCOLS.items()
-                                for suffix, c in (("", "device"), ("/torch-check", "torch"))]:
+    variants = (("", "device", True), ("/oracle-rerun", "device", False), ("/oracle-rerun+torch-check", "torch", False))
+    for name, timing, check, paired in [(f"{p}{suffix}", t, c, pair) for p, t in PROTOCOLS.items()
+                                        for suffix, c, pair in variants]:
         job = {**base, "timing": timing}
         # "torch": every timed launch checked through the torch operators, as before the
-        # one-pass device check (evaluators.mismatch_device), for the comparison
+        # one-pass device check (evaluators.mismatch_device); not paired: the baseline re-run
+        # by the checker after every candidate launch, as before OursOnShape.paired
         mismatch_device.supported = one_pass if check == "device" else (lambda *_: False)
+        worker.CHECK_AGAINST_TIMED_BASELINE = paired
 
         def once(j: dict[str, Any] = job) -> None:
             run_evaluate(ctx, j, lambda _: None)
@@ -120,6 +126,7 @@ def profile_kernel(kernel: str, dtype: str, repeats: int) -> dict[str, Any]:
         print(f"{kernel} {name}: evaluation {out[name]['wall_s']:.3f} s, validation alone "
               f"{out[name]['validation_s']:.3f} s, GPU busy {busy:.3f} s (under the profiler)", flush=True)
     mismatch_device.supported = one_pass
+    worker.CHECK_AGAINST_TIMED_BASELINE = True
     return out
 
 
