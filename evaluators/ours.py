@@ -5,8 +5,10 @@ Every implementation of one shape works on one working set (the same addresses f
 them: where a short kernel's few pages fall must not differ between the kernels compared),
 restored before every launch from the loop's input plan (:class:`evaluators.verify.RepInputs`)
 and L2-flushed by :func:`evaluators.timing.time_interleaved`. A kernel under verification has
-every timed launch checked against our baseline run on the same inputs in a buffer of the
-checker's own, right after the launch's end event (outside every window).
+every timed launch checked against our baseline on the same inputs, right after the launch's
+end event (outside every window): in the peers' loop the checker runs the baseline in a buffer
+of its own (:meth:`OursOnShape.timed`); in the evaluator, where the baseline is timed in the
+same loop, against the baseline's timed launch of the same repetition (:meth:`OursOnShape.paired`).
 
 Before this was shared, the evaluator gave the baseline and the candidate a working set each
 and compared them after every repetition, while the peers' loop shared one working set, so
