@@ -21,6 +21,7 @@ from typing import Any
 from evaluators.admit import Artifact, Refusal, admit
 from evaluators.api import EvalRequest, Evaluator
 from evaluators.child_env import run_environment
+from evaluators.peer_steps import EVERY_SHAPE, parse_peer_step
 from kernels.folders import KernelRef
 from kernels.launch import DeviceLimits, LaunchLimitError, LaunchSpecError
 from kernels.spec import KernelSpec, Shape, load_kernel, shape_label
@@ -353,7 +354,9 @@ class GpuEvaluator(Evaluator):
         returns each loop's reply as :meth:`time_peers_full` does. Made with ``gpu_turns``,
         several evaluators' rounds run at once on one GPU: their set-ups overlap, their
         timing never does. A round that fails as a whole (a kernel of ours crashing it) is run
-        again loop by loop, each with the crash handling of :meth:`time_peers_full`."""
+        again loop by loop, each with the crash handling of :meth:`time_peers_full`; a loop
+        that still fails with none of our kernels in it answers ``{"loop_error": why}`` in its
+        place, and the round fails only when every loop does."""
         spec = self.spec(kernel)
         keys = {_loop_key(spec, str(loop.get("shape_set", "search"))) for loop in loops}
         if self._worker is not None and keys & self._looped.get(self._worker.info["pid"], set()):
@@ -367,7 +370,14 @@ class GpuEvaluator(Evaluator):
         if reply is not None and len(reply.get("loops", [])) == len(built):
             replies = [{**r, "failed": {**failed, **r.get("failed", {})}} for r, (_, _, failed) in zip(reply["loops"], built, strict=True)]
         else:
-            replies = [self._loop_alone(job, kernels, failed) for job, kernels, failed in built]
+            replies = []
+            for job, kernels, failed in built:
+                try:
+                    replies.append(self._loop_alone(job, kernels, failed))
+                except EvaluatorError as exc:  # this loop's alone: the round's other loops keep theirs
+                    replies.append({"loop_error": str(exc)})
+            if all("loop_error" in r for r in replies):
+                raise EvaluatorError(replies[0]["loop_error"])
         if self._worker is not None:
             self._looped.setdefault(self._worker.info["pid"], set()).update(keys)
         return replies
@@ -420,19 +430,45 @@ class GpuEvaluator(Evaluator):
         return reply
 
     def _peers_job(self, job: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
-        """Runs a peers' job: (reply, "") or, when it crashed, hung or failed as a whole, (None, why)."""
+        """Runs a peers' job (one loop, or a round's loops): (reply, "") or, when it crashed,
+        hung or failed as a whole, (None, why).
+
+        A peer whose call ends the sandbox process (a library's segfault) or hangs it, as the
+        process's last step names (:func:`evaluators.peers.peer_step`), costs its own figure on
+        that shape only: the job runs again without that peer on that shape, and without it on
+        every shape once it has done so on two; each time, why is in the reply's ``errors``.
+        At most :data:`PEER_EXCLUSIONS` such re-runs."""
+        excluded: dict[str, dict[str, str]] = {}
+        while True:
+            reply, why, step = self._peers_job_once(_excluding(job, excluded))
+            culprit = parse_peer_step(step) if reply is None else None
+            if culprit is None or sum(len(v) for v in excluded.values()) >= PEER_EXCLUSIONS:
+                return reply, why
+            name, label = culprit
+            ended = why.split(" after ")[0]
+            before = [shape for shape in excluded.get(name, {}) if shape != EVERY_SHAPE]
+            if before:
+                excluded[name] = {EVERY_SHAPE: f"its calls ended the sandbox process on {', '.join([*before, label])} "
+                                               f"({ended}); not timed on any shape"}
+            else:
+                excluded.setdefault(name, {})[label] = f"its call ended the sandbox process ({ended}); not timed here"
+
+    def _peers_job_once(self, job: dict[str, Any]) -> tuple[dict[str, Any] | None, str, str]:
+        """:meth:`_peers_job` without the re-runs: (reply, why, the process's last step)."""
         # Compiling a peer (torch.compile per shape) can take minutes between two beats.
         timeout_s = max(self.step_timeout_s, 300.0) if job.get("peers", True) else self.step_timeout_s
         kind, reply = self._job(job, timeout_s=timeout_s)
         if kind == "result" and reply.get("status") == "INTERNAL":
             raise EvaluatorError(f"evaluator bug in the peers' loop: {reply['message']}\n{reply.get('traceback', '')}")
         if kind == "result" and reply.get("status") == Status.OK.value:
-            return reply, ""
+            return reply, "", ""
         if kind == "timeout":
-            return None, f"{Status.TIMEOUT.value}: no progress in the peers' loop after '{reply['last_step']}'"
+            return (None, f"{Status.TIMEOUT.value}: no progress in the peers' loop after '{reply['last_step']}'",
+                    str(reply["last_step"]))
         if kind == "died":
-            return None, f"{Status.CRASH.value}: the sandbox died (exit code {reply['exitcode']}) after '{reply['last_step']}'"
-        return None, f"{reply.get('status')}: {reply.get('message', '')}"
+            return (None, f"{Status.CRASH.value}: the sandbox died (exit code {reply['exitcode']}) after "
+                          f"'{reply['last_step']}'", str(reply["last_step"]))
+        return None, f"{reply.get('status')}: {reply.get('message', '')}", ""
 
     def _peers_one_by_one(self, job: dict[str, Any], kernels: dict[str, dict[str, Any]], failed: dict[str, str],
                           why: str) -> dict[str, Any]:
@@ -455,3 +491,17 @@ class GpuEvaluator(Evaluator):
                                      f"(with them: {why})")
             merged.update({k: v for k, v in reply.items() if k != "failed"})
         return merged
+
+
+# Re-runs of one peers' job that leave out a peer which ended its process (see
+# GpuEvaluator._peers_job): two per peer of a kernel with several peers, and a bound.
+PEER_EXCLUSIONS = 8
+
+
+def _excluding(job: dict[str, Any], excluded: dict[str, dict[str, str]]) -> dict[str, Any]:
+    """The job with ``exclude_peers`` set in every loop it runs (a round's, or its own)."""
+    if not excluded:
+        return job
+    if "loops" in job:
+        return {**job, "loops": [{**loop, "exclude_peers": excluded} for loop in job["loops"]]}
+    return {**job, "exclude_peers": excluded}

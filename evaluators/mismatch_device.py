@@ -83,12 +83,19 @@ BITS_CHECK(b8, unsigned long long)
 
 // One thread: the statistics row from the counters, which it then resets for the next check.
 // got_at / expected_at: the element at the first bad index as fp32, read by the host-side
-// caller's dtype (KIND: 0 f16, 1 bf16, 2 f32, 3 signed integer of SIZE bytes, 4 bool).
+// caller's dtype (KIND: 0 f16, 1 bf16, 2 f32, 3 signed integer of SIZE bytes, 4 bool,
+// 5 unsigned integer of SIZE bytes).
 __device__ double value_at(const void* p, unsigned long long i, int kind, int size) {
     if (kind == 0) return (double)load_f16((const unsigned short*)p, (long long)i);
     if (kind == 1) return (double)load_bf16((const unsigned short*)p, (long long)i);
     if (kind == 2) return (double)((const float*)p)[i];
     if (kind == 4) return ((const unsigned char*)p)[i] ? 1.0 : 0.0;
+    if (kind == 5) {
+        if (size == 1) return (double)((const unsigned char*)p)[i];
+        if (size == 2) return (double)((const unsigned short*)p)[i];
+        if (size == 4) return (double)((const unsigned int*)p)[i];
+        return (double)((const unsigned long long*)p)[i];
+    }
     if (size == 1) return (double)((const signed char*)p)[i];
     if (size == 2) return (double)((const short*)p)[i];
     if (size == 4) return (double)((const int*)p)[i];
@@ -162,7 +169,7 @@ class DeviceMismatch:
         n = got.numel()
         dtype = got.dtype
         name = _FLOATS.get(dtype) or f"b{got.element_size()}"
-        kind = _KIND.get(dtype, 3)
+        kind = _KIND.get(dtype, 3 if dtype.is_signed else 5)
         stream = self._stream()
         count_ptr = self.counters.data_ptr()
         first_ptr = count_ptr + 8

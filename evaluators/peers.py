@@ -40,6 +40,7 @@ from evaluators import validate as V
 from evaluators.context import Context, tolerances, torch_dtype
 from evaluators.launcher import Kernel, LaunchResourceError
 from evaluators.ours import GRAPH_SUFFIX, OursOnShape
+from evaluators.peer_steps import EVERY_SHAPE, peer_step
 from evaluators.timing import (
     Samples,
     Timed,
@@ -267,18 +268,36 @@ def _tried_before(name: str, errors: Mapping[str, str]) -> bool:
     return name in errors and not errors[name].startswith("[")
 
 
+def _left_out(name: str, label: str, excluded: Mapping[str, Mapping[str, str]] | None,
+              errors: dict[str, str]) -> bool:
+    """Whether the job leaves this peer out on this shape (it ended a process there, or on
+    two shapes: :data:`EVERY_SHAPE`); if so, why is in ``errors``."""
+    mine = (excluded or {}).get(name, {})
+    if EVERY_SHAPE in mine:
+        errors[name] = mine[EVERY_SHAPE][:1500]
+        return True
+    if label in mine:
+        _peer_error(errors, name, label, mine[label])
+        return True
+    return False
+
+
 def check_peers(ctx: Context, spec: KernelSpec, shape: Shape, dtype: str, peers: Mapping[str, Peer],
                 errors: dict[str, str], seconds: dict[str, float] | None = None,
-                phases: dict[str, dict[str, float]] | None = None) -> set[str]:
+                phases: dict[str, dict[str, float]] | None = None, beat: Callable[[str], None] | None = None,
+                excluded: Mapping[str, Mapping[str, str]] | None = None) -> set[str]:
     """Runs each peer once on this shape and checks it against the reference (a torch.compile
     program compiles for the shape here); returns the names of those that agree. Why each
     other one is not timed goes to ``errors``; ``seconds`` and ``phases`` as for
-    :func:`peer_impls`."""
+    :func:`peer_impls`; ``beat`` hears :func:`peer_step` before each call; ``excluded``
+    ({peer: {shape label or :data:`EVERY_SHAPE`: why}}) names peers not to call."""
     label = shape_label(shape)
     agreed: set[str] = set()
     for name, peer in peers.items():
-        if _tried_before(name, errors):
+        if _tried_before(name, errors) or _left_out(name, label, excluded, errors):
             continue
+        if beat is not None:
+            beat(peer_step(name, label))
         with _set_up_seconds(name, seconds, phases):
             try:
                 wrong = _check_peer(spec, peer, shape, dtype, ctx)
@@ -297,20 +316,23 @@ def peer_impls(ctx: Context, spec: KernelSpec, shape: Shape, dtype: str, inputs:
                work: Buffers, peers: Mapping[str, Peer], errors: dict[str, str],
                seconds: dict[str, float] | None = None,
                phases: dict[str, dict[str, float]] | None = None,
-               staged: list[torch.Tensor] | None = None, checked: set[str] | None = None) -> list[Timed]:
+               staged: list[torch.Tensor] | None = None, checked: set[str] | None = None,
+               beat: Callable[[str], None] | None = None) -> list[Timed]:
     """The peers that agree with the reference on this shape, each captured in a graph that
     holds its call alone (staging runs before the flush, outside the window). ``seconds``
     gathers each peer's set-up time (its compilation included), ``phases`` the torch.compile
     phases inside it (see :func:`_compile_seconds`; 10 ms or more), ``staged`` the tensors
     the peers' staging made (which their timed calls read). ``checked``: the peers that
     :func:`check_peers` found in agreement on this shape before; only those are set up, and
-    not checked again."""
+    not checked again. ``beat`` hears :func:`peer_step` before each capture."""
     impls = []
     label = shape_label(shape)
     agreed = check_peers(ctx, spec, shape, dtype, peers, errors, seconds, phases) if checked is None else checked
     for name, peer in peers.items():
         if name not in agreed or _tried_before(name, errors):
             continue
+        if beat is not None:
+            beat(peer_step(name, label))
         with _set_up_seconds(name, seconds, phases):
             try:
                 scratch: Scratch = {}
@@ -470,7 +492,8 @@ def _set_up(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) -> _
     state.jit_before = jit_watch.snapshot() if peers else None
     for shape in shapes:
         state.checked[shape_label(shape)] = check_peers(ctx, spec, shape, dtype, peers, state.errors,
-                                                        state.prepare_by_peer, state.phases_by_peer)
+                                                        state.prepare_by_peer, state.phases_by_peer, beat,
+                                                        job.get("exclude_peers"))
         if not state.prepare_first:
             state.prepare_first = dict(state.prepare_by_peer)
         beat(f"peers set up on {shape_label(shape)}")
@@ -487,7 +510,9 @@ def _timed(ctx: Context, job: dict[str, Any], beat: Callable[[str], None], state
     them a second time, as ``<name>@graph``, through a CUDA graph like the peers (what the
     launch mechanism alone changes); ``peers`` False to time our kernels alone;
     ``compile_trials`` (default :data:`COMPILE_TRIALS`) compilations per torch.compile mode;
-    ``only_peers`` (peer names, :data:`COMPILED` for every compilation) to time those peers alone.
+    ``only_peers`` (peer names, :data:`COMPILED` for every compilation) to time those peers alone;
+    ``exclude_peers`` ({peer: {shape label or :data:`EVERY_SHAPE`: why}}) peers not to call
+    where named (each ended a process of this loop before; why goes to ``errors``).
 
     Returns:
         ``peers`` ({implementation: {shape label: median ms}}, ``torch_compile`` being the
@@ -531,7 +556,7 @@ def _timed(ctx: Context, job: dict[str, Any], beat: Callable[[str], None], state
         start = time.perf_counter()
         staged: list[torch.Tensor] = []
         impls += peer_impls(ctx, spec, shape, dtype, inputs, work, peers, errors, state.prepare_by_peer,
-                            state.phases_by_peer, staged, checked=state.checked.get(label))
+                            state.phases_by_peer, staged, checked=state.checked.get(label), beat=beat)
         phase_s["prepare"] += time.perf_counter() - start
         # Every flush takes what the timed implementations read out of the L2, whatever
         # eviction priority an earlier one left on it (see evaluators.timing.Flusher).

@@ -646,6 +646,8 @@ class EndOfRun:
             for j, plan in enumerate(plans):
                 reply: dict[str, Any] | None = loops[j] if j < len(loops) else None
                 why = error or "the round answered no reply for this loop"
+                if reply is not None and "loop_error" in reply:  # this loop failed, the round's others did not
+                    why, reply = str(reply["loop_error"]), None
                 hit = plan.hits[i]
                 if reply is not None and hit is not None:
                     reply = with_cached(reply, hit)

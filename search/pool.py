@@ -454,7 +454,10 @@ class Answer:
 
 
 def _loop_answer(reply: dict[str, Any]) -> dict[str, Any]:
-    """What a peers' loop answers over Ray: its times and what it recorded beside them."""
+    """What a peers' loop answers over Ray: its times and what it recorded beside them (a loop
+    of a round that failed on its own: ``{"loop_error": why}``)."""
+    if "loop_error" in reply:
+        return {"loop_error": str(reply["loop_error"])}
     kept: dict[str, Any] = {k: reply[k] for k in ("compiled", "notes", "l2_persistence", "l2_finding", "phase_s", "prepare_s_by_peer",
                                   "prepare_s_first_shape_by_peer", "compile_phases_s", "compile_cache", "jit_builds",
                                   "timed_at") if k in reply}

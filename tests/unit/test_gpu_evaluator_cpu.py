@@ -111,3 +111,74 @@ def test_an_artifact_for_another_request_is_refused_loudly(compile_cache, change
     with pytest.raises(EvaluatorError, match="artifact"):
         ev.evaluate(request, artifact)
     assert ev._worker is None
+
+
+class PeerCrashEvaluator(ScriptedEvaluator):
+    """A sandbox in which peer ``peer`` ends the process on the shapes in ``kills`` unless the
+    job leaves it out there (``exclude_peers``), as a library's segfault would."""
+
+    def __init__(self, peer: str, kills: set[str]) -> None:
+        super().__init__(lambda job: False)
+        self.peer, self.kills = peer, kills
+
+    def _job(self, job: dict[str, Any], timeout_s: float | None = None) -> tuple[str, dict[str, Any]]:
+        from evaluators.peer_steps import EVERY_SHAPE, peer_step
+
+        loops = job.get("loops", [job])
+        for loop in loops:
+            left_out = loop.get("exclude_peers", {}).get(self.peer, {})
+            for label in sorted(self.kills):
+                if loop.get("peers", True) and EVERY_SHAPE not in left_out and label not in left_out:
+                    self.jobs.append(job)
+                    return "died", {"exitcode": -11, "last_step": peer_step(self.peer, label)}
+        if "loops" in job:
+            self.jobs.append(job)
+            return "result", {"status": "OK", "loops": [super(PeerCrashEvaluator, self)._job(loop)[1] for loop in loops]}
+        return super()._job(job, timeout_s)
+
+
+def test_a_peer_that_ends_the_process_on_a_shape_is_left_out_there_only(compile_cache):
+    ev = PeerCrashEvaluator("flashinfer", {"[16, 14336]"})
+    reply = ev.time_peers_full("silu_and_mul", "float16", ours=_ours("good", "baseline"))
+    assert {"good", "baseline", "torch_eager"} <= set(reply["peers"]) and reply["failed"] == {}
+    assert len(ev.jobs) == 2  # the loop that died, then the loop without that peer on that shape
+    left_out = ev.jobs[-1]["exclude_peers"]
+    assert list(left_out) == ["flashinfer"] and list(left_out["flashinfer"]) == ["[16, 14336]"]
+    assert "exit code -11" in left_out["flashinfer"]["[16, 14336]"]
+
+
+def test_a_peer_that_ends_the_process_on_two_shapes_is_left_out_everywhere(compile_cache):
+    from evaluators.peer_steps import EVERY_SHAPE
+
+    ev = PeerCrashEvaluator("flashinfer", {"[1, 11008]", "[16, 14336]"})
+    reply = ev.time_peers_full("silu_and_mul", "float16", ours=_ours("good", "baseline"))
+    assert reply["failed"] == {} and "good" in reply["peers"]
+    assert len(ev.jobs) == 3
+    note = ev.jobs[-1]["exclude_peers"]["flashinfer"][EVERY_SHAPE]
+    assert "[1, 11008], [16, 14336]" in note and "any shape" in note
+
+
+def test_peer_exclusions_are_bounded():
+    from evaluators.gpu import PEER_EXCLUSIONS
+    from evaluators.peer_steps import peer_step
+
+    class EveryPeerDies(ScriptedEvaluator):
+        def _job(self, job: dict[str, Any], timeout_s: float | None = None) -> tuple[str, dict[str, Any]]:
+            self.jobs.append(job)  # a new peer name every time: never the same one left out twice
+            return "died", {"exitcode": -11, "last_step": peer_step(f"peer{len(self.jobs)}", "[1, 2]")}
+
+    ev = EveryPeerDies(lambda job: False)
+    reply, why = ev._peers_job({"type": "peers", "kernels": {}})
+    assert reply is None and "exit code -11" in why
+    assert len(ev.jobs) == PEER_EXCLUSIONS + 1
+
+
+def test_a_round_keeps_the_loops_that_ran_when_one_fails_on_its_own(compile_cache):
+    # the held-out loop's peers crash with or without our kernels (no peer named): the round's
+    # search-shape loop still answers
+    ev = ScriptedEvaluator(lambda job: job.get("type") == "peers_round" or (
+        job.get("shapes") == [dict(s) for s in load_kernel("silu_and_mul").shapes("heldout")] and job.get("peers", True)))
+    replies = ev.time_round("silu_and_mul", "float16", [{"shape_set": "search", "ours": _ours("good")},
+                                                        {"shape_set": "heldout", "ours": _ours("good")}])
+    assert "good" in replies[0]["peers"]
+    assert "none of our kernels" in replies[1]["loop_error"]
