@@ -124,7 +124,7 @@ def report(runs: list[dict[str, Any]]) -> str:
                 return "; ".join(f"{p} {_text(part.get(p))}" for p in sorted(part))
             lines.append(f"| {i} | {r['mode']} | {name} | {k['cached_loops']} of {k['loops']} | "
                          f"{cells(k['search'])} | {cells(k['heldout'])} |")
-    lines += ["", phases(runs), "", agreement(runs)]
+    lines += ["", phases(runs), "", agreement(runs), "", baseline_agreement(runs)]
     return "\n".join(lines) + "\n"
 
 
@@ -174,6 +174,53 @@ def agreement(runs: list[dict[str, Any]]) -> str:
                 out.append(f"| {name} | {part}: vs {p} | {', '.join(f'{c.median:.3f}' for c in cold_s)} | "
                            f"[{low:.3f}-{high:.3f}] | {', '.join(f'{w.median:.3f}' for w in warm_s)} | "
                            f"{inside} of {len(warm_s)} |")
+    return "\n".join(out)
+
+
+def _over_baseline(part: dict[str, Any], peer: str) -> tuple[float, float, float] | None:
+    """A peer's time over the baseline's, (median, low, high), from one run's ratios against
+    its winner: (peer / winner) / (baseline / winner). The low and high pair opposite ends of
+    the two ranges, so the range holds every loop's own quotient."""
+    p, b = from_dict(part.get(peer)), from_dict(part.get("baseline"))
+    if p is None or b is None or min(b.median, b.low, b.high) <= 0:
+        return None
+    return p.median / b.median, p.low / b.high, p.high / b.low
+
+
+def _quotients(runs: list[dict[str, Any]], mode: str, name: str, part: str, peer: str) -> list[tuple[float, float, float]]:
+    """:func:`_over_baseline` of every run of ``mode`` that has the kernel and the figure."""
+    found = [_over_baseline(r["kernels"][name][part], peer) for r in runs
+             if r["mode"] == mode and name in (r.get("kernels") or {})]
+    return [f for f in found if f is not None]
+
+
+def baseline_agreement(runs: list[dict[str, Any]]) -> str:
+    """The same check as :func:`agreement` on figures that do not depend on the run's winner:
+    every run searches afresh and may pick another winner, which moves every ratio against it
+    alike, while a peer's time over the baseline's (both from the run's own loops: a warm run's
+    peers from the cache, its baseline timed afresh) should not move at all."""
+    out = ["## Peers against the baseline, warm against cold (independent of each run's winner)", "",
+           "Per kernel and peer: the peer's time over the baseline's, median [range], from each run's ratios "
+           "against its own winner; whether each warm run's median lies within the cold runs' overall range, "
+           "and its distance from the cold runs' median.", "",
+           "| kernel | peer / baseline | cold | warm | warm within cold range | warm / cold median |",
+           "|---|---|---|---|---|---|"]
+    names = sorted({n for r in runs for n in (r.get("kernels") or {})})
+    for name in names:
+        for part in ("search", "heldout"):
+            peers = sorted({p for r in runs for p in ((r.get("kernels") or {}).get(name, {}).get(part) or {})}
+                           - {"baseline"})
+            for p in peers:
+                cold, warm = (_quotients(runs, mode, name, part, p) for mode in ("cold", "warm"))
+                if not cold or not warm:
+                    continue
+                low, high = min(c[1] for c in cold), max(c[2] for c in cold)
+                centre = statistics.median(c[0] for c in cold)
+                inside = sum(1 for w in warm if low <= w[0] <= high)
+                text = "; ".join
+                out.append(f"| {name} | {part}: {p} | {text(f'{c[0]:.3f} [{c[1]:.3f}-{c[2]:.3f}]' for c in cold)} | "
+                           f"{text(f'{w[0]:.3f} [{w[1]:.3f}-{w[2]:.3f}]' for w in warm)} | {inside} of {len(warm)} | "
+                           f"{', '.join(f'{w[0] / centre:.3f}' for w in warm)} |")
     return "\n".join(out)
 
 

@@ -47,3 +47,19 @@ def test_the_report_shows_wall_per_mode_where_the_loops_spent_their_time_and_war
            "12 hit, 0 miss; 12 hit, 0 miss; 12 hit, 0 miss |" in text
     assert "| 2 | warm | silu_and_mul | heldout | 20, 0, 1.5 | - |" in text
     assert "| silu_and_mul | search: vs torch_compile | 1.050 | [1.000-1.100] | 1.050, 1.050 | 2 of 2 |" in text
+
+
+def test_peers_over_the_baseline_agree_whatever_winner_each_run_found() -> None:
+    # The warm run found a winner 10% faster: every ratio against it is 10% higher, while the
+    # peer's time over the baseline's is the same (1.05 / 3.0 = 0.35 in both).
+    def run(mode: str, scale: float) -> dict[str, Any]:
+        k = _summary_kernel(cached=mode == "warm")
+        k["spreads"] = {n: _spread(*(v * scale for v in (s["median"], s["low"], s["high"])))
+                        for n, s in k["spreads"].items()}
+        return {"mode": mode, "command": "c", "wall_s": 1.0, "exit_code": 0, "meta": {},
+                "kernels": {"silu_and_mul": kernel_figures(k)}}
+
+    text = report([run("cold", 1.0), run("warm", 1.1)])
+    assert "| silu_and_mul | search: vs torch_compile | 1.050 | [1.000-1.100] | 1.155 | 0 of 1 |" in text
+    assert ("| silu_and_mul | search: torch_compile | 0.350 [0.323-0.379] | 0.350 [0.323-0.379] | 1 of 1 | "
+            "1.000 |") in text
