@@ -12,6 +12,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -21,6 +22,7 @@ from typing import Any
 from evaluators.admit import Artifact, Refusal, admit
 from evaluators.api import EvalRequest, Evaluator
 from evaluators.child_env import run_environment
+from evaluators.peer_compile import crash_summary
 from evaluators.peer_steps import EVERY_SHAPE, parse_peer_step
 from kernels.folders import KernelRef
 from kernels.launch import DeviceLimits, LaunchLimitError, LaunchSpecError
@@ -49,27 +51,47 @@ class _Worker:
         ours, theirs = socket.socketpair()
         self.conn = Connection(ours.detach())
         turns = ["--gpu-turns", gpu_turns] if gpu_turns else []
+        # stderr into a file of its own, read back when the process dies: with faulthandler on,
+        # a signal (a library's segfault) leaves the Python frames it hit there.
+        self.stderr = tempfile.TemporaryFile()
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", WORKER_MODULE, "--fd", str(theirs.fileno()), "--device", str(device), *turns],
-                env=run_environment(), pass_fds=(theirs.fileno(),), close_fds=True)
+                env=run_environment({"PYTHONFAULTHANDLER": "1"}), pass_fds=(theirs.fileno(),), close_fds=True,
+                stderr=self.stderr)
         finally:
             theirs.close()
         if not self.conn.poll(start_timeout_s):
+            said = crash_summary(self.stderr_tail())
             self.kill()
-            raise EvaluatorError(f"sandbox worker did not start within {start_timeout_s:.0f} s")
+            raise EvaluatorError(f"sandbox worker did not start within {start_timeout_s:.0f} s: {said}")
         try:
             kind, info = self.conn.recv()
         except (EOFError, ConnectionError, OSError):
+            try:  # its socket closes as it exits: let it finish writing stderr
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            said = crash_summary(self.stderr_tail())
             self.kill()
-            raise EvaluatorError(f"sandbox worker exited while starting (exit code {self.proc.returncode}); "
-                                 "its error is on stderr above") from None
+            raise EvaluatorError(f"sandbox worker exited while starting (exit code {self.proc.returncode}): "
+                                 f"{said}") from None
         if kind != "ready":
             raise EvaluatorError(f"sandbox worker sent {kind!r} instead of ready")
         self.info: dict[str, Any] = info
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def stderr_tail(self, nbytes: int = 16384) -> str:
+        """The last ``nbytes`` the process wrote to stderr."""
+        try:
+            self.stderr.seek(0, 2)
+            size = self.stderr.tell()
+            self.stderr.seek(max(0, size - nbytes))
+            return self.stderr.read().decode(errors="replace")
+        except (OSError, ValueError):
+            return ""
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -79,6 +101,7 @@ class _Worker:
         except subprocess.TimeoutExpired:
             pass
         self.conn.close()
+        self.stderr.close()
 
     def run(self, job: dict[str, Any], step_timeout_s: float) -> tuple[str, dict[str, Any]]:
         """Sends a job; returns ('result', reply), ('timeout', last step) or ('died', why)."""
@@ -94,7 +117,8 @@ class _Worker:
                     self.proc.wait(timeout=5)
                 except subprocess.TimeoutExpired:
                     pass
-                return "died", {"exitcode": self.proc.returncode, "last_step": last}
+                return "died", {"exitcode": self.proc.returncode, "last_step": last,
+                                "stderr": crash_summary(self.stderr_tail())}
             if kind == "beat":
                 last = payload
             else:
@@ -289,7 +313,8 @@ class GpuEvaluator(Evaluator):
                            "was restarted", eval_s=time.perf_counter() - start)
         if kind == "died":
             return replace(head, status=Status.CRASH, message=f"the sandbox process died (exit code "
-                           f"{reply['exitcode']}) after '{reply['last_step']}'", eval_s=time.perf_counter() - start)
+                           f"{reply['exitcode']}) after '{reply['last_step']}'{_stderr_note(reply)}",
+                           eval_s=time.perf_counter() - start)
         return self._to_evaluation(reply, head, time.perf_counter() - start)
 
     def _to_evaluation(self, reply: dict[str, Any], head: Evaluation, eval_s: float) -> Evaluation:
@@ -440,12 +465,13 @@ class GpuEvaluator(Evaluator):
         At most :data:`PEER_EXCLUSIONS` such re-runs."""
         excluded: dict[str, dict[str, str]] = {}
         while True:
-            reply, why, step = self._peers_job_once(_excluding(job, excluded))
-            culprit = parse_peer_step(step) if reply is None else None
+            reply, why, ended_in = self._peers_job_once(_excluding(job, excluded))
+            culprit = parse_peer_step(str(ended_in.get("last_step", ""))) if reply is None else None
             if culprit is None or sum(len(v) for v in excluded.values()) >= PEER_EXCLUSIONS:
                 return reply, why
             name, label = culprit
-            ended = why.split(" after ")[0]
+            ended = (f"exit code {ended_in['exitcode']}" if "exitcode" in ended_in else "no progress")
+            ended += _stderr_note(ended_in)
             before = [shape for shape in excluded.get(name, {}) if shape != EVERY_SHAPE]
             if before:
                 excluded[name] = {EVERY_SHAPE: f"its calls ended the sandbox process on {', '.join([*before, label])} "
@@ -453,22 +479,24 @@ class GpuEvaluator(Evaluator):
             else:
                 excluded.setdefault(name, {})[label] = f"its call ended the sandbox process ({ended}); not timed here"
 
-    def _peers_job_once(self, job: dict[str, Any]) -> tuple[dict[str, Any] | None, str, str]:
-        """:meth:`_peers_job` without the re-runs: (reply, why, the process's last step)."""
+    def _peers_job_once(self, job: dict[str, Any]) -> tuple[dict[str, Any] | None, str, dict[str, Any]]:
+        """:meth:`_peers_job` without the re-runs: (reply, why, and for a process that died or
+        hung what :meth:`_Worker.run` said of it: ``last_step``, and ``exitcode`` and ``stderr``
+        where it died)."""
         # Compiling a peer (torch.compile per shape) can take minutes between two beats.
         timeout_s = max(self.step_timeout_s, 300.0) if job.get("peers", True) else self.step_timeout_s
         kind, reply = self._job(job, timeout_s=timeout_s)
         if kind == "result" and reply.get("status") == "INTERNAL":
             raise EvaluatorError(f"evaluator bug in the peers' loop: {reply['message']}\n{reply.get('traceback', '')}")
         if kind == "result" and reply.get("status") == Status.OK.value:
-            return reply, "", ""
+            return reply, "", {}
         if kind == "timeout":
             return (None, f"{Status.TIMEOUT.value}: no progress in the peers' loop after '{reply['last_step']}'",
-                    str(reply["last_step"]))
+                    reply)
         if kind == "died":
             return (None, f"{Status.CRASH.value}: the sandbox died (exit code {reply['exitcode']}) after "
-                          f"'{reply['last_step']}'", str(reply["last_step"]))
-        return None, f"{reply.get('status')}: {reply.get('message', '')}", ""
+                          f"'{reply['last_step']}'{_stderr_note(reply)}", reply)
+        return None, f"{reply.get('status')}: {reply.get('message', '')}", {}
 
     def _peers_one_by_one(self, job: dict[str, Any], kernels: dict[str, dict[str, Any]], failed: dict[str, str],
                           why: str) -> dict[str, Any]:
@@ -505,3 +533,10 @@ def _excluding(job: dict[str, Any], excluded: dict[str, dict[str, str]]) -> dict
     if "loops" in job:
         return {**job, "loops": [{**loop, "exclude_peers": excluded} for loop in job["loops"]]}
     return {**job, "exclude_peers": excluded}
+
+
+def _stderr_note(died: Mapping[str, Any]) -> str:
+    """What a dead sandbox's stderr said (``died["stderr"]``, see :meth:`_Worker.run`), as a
+    suffix of the message."""
+    text = str(died.get("stderr") or "").strip()
+    return f"; its stderr: {text}" if text else ""
