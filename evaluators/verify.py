@@ -34,6 +34,11 @@ another:
   re-run on its first validation inputs at moments spread over the whole evaluation (inside
   the timing loops, outside their windows, and after them) and its outputs must keep the
   validated bits.
+
+Not covered: a candidate that writes outside its own arguments into the checker's buffers in
+the same CUDA context (the baseline's kept outputs, the statistics rows read once at the end)
+could hide a wrong launch. compute-sanitizer's memcheck, run on every winner, flags accesses
+outside any allocation, not writes into another live one.
 """
 
 from __future__ import annotations
