@@ -41,19 +41,10 @@ PROTOCOLS = {"screen": {"warmup": 5, "repetitions": 20, "cutoff": 3.0},
 
 
 def _job(kernel: str, dtype: str, ctx: Any) -> dict[str, Any]:
-    from evaluators.admit import Artifact, admit
-    from kernels.spec import load_kernel, shape_label
+    from experiments.timing_truth import baseline_against_itself
+    from kernels.spec import load_kernel
 
-    spec = load_kernel(kernel)
-    artifact = admit(spec, spec.baseline_source(), dtype, {}, arch=str(ctx.info["arch"]), limits=ctx.limits)
-    assert isinstance(artifact, Artifact), f"the baseline of {kernel} is refused: {artifact}"
-    shapes = list(spec.shapes("search"))
-    configs = artifact.launches(tuple(shapes), ctx.limits)
-    part = {"cubin": artifact.cubin,
-            "launches": [(c.grid, c.block, c.smem_bytes) for c in (configs[shape_label(s)] for s in shapes)]}
-    return {"type": "evaluate", "kernel_dir": str(spec.directory), "dtype": dtype, "shapes": [dict(s) for s in shapes],
-            "candidate": part, "baseline": part, "same_as_baseline": False, "seeds": [0, 1],
-            "best_ms": {}, "time": True, "noise_floor": False}
+    return {**baseline_against_itself(ctx, load_kernel(kernel), dtype), "seeds": [0, 1]}
 
 
 def _gpu_busy_s(fn: Any) -> float:

@@ -217,11 +217,28 @@ def _diagnose(ctx: Any, spec: Any, base_job: dict[str, Any], part: dict[str, Any
     return out
 
 
+def baseline_against_itself(ctx: Any, spec: Any, dtype: str) -> dict[str, Any]:
+    """The evaluator's job (``evaluators.worker.run_evaluate``, without ``timing``) that
+    evaluates the kernel's baseline against itself on its search shapes as two binaries, so
+    that every guard runs as for a real candidate."""
+    from evaluators.admit import Artifact, admit
+    from kernels.spec import shape_label
+
+    artifact = admit(spec, spec.baseline_source(), dtype, {}, arch=str(ctx.info["arch"]), limits=ctx.limits)
+    assert isinstance(artifact, Artifact), f"the baseline of {spec.name} is refused: {artifact}"
+    shapes = list(spec.shapes("search"))
+    configs = artifact.launches(tuple(shapes), ctx.limits)
+    part = {"cubin": artifact.cubin,
+            "launches": [(c.grid, c.block, c.smem_bytes) for c in (configs[shape_label(s)] for s in shapes)]}
+    return {"type": "evaluate", "kernel_dir": str(spec.directory), "dtype": dtype, "shapes": [dict(s) for s in shapes],
+            "candidate": part, "baseline": part, "same_as_baseline": False, "seeds": [0],
+            "best_ms": {}, "time": True, "noise_floor": False}
+
+
 def probe_kernel(kernel: str, dtype: str, repetitions: int, per_peer: bool = False) -> dict[str, Any]:
     """The three set-ups for one kernel's baseline, each in a fresh context of this process."""
     import torch
 
-    from evaluators.admit import Artifact, admit
     from evaluators.context import Context
     from evaluators.timing import gpu_us, l2_persistence
     from evaluators.worker import run_evaluate
@@ -229,16 +246,9 @@ def probe_kernel(kernel: str, dtype: str, repetitions: int, per_peer: bool = Fal
 
     spec = load_kernel(kernel)
     ctx = Context(0)
-    artifact = admit(spec, spec.baseline_source(), dtype, {}, arch=str(ctx.info["arch"]), limits=ctx.limits)
-    assert isinstance(artifact, Artifact), f"the baseline of {kernel} is refused: {artifact}"
-    shapes = list(spec.shapes("search"))
-    configs = artifact.launches(tuple(shapes), ctx.limits)
-    part = {"cubin": artifact.cubin,
-            "launches": [(c.grid, c.block, c.smem_bytes) for c in (configs[shape_label(s)] for s in shapes)]}
     timing = {"warmup": 20, "repetitions": repetitions, "cutoff": None}
-    job = {"type": "evaluate", "kernel_dir": str(spec.directory), "dtype": dtype, "shapes": [dict(s) for s in shapes],
-           "candidate": part, "baseline": part, "same_as_baseline": False, "seeds": [0], "timing": timing,
-           "best_ms": {}, "time": True, "noise_floor": False}
+    job = {**baseline_against_itself(ctx, spec, dtype), "timing": timing}
+    part = job["baseline"]
     evaluated = run_evaluate(ctx, job, lambda _: None)
     loop_job = {"kernel_dir": str(spec.directory), "dtype": dtype, "shapes": job["shapes"], "warmup": 20,
                 "repetitions": repetitions, "kernels": {"baseline": part}, "baseline": part, "peers": False}
