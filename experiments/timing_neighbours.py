@@ -190,20 +190,15 @@ def probe_kernel(kernel: str, dtype: str, repetitions: int) -> dict[str, Any]:
     import cupy
     import torch
 
-    from evaluators.admit import Artifact, admit
     from evaluators.context import Context
     from evaluators.peers import COMPILED, run_peers
-    from kernels.spec import load_kernel, shape_label
+    from experiments.timing_truth import baseline_part
+    from kernels.spec import load_kernel
 
     spec = load_kernel(kernel)
     ctx = Context(0)
-    artifact = admit(spec, spec.baseline_source(), dtype, {}, arch=str(ctx.info["arch"]), limits=ctx.limits)
-    assert isinstance(artifact, Artifact), f"the baseline of {kernel} is refused: {artifact}"
-    shapes = list(spec.shapes("search"))
-    configs = artifact.launches(tuple(shapes), ctx.limits)
-    part = {"cubin": artifact.cubin,
-            "launches": [(c.grid, c.block, c.smem_bytes) for c in (configs[shape_label(s)] for s in shapes)]}
-    job: dict[str, Any] = {"kernel_dir": str(spec.directory), "dtype": dtype, "shapes": [dict(s) for s in shapes], "warmup": 20,
+    part, shapes = baseline_part(ctx, spec, dtype)
+    job: dict[str, Any] = {"kernel_dir": str(spec.directory), "dtype": dtype, "shapes": shapes, "warmup": 20,
            "repetitions": repetitions, "kernels": {"baseline": part}, "baseline": part, "peers": False}
     setups: dict[str, dict[str, Any]] = {}
     errors: dict[str, str] = {}

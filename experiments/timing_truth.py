@@ -217,10 +217,9 @@ def _diagnose(ctx: Any, spec: Any, base_job: dict[str, Any], part: dict[str, Any
     return out
 
 
-def baseline_against_itself(ctx: Any, spec: Any, dtype: str) -> dict[str, Any]:
-    """The evaluator's job (``evaluators.worker.run_evaluate``, without ``timing``) that
-    evaluates the kernel's baseline against itself on its search shapes as two binaries, so
-    that every guard runs as for a real candidate."""
+def baseline_part(ctx: Any, spec: Any, dtype: str) -> tuple[dict[str, Any], list[dict[str, int]]]:
+    """The kernel's baseline as a worker job's binary (``{cubin, launches}``) on its search
+    shapes, and those shapes."""
     from evaluators.admit import Artifact, admit
     from kernels.spec import shape_label
 
@@ -230,7 +229,15 @@ def baseline_against_itself(ctx: Any, spec: Any, dtype: str) -> dict[str, Any]:
     configs = artifact.launches(tuple(shapes), ctx.limits)
     part = {"cubin": artifact.cubin,
             "launches": [(c.grid, c.block, c.smem_bytes) for c in (configs[shape_label(s)] for s in shapes)]}
-    return {"type": "evaluate", "kernel_dir": str(spec.directory), "dtype": dtype, "shapes": [dict(s) for s in shapes],
+    return part, [dict(s) for s in shapes]
+
+
+def baseline_against_itself(ctx: Any, spec: Any, dtype: str) -> dict[str, Any]:
+    """The evaluator's job (``evaluators.worker.run_evaluate``, without ``timing``) that
+    evaluates the kernel's baseline against itself on its search shapes as two binaries, so
+    that every guard runs as for a real candidate."""
+    part, shapes = baseline_part(ctx, spec, dtype)
+    return {"type": "evaluate", "kernel_dir": str(spec.directory), "dtype": dtype, "shapes": shapes,
             "candidate": part, "baseline": part, "same_as_baseline": False, "seeds": [0],
             "best_ms": {}, "time": True, "noise_floor": False}
 
