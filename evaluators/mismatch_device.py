@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 # element type name in the kernel source, and how one element becomes fp32 (floats) or is
@@ -47,39 +48,33 @@ __device__ __forceinline__ void note(unsigned long long bad, unsigned long long 
     }
 }
 
-#define FLOAT_CHECK(NAME, T, LOAD)                                                              \
-extern "C" __global__ void mismatch_##NAME(const T* g, const T* e, long long n, float rtol,     \
-                                           float atol, unsigned long long* count,               \
-                                           unsigned long long* first_out) {                     \
-    unsigned long long bad = 0, first = ~0ull;                                                  \
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;                 \
-         i += (long long)gridDim.x * blockDim.x) {                                              \
-        const float gv = LOAD(g, i), ev = LOAD(e, i);                                           \
-        const float excess = fabsf(gv - ev) - rtol * fabsf(ev);                                 \
-        const bool ok = (excess <= atol) || (gv == ev) || (gv != gv && ev != ev);               \
-        if (!ok) { bad++; if ((unsigned long long)i < first) first = i; }                       \
-    }                                                                                           \
-    note(bad, first, count, first_out);                                                         \
+// Outside the tolerance: |g - e| - rtol * |e| > atol, unless g == e (the same infinity) or
+// both are NaN (a NaN on either side alone makes the difference NaN, which fails).
+__device__ __forceinline__ bool float_bad(float gv, float ev, float rtol, float atol) {
+    const float excess = fabsf(gv - ev) - rtol * fabsf(ev);
+    return !((excess <= atol) || (gv == ev) || (gv != gv && ev != ev));
 }
-FLOAT_CHECK(f16, unsigned short, load_f16)
-FLOAT_CHECK(bf16, unsigned short, load_bf16)
-FLOAT_CHECK(f32, float, load_f32)
 
-#define BITS_CHECK(NAME, T)                                                                     \
+// One kernel per element type: counts the elements i where BAD holds and keeps the first.
+#define CHECK(NAME, T, BAD)                                                                     \
 extern "C" __global__ void mismatch_##NAME(const T* g, const T* e, long long n, float rtol,     \
                                            float atol, unsigned long long* count,               \
                                            unsigned long long* first_out) {                     \
     unsigned long long bad = 0, first = ~0ull;                                                  \
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;                 \
          i += (long long)gridDim.x * blockDim.x) {                                              \
-        if (g[i] != e[i]) { bad++; if ((unsigned long long)i < first) first = i; }              \
+        if (BAD) { bad++; if ((unsigned long long)i < first) first = i; }                       \
     }                                                                                           \
     note(bad, first, count, first_out);                                                         \
 }
-BITS_CHECK(b1, unsigned char)
-BITS_CHECK(b2, unsigned short)
-BITS_CHECK(b4, unsigned int)
-BITS_CHECK(b8, unsigned long long)
+CHECK(f16, unsigned short, float_bad(load_f16(g, i), load_f16(e, i), rtol, atol))
+CHECK(bf16, unsigned short, float_bad(load_bf16(g, i), load_bf16(e, i), rtol, atol))
+CHECK(f32, float, float_bad(load_f32(g, i), load_f32(e, i), rtol, atol))
+// integers and booleans: bit-equal
+CHECK(b1, unsigned char, g[i] != e[i])
+CHECK(b2, unsigned short, g[i] != e[i])
+CHECK(b4, unsigned int, g[i] != e[i])
+CHECK(b8, unsigned long long, g[i] != e[i])
 
 // One thread: the statistics row from the counters, which it then resets for the next check.
 // got_at / expected_at: the element at the first bad index as fp32, read by the host-side
@@ -163,8 +158,6 @@ class DeviceMismatch:
                    atol: float) -> None:
         """Writes ``[bad, first, got[first], expected[first]]`` into the float64 device tensor
         ``row`` (4 contiguous elements); the pair must be :func:`supported`."""
-        import numpy as np
-
         assert row.dtype == torch.float64 and row.is_contiguous() and row.numel() == 4
         n = got.numel()
         dtype = got.dtype

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from evaluators import mismatch_device
+
 # The comparisons live with the kernel specs (the CPU checks use them too); re-exported here.
 from kernels.compare import (
     Finding,
@@ -59,8 +61,6 @@ def mismatch_stats_into(row: torch.Tensor, got: torch.Tensor, expected: torch.Te
     """:func:`mismatch_stats` written into the float64 device tensor ``row``, in one pass over
     the data where :mod:`evaluators.mismatch_device` supports the pair (same dtype, contiguous,
     on a GPU), else through the torch operators."""
-    from evaluators import mismatch_device
-
     if mismatch_device.supported(got, expected):
         mismatch_device.checker(got.device).stats_into(row, got, expected, rtol, atol)
     else:
