@@ -459,25 +459,28 @@ class GpuEvaluator(Evaluator):
         hung or failed as a whole, (None, why).
 
         A peer whose call ends the sandbox process (a library's segfault) or hangs it, as the
-        process's last step names (:func:`evaluators.peers.peer_step`), costs its own figure on
+        process's last step names (:func:`evaluators.peer_steps.peer_step`), costs its own figure on
         that shape only: the job runs again without that peer on that shape, and without it on
         every shape once it has done so on two; each time, why is in the reply's ``errors``.
         At most :data:`PEER_EXCLUSIONS` such re-runs."""
         excluded: dict[str, dict[str, str]] = {}
+        reruns = 0
         while True:
             reply, why, ended_in = self._peers_job_once(_excluding(job, excluded))
             culprit = parse_peer_step(str(ended_in.get("last_step", ""))) if reply is None else None
-            if culprit is None or sum(len(v) for v in excluded.values()) >= PEER_EXCLUSIONS:
+            if culprit is None or reruns == PEER_EXCLUSIONS:
                 return reply, why
+            reruns += 1
             name, label = culprit
             ended = (f"exit code {ended_in['exitcode']}" if "exitcode" in ended_in else "no progress")
             ended += _stderr_note(ended_in)
-            before = [shape for shape in excluded.get(name, {}) if shape != EVERY_SHAPE]
+            # A peer left out everywhere is never called again, so it cannot be the culprit here.
+            before = list(excluded.get(name, {}))
             if before:
                 excluded[name] = {EVERY_SHAPE: f"its calls ended the sandbox process on {', '.join([*before, label])} "
                                                f"({ended}); not timed on any shape"}
             else:
-                excluded.setdefault(name, {})[label] = f"its call ended the sandbox process ({ended}); not timed here"
+                excluded[name] = {label: f"its call ended the sandbox process ({ended}); not timed here"}
 
     def _peers_job_once(self, job: dict[str, Any]) -> tuple[dict[str, Any] | None, str, dict[str, Any]]:
         """:meth:`_peers_job` without the re-runs: (reply, why, and for a process that died or
@@ -522,7 +525,7 @@ class GpuEvaluator(Evaluator):
 
 
 # Re-runs of one peers' job that leave out a peer which ended its process (see
-# GpuEvaluator._peers_job): two per peer of a kernel with several peers, and a bound.
+# GpuEvaluator._peers_job): two per peer covers a kernel with four peers.
 PEER_EXCLUSIONS = 8
 
 
