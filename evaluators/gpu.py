@@ -47,10 +47,11 @@ class _Worker:
     of a socket pair wrapped as a :class:`multiprocessing.connection.Connection`.
     """
 
-    def __init__(self, device: int, start_timeout_s: float, gpu_turns: str | None = None) -> None:
+    def __init__(self, device: int, start_timeout_s: float, gpu_turns: str | None = None,
+                 job_lock: str | None = None) -> None:
         ours, theirs = socket.socketpair()
         self.conn = Connection(ours.detach())
-        turns = ["--gpu-turns", gpu_turns] if gpu_turns else []
+        turns = (["--gpu-turns", gpu_turns] if gpu_turns else []) + (["--job-lock", job_lock] if job_lock else [])
         # stderr into a file of its own, read back when the process dies: with faulthandler on,
         # a signal (a library's segfault) leaves the Python frames it hit there.
         self.stderr = tempfile.TemporaryFile()
@@ -142,12 +143,15 @@ class GpuEvaluator(Evaluator):
         gpu_turns: the GPU's lock file (:mod:`evaluators.gpu_turns`) that the worker takes part
             in: it shares the GPU with other processes' set-ups, and times with it alone. None
             for the pool's own evaluator, which the pool gives the GPU to alone.
+        job_lock: a lock file the worker holds alone through every job: the pool's evaluator,
+            beside which compilations of the end-of-run peers run during the search, their
+            autotuning benchmarks holding the same lock alone (:mod:`search.compile_ahead`).
     """
 
     def __init__(self, device: int = 0, step_timeout_s: float = 20.0, start_timeout_s: float = 180.0,
-                 arch: str | None = None, gpu_turns: str | None = None) -> None:
+                 arch: str | None = None, gpu_turns: str | None = None, job_lock: str | None = None) -> None:
         self.device = device
-        self.gpu_turns = gpu_turns
+        self.gpu_turns, self.job_lock = gpu_turns, job_lock
         self.step_timeout_s = step_timeout_s
         self.start_timeout_s = start_timeout_s
         self._arch = arch
@@ -165,7 +169,7 @@ class GpuEvaluator(Evaluator):
         if self._worker is not None and not self._worker.alive():
             self._drop_worker()
         if self._worker is None:
-            self._worker = _Worker(self.device, self.start_timeout_s, self.gpu_turns)
+            self._worker = _Worker(self.device, self.start_timeout_s, self.gpu_turns, self.job_lock)
         return self._worker
 
     def info(self) -> dict[str, Any]:

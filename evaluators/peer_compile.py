@@ -244,13 +244,17 @@ def first_calls(spec: Any, dtype: str, shape_set: str, device: str, lock: str | 
 
 
 def compile_ahead(kernel: KernelRef | str, dtype: str, shape_set: str, cache_dir: str | Path, lock: str | Path,
-                  timeout_s: float = 900.0, modes: Sequence[str] | None = None, device: str = "cuda") -> dict[str, Any]:
+                  timeout_s: float = 900.0, modes: Sequence[str] | None = None, device: str = "cuda",
+                  benchmark_lock: str | Path | None = None) -> dict[str, Any]:
     """Runs :func:`compile_kernel` in a process of its own (fresh torch, no compilation of this
-    process's in it); returns its report, or ``{"status": "ERROR", "summary": why}``."""
+    process's in it); returns its report, or ``{"status": "ERROR", "summary": why}``. Its
+    first calls hold ``lock`` shared and its autotuning benchmarks hold ``benchmark_lock``
+    (default: ``lock``) alone."""
     folder = str(kernel.resolve()) if isinstance(kernel, KernelRef) else str(kernel)
     Path(cache_dir).mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "evaluators.peer_compile", folder, "--cache-dir", str(cache_dir), "--lock", str(lock),
-           "--dtype", dtype, "--shapes", shape_set, "--device", device, *(["--modes", *modes] if modes else [])]
+           "--dtype", dtype, "--shapes", shape_set, "--device", device, *(["--modes", *modes] if modes else []),
+           *(["--benchmark-lock", str(benchmark_lock)] if benchmark_lock else [])]
     # TORCHINDUCTOR_COMPILE_THREADS as in the sandbox worker; faulthandler so that a process
     # killed by a signal (a segfault in a library) says in which Python frames.
     # Its ninja takes turns per build folder (evaluators.ninja_turns).
@@ -293,12 +297,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("kernel", help="library kernel name or kernel folder")
     p.add_argument("--cache-dir", required=True)
     p.add_argument("--lock", required=True, help="file lock shared by every compile-ahead process of a GPU")
+    p.add_argument("--benchmark-lock", help="file lock the autotuning benchmarks hold alone (default: --lock)")
     p.add_argument("--dtype", default="float16")
     p.add_argument("--shapes", default="search", choices=("search", "heldout"))
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--modes", nargs="+", help="torch.compile modes (default: evaluators.peers.COMPILE_MODES)")
     args = p.parse_args(argv)
-    install_benchmark_turns(args.lock)
+    install_benchmark_turns(args.benchmark_lock or args.lock)
     report = compile_kernel(args.kernel, args.dtype, args.shapes, args.cache_dir, args.modes, device=args.device,
                             lock=args.lock)
     print(json.dumps(report), flush=True)

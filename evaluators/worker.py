@@ -9,6 +9,7 @@ the parent starts a fresh one.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import traceback
@@ -29,6 +30,7 @@ from evaluators.context import (
     tolerances,
     torch_dtype,
 )
+from evaluators.gpu_turns import turns
 from evaluators.launcher import Kernel, LaunchResourceError
 from evaluators.ours import OursOnShape
 from evaluators.peers import run_peers, run_round
@@ -293,10 +295,13 @@ def handle(ctx: Context, job: dict[str, Any], beat: Beat) -> tuple[dict[str, Any
         return {"status": "INTERNAL", "message": text, "traceback": traceback.format_exc()}, False
 
 
-def serve(conn: Any, device: int, gpu_turns: str | None = None) -> None:
+def serve(conn: Any, device: int, gpu_turns: str | None = None, job_lock: str | None = None) -> None:
     """Main loop of the worker process. ``gpu_turns``: the GPU's lock this process takes part
     in (:mod:`evaluators.gpu_turns`), shared from before its CUDA context exists to its end,
-    alone while it times (a round of end-of-run loops beside other rounds' set-ups)."""
+    alone while it times (a round of end-of-run loops beside other rounds' set-ups).
+    ``job_lock``: a lock this process holds alone through every job (the pool's evaluator:
+    the autotuning benchmarks of compilations made beside the search take the same lock
+    alone, so neither times beside the other)."""
     if gpu_turns:
         from evaluators.gpu_turns import benchmark_lock_path, take_part
         from evaluators.peer_compile import install_benchmark_turns
@@ -316,7 +321,12 @@ def serve(conn: Any, device: int, gpu_turns: str | None = None) -> None:
             return
         if job is None:
             return
-        reply, fatal = handle(ctx, job, lambda msg: conn.send(("beat", msg)))
+        def beat(msg: str) -> None:
+            conn.send(("beat", msg))
+
+        with turns(job_lock).alone(lambda: beat("waiting for a benchmark beside the search to end"), every_s=5.0) \
+                if job_lock else contextlib.nullcontext():
+            reply, fatal = handle(ctx, job, beat)
         conn.send(("result", reply))
         if fatal:
             conn.close()
@@ -343,8 +353,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fd", type=int, required=True, help="the inherited socket's file descriptor")
     parser.add_argument("--device", type=int, default=0, help="CUDA device index as this process sees it")
     parser.add_argument("--gpu-turns", help="the GPU's lock file this process shares, and holds alone to time")
+    parser.add_argument("--job-lock", help="a lock file this process holds alone through every job")
     args = parser.parse_args(argv)
-    serve(Connection(args.fd), args.device, args.gpu_turns)
+    serve(Connection(args.fd), args.device, args.gpu_turns, args.job_lock)
 
 
 if __name__ == "__main__":

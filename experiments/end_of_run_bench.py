@@ -62,6 +62,7 @@ def one_run(mode: str, cache: Path, out: Path, extra: Sequence[str], first: bool
     summary = json.loads(summary_path.read_text())
     record.update(run_id=summary.get("run_id"), gpu=summary.get("gpu"), summary_wall_s=summary.get("wall_s"),
                   stage_s=summary.get("stage_s"), end_calls_s=summary.get("end_calls_s"),
+                  compiled_beside_search=summary.get("compiled_beside_search"),
                   kernels={k["kernel"]: kernel_figures(k) for k in summary["kernels"]})
     return record
 
@@ -76,6 +77,13 @@ def kernel_figures(k: dict[str, Any]) -> dict[str, Any]:
             # what it loaded of the compilations made ahead of it
             "phase_s": {"search": k.get("loop_phase_s", []), "heldout": held.get("loop_phase_s", [])},
             "compile_cache": {"search": k.get("compile_cache", []), "heldout": held.get("compile_cache", [])}}
+
+
+def _beside(made: dict[str, Any] | None) -> str:
+    if not made:
+        return "-"
+    return ", ".join(f"{key} {v['answered_s']:.0f} s" + ("" if v.get("status") == "OK" else f" ({v.get('status')})")
+                     if v.get("answered_s") is not None else f"{key} unanswered" for key, v in made.items())
 
 
 def _text(d: dict[str, Any] | None) -> str:
@@ -106,12 +114,16 @@ def report(runs: list[dict[str, Any]]) -> str:
              "- ratios: other implementation's time / our winner's, geometric mean over the shapes per loop, "
              "median over the 3 loops [min-max]; kernel times (CUDA events around our launches, CUDA-graph "
              "replays for the peers, L2 flushed before every repetition)", "",
-             "| run | mode | exit | wall | stages | end-of-run calls |", "|---|---|---|---|---|---|"]
+             "- compiled beside the search: the end-of-run loops' torch.compile programs compiled while the "
+             "search ran (search.compile_ahead), per kernel and shape set: seconds from the run's set-up to "
+             "its answer", "",
+             "| run | mode | exit | wall | stages | end-of-run calls | compiled beside the search |",
+             "|---|---|---|---|---|---|---|"]
     for i, r in enumerate(runs, 1):
         stages = ", ".join(f"{k} {v:.0f}" for k, v in (r.get("stage_s") or {}).items())
         calls = ", ".join(f"{k} {v:.0f}" for k, v in (r.get("end_calls_s") or {}).items())
         lines.append(f"| {i} | {r['mode']}{' (first)' if r.get('first_on_machine') else ''} | {r['exit_code']} | "
-                     f"{r['wall_s']:.0f} s | {stages} | {calls} |")
+                     f"{r['wall_s']:.0f} s | {stages} | {calls} | {_beside(r.get('compiled_beside_search'))} |")
     lines += ["", "| mode | wall, median [min-max] |", "|---|---|"]
     for mode in ("cold", "warm"):
         lines.append(f"| {mode} | {_spread([r['wall_s'] for r in runs if r['mode'] == mode and r['exit_code'] == 0])} |")

@@ -41,6 +41,7 @@ from evaluators.peer_warmup import PeerWarmup
 from kernels.records import ShapeSet, Stage
 from kernels.spec import shape_label
 from kernels.verdict import Evaluation, ShapeResult
+from search.compile_ahead import CompiledAhead, folder_name
 from search.config import EvaluatorConfig
 from search.controller import Controller
 from search.dispatch import Dispatch, choose, single
@@ -279,9 +280,10 @@ class EndOfRun:
         ctl: the controller whose search has finished.
     """
 
-    def __init__(self, ctl: Controller, cache: PeerCache | None = None) -> None:
+    def __init__(self, ctl: Controller, cache: PeerCache | None = None, ahead: CompiledAhead | None = None) -> None:
         self.ctl = ctl
         self.cache = cache
+        self.ahead = ahead  # compilations made beside the search (search.compile_ahead)
         # progress over the peers' loops (one line each, with an estimate of what is left)
         cfg = ctl.config.evaluator
         self.loops_expected = (sum(cfg.peer_runs * len(loop_sets(st)) for st in ctl.states)
@@ -678,7 +680,8 @@ class EndOfRun:
         timing, not of compiling (``--no-compile-ahead``: every loop compiles afresh). A round
         on record (a resumed run's, replayed) needs nothing compiled. What is compiled lies on
         this machine's disk, so it is not recorded: a resumed run compiles again for the rounds
-        it has not done."""
+        it has not done. What was compiled beside the search (:mod:`search.compile_ahead`) is
+        taken as it is, not compiled again."""
         cfg = self.ctl.config.evaluator
         if not cfg.compile_ahead or not cfg.peers:
             return
@@ -690,7 +693,11 @@ class EndOfRun:
                     continue
                 self.compiling += 1
                 call = partial(self._compiled, k, shape_set.value, rounds)
-                where = f"{self.ctl.records.run_id}/{k.st.name}-{k.st.ref.digest[:8]}/{shape_set.value}"
+                made = self.ahead.take(k.st.name, shape_set) if self.ahead is not None else None
+                if made is not None:  # compiled beside the search
+                    call(made, "")
+                    continue
+                where = folder_name(self.ctl.records.run_id, k.st, shape_set.value)
                 self.ctl.pool.call(call, "precompile", k.st.ref, k.st.dtype, shape_set.value, where, exclusive=False,
                                    what=f"{k.st.name} compile ahead ({shape_set.value} shapes)")
 
@@ -785,21 +792,30 @@ def stop_warmup(warmup: PeerWarmup) -> float | None:
 
 
 def finalize(ctl: Controller, warmup: PeerWarmup | None = None, cache: PeerCache | None = None,
-             clock: StageClock | None = None) -> tuple[list[KernelResult], str]:
+             clock: StageClock | None = None, ahead: CompiledAhead | None = None) -> tuple[list[KernelResult], str]:
     """Re-validates, re-times and writes ``best/``; returns the results and the device name.
 
     The end of the run works over as many fresh evaluator actors as the search had GPUs (no
     more than there are kernels), several sanitizer runs at once on each. ``cache``: the peer
     figures kept from earlier runs (:mod:`search.peer_cache`); ``clock`` gets the seconds of
     each stage and, as ``end_calls_s``, of each kind of call after the held-out checks.
+    ``ahead``: the compilations started beside the search; the pool is renewed once they are in.
     """
     clock = clock or StageClock()
-    end = EndOfRun(ctl, cache)
+    end = EndOfRun(ctl, cache, ahead)
     with clock.stage("held-out"):
         end.heldout()
     with clock.stage("end set-up"):
         if warmup is not None:
             stop_warmup(warmup)
+        if ctl.pool.background_inflight():
+            # Renewing the pool would end them; what they compile is the end-of-run loops' own work.
+            print(f"end: waiting for {ctl.pool.background_inflight()} compilations begun beside the search",
+                  file=sys.stderr, flush=True)
+            waited = time.monotonic()
+            ctl.drain(lambda: not ctl.pool.background_inflight())
+            print(f"end: compilations beside the search in after {time.monotonic() - waited:.0f} s more",
+                  file=sys.stderr, flush=True)
         # Non-exclusive calls overlap on an actor: a sanitizer run per dispatch member (up to
         # search.dispatch per kernel), and with peers, beside them, the compilations ahead (one
         # per kernel and shape set) and after those the rounds of loops (one per kernel and

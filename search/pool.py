@@ -243,8 +243,11 @@ class EvaluatorActor:
     def __init__(self, kind: str, latency_s: float = 0.0) -> None:
         if kind == "gpu":
             from evaluators.gpu import GpuEvaluator
+            from evaluators.gpu_turns import benchmark_lock_path, lock_path
 
-            self.evaluator: Any = GpuEvaluator(device=0)
+            # Its worker holds the GPU's benchmark lock alone through every job: compilations
+            # made beside the search (precompile, beside_search) benchmark under that lock.
+            self.evaluator: Any = GpuEvaluator(device=0, job_lock=str(benchmark_lock_path(lock_path())))
         else:
             from evaluators.standin import StandinEvaluator
 
@@ -313,22 +316,28 @@ class EvaluatorActor:
         answers = [_loop_answer(r) for r in replies]
         return {"loops": answers, "busy_s": sum(float(a.get("phase_s", {}).get("loop", 0.0)) for a in answers)}
 
-    def precompile(self, kernel: KernelRef | str, dtype: str, shape_set: str, folder: str) -> dict[str, Any]:
+    def precompile(self, kernel: KernelRef | str, dtype: str, shape_set: str, folder: str,
+                   beside_search: bool = False) -> dict[str, Any]:
         """Compiles the kernel's torch.compile programs for its end-of-run loops on one shape set
         ahead of them (every round's loop on that set loads them), into
         ``folder`` under this node's temporary directory (:mod:`evaluators.peer_compile`); the
         report carries the folder's full path as ``folder``. A separate process, like a
-        sanitizer run: it never overlaps a timed call. The stand-in has nothing to compile."""
+        sanitizer run: it never overlaps a timed call. ``beside_search``: it runs beside the
+        search's evaluations (:mod:`search.compile_ahead`), its autotuning benchmarks taking
+        turns with them through the lock this actor's worker holds through every job. The
+        stand-in has nothing to compile."""
         if self.kind != "gpu":
             return {"status": "SKIPPED", "summary": "stand-in evaluator: no peers to compile"}
         import tempfile
 
-        from evaluators.gpu_turns import lock_path
+        from evaluators.gpu_turns import benchmark_lock_path, lock_path
         from evaluators.peer_compile import compile_ahead
 
         where = Path(tempfile.gettempdir()) / "kernel-search-compiled" / folder
         # One lock per GPU: the compile-ahead processes of this GPU never benchmark at once.
-        return dict(compile_ahead(kernel, dtype, shape_set, where, lock_path()), folder=str(where))
+        benchmarks = benchmark_lock_path(lock_path()) if beside_search else None
+        return dict(compile_ahead(kernel, dtype, shape_set, where, lock_path(), benchmark_lock=benchmarks),
+                    folder=str(where))
 
     def sanitize(self, kernel: KernelRef | str, source: str, dtype: str, params: dict[str, int],
                  shapes: Sequence[Mapping[str, int]] = ()) -> dict[str, Any]:
@@ -417,6 +426,8 @@ class Call:
         exclusive: takes the actor's turn (the GPU); False for sanitizer runs, which are
             separate processes and may overlap each other on one actor, but never an
             exclusive call: a timed evaluation or peers' loop has its GPU to itself.
+        background: neither takes the actor's turn nor waits for one (compilations ahead
+            made during the search, which take turns with its evaluations on their own).
         what: a label for messages (kernel and variant).
         tries: retries used so far.
         started: when the call was sent to its actor (monotonic seconds).
@@ -428,6 +439,7 @@ class Call:
     args: tuple[Any, ...]
     exclusive: bool = True
     what: str = ""
+    background: bool = False
     tries: int = 0
     slot: int = field(default=-1, compare=False)
     actor: Any = field(default=None, compare=False, repr=False)
@@ -473,14 +485,18 @@ class EvalPool:
         size: number of actors (GPUs).
         retries: how often a call is retried after its actor died.
         latency_s: stand-in only.
+        background: background calls (:attr:`Call.background`) that may run at once, each
+            beside the exclusive calls of its actor (which runs them in threads of its own).
     """
 
-    def __init__(self, kind: str, size: int, retries: int = 1, latency_s: float = 0.0) -> None:
+    def __init__(self, kind: str, size: int, retries: int = 1, latency_s: float = 0.0, background: int = 0) -> None:
         self.kind, self.retries, self.latency_s = kind, retries, latency_s
-        self.actors = [spawn_evaluator(kind, latency_s) for _ in range(size)]
-        self._concurrency = 1
+        self.background_limit = max(0, background)
+        self._concurrency = 1 + self.background_limit
+        self.actors = [spawn_evaluator(kind, latency_s, self._concurrency) for _ in range(size)]
         self.idle = deque(range(size))
         self.sharing = [0] * size  # non-exclusive calls in flight per actor
+        self.behind = [0] * size  # background calls in flight per actor
         self.queue: deque[Call] = deque()
         self.inflight: dict[Any, Call] = {}
         self.busy_s = 0.0
@@ -492,21 +508,30 @@ class EvalPool:
         """Queues an evaluation; ``artifact`` is the admitted artifact's object reference."""
         self.call(job, "evaluate", request, artifact, what=f"{request.variant.kernel} {request.variant.id}")
 
-    def call(self, owner: Any, method: str, *args: Any, exclusive: bool = True, what: str = "") -> None:
+    def call(self, owner: Any, method: str, *args: Any, exclusive: bool = True, what: str = "",
+             background: bool = False) -> None:
         """Queues any evaluator call (see :class:`Call`)."""
-        self.queue.append(Call(owner, method, args, exclusive, what))
+        if background and not self.background_limit:
+            raise ValueError("EvalPool: a background call on a pool made without background room")
+        self.queue.append(Call(owner, method, args, exclusive and not background, what, background))
         self._dispatch()
+
+    def background_inflight(self) -> int:
+        """Background calls queued or in flight."""
+        return sum(1 for c in [*self.queue, *self.inflight.values()] if c.background)
 
     def _dispatch(self) -> None:
         waiting: deque[Call] = deque()
         while self.queue:
             call = self.queue.popleft()
-            slot = self._free_slot(call.exclusive)
+            slot = self._background_slot() if call.background else self._free_slot(call.exclusive)
             if slot is None:
                 waiting.append(call)
                 continue
             call.slot = slot
-            if call.exclusive:
+            if call.background:
+                self.behind[slot] += 1
+            elif call.exclusive:
                 self.idle.remove(slot)
             else:
                 self.sharing[slot] += 1
@@ -525,6 +550,12 @@ class EvalPool:
         if exclusive:
             return next((s for s in self.idle if self.sharing[s] == 0), None)
         return min(self.idle, key=lambda s: self.sharing[s], default=None)
+
+    def _background_slot(self) -> int | None:
+        """The actor with the fewest background calls, while the pool has room for one more."""
+        if not self.actors or sum(self.behind) >= self.background_limit:
+            return None
+        return min(range(len(self.actors)), key=lambda s: self.behind[s])
 
     def refs(self) -> list[Any]:
         return list(self.inflight)
@@ -572,7 +603,9 @@ class EvalPool:
         self._dispatch()
 
     def _free(self, call: Call) -> None:
-        if call.exclusive:
+        if call.background:
+            self.behind[call.slot] -= 1
+        elif call.exclusive:
             self.idle.append(call.slot)
         else:
             self.sharing[call.slot] -= 1
@@ -614,6 +647,8 @@ class EvalPool:
         self.actors = [spawn_evaluator(self.kind, self.latency_s, self._concurrency) for _ in range(size)]
         self.idle = deque(range(size))
         self.sharing = [0] * size
+        self.behind = [0] * size
+        self.background_limit = 0  # fresh actors run one call at a time beside their sharing ones
 
     def device_name(self) -> str:
         """The name of the device the first actor evaluates on."""
@@ -636,7 +671,7 @@ class EvalPool:
     def shutdown(self) -> None:
         for actor in self.actors:
             ray.kill(actor)
-        self.actors, self.idle, self.sharing = [], deque(), []
+        self.actors, self.idle, self.sharing, self.behind = [], deque(), [], []
 
 
 def _first_line(exc: BaseException) -> str:

@@ -485,6 +485,7 @@ def run_search(prep: Prepared, command: str, progress_cls: Any = None) -> dict[s
 def _search(prep: Prepared, command: str, progress_cls: Any) -> dict[str, Any]:
     import ray
 
+    from search.compile_ahead import CompiledAhead, needed, room
     from search.controller import Controller
     from search.finalize import all_cached, finalize, open_peer_cache
     from search.pool import AgentActor, EvalPool
@@ -519,10 +520,18 @@ def _search(prep: Prepared, command: str, progress_cls: Any) -> dict[str, Any]:
     # agents five different strategies).
     agents: list[Any] = [actor_cls.remote(cfg.agent.kind, cfg.agent, cfg.seed * 1000 + i)
                          for i in range(cfg.search.population)]
-    pool = EvalPool(cfg.evaluator.kind, n_gpus, cfg.evaluator.retries, cfg.evaluator.standin_latency_s)
+    # Room for the end-of-run loops' compilations beside the search (two shape sets per kernel
+    # at most; search.compile_ahead), which take the place of the peers' warm-up.
+    beside = room(2 * len(states)) if needed(cfg.evaluator, states, None) else 0
+    pool = EvalPool(cfg.evaluator.kind, n_gpus, cfg.evaluator.retries, cfg.evaluator.standin_latency_s, beside)
     # Peers whose figures are all kept from earlier runs need no compiling during this one.
     peer_cache = open_peer_cache(cfg.evaluator, pool)
-    warmup = start_peer_warmup(cfg, prep, [st.name for st in states if all_cached(peer_cache, cfg.evaluator, st)])
+    ahead = CompiledAhead(records.run_id) if beside else None
+    if ahead is not None:
+        ahead.start(pool, needed(cfg.evaluator, states, peer_cache))
+        warmup = None
+    else:
+        warmup = start_peer_warmup(cfg, prep, [st.name for st in states if all_cached(peer_cache, cfg.evaluator, st)])
     stages.add("set-up", time.time() - stages.started)
     progress = (progress_cls or Progress)(n_gpus=n_gpus, evaluator_kind=cfg.evaluator.kind)
     ctl = Controller(cfg, states, records, pool, agents, TuningStore(cfg.seed, prep.run_dir / JOURNAL), progress, history,
@@ -536,7 +545,7 @@ def _search(prep: Prepared, command: str, progress_cls: Any) -> dict[str, Any]:
         if staged is not None and where is not None:
             write_placement(prep.run_dir, staged, where)
         progress.finish()
-        results, device = finalize(ctl, warmup, peer_cache, stages)
+        results, device = finalize(ctl, warmup, peer_cache, stages, ahead)
     finally:
         clock.stop(pool.busy_s)
         if warmup is not None:
@@ -551,7 +560,8 @@ def _search(prep: Prepared, command: str, progress_cls: Any) -> dict[str, Any]:
             "extra_shapes": {st.name: list(st.extra_shapes) for st in states},
             "heldout_drawn_shapes": {st.name: list(st.heldout_extra) for st in states},
             "peer_cache": ({"folder": str(peer_cache.folder), "environment": peer_cache.environment}
-                           if peer_cache is not None else None)}
+                           if peer_cache is not None else None),
+            "compiled_beside_search": ahead.summary() if ahead is not None else None}
     with stages.stage("report"):
         write_tables(prep.run_dir)
     # this attempt's stages (a resumed run's earlier attempts are not in them)

@@ -13,6 +13,7 @@ from kernels.records import Stage
 from kernels.spec import kernel_ref, load_kernel, shape_label
 from kernels.variant import Variant
 from kernels.verdict import Evaluation, ShapeResult, Status
+from search.compile_ahead import CompiledAhead
 from search.dispatch import single
 from search.finalize import EndOfRun, _Progress
 from search.selection import Scored
@@ -74,7 +75,7 @@ class Scripted:
 def _end() -> tuple[EndOfRun, Scripted]:
     ctl = Scripted()
     end = EndOfRun.__new__(EndOfRun)
-    end.ctl, end.cache = ctl, None  # type: ignore[assignment]
+    end.ctl, end.cache, end.ahead = ctl, None, None  # type: ignore[assignment]
     end.loops_expected, end.loops_done, end.loops_started = 8, 0, 0.0
     end.compiling, end.waiting, end.kernels, end.released = 0, [], {}, False
     for name in KERNELS:
@@ -157,3 +158,31 @@ def test_compilations_ahead_start_with_the_sanitizer_runs_not_before_the_final_t
         folders = [[loop["compile_cache"] for loop in call[2][1][1]] for call in ctl.pending("time_round", kernel)]
         assert len(folders) == 2 and folders[0] == folders[1]  # both rounds: the same folder per shape set
         assert len(set(folders[0])) == len(folders[0]) and all(folders[0])  # a folder of its own per shape set
+
+
+def test_compilations_made_beside_the_search_are_taken_not_made_again() -> None:
+    """What was compiled beside the search (search.compile_ahead) is taken as it came back: a
+    folder for the rounds to load, or a failure after which they compile for themselves; only
+    the (kernel, shape set) pairs without such a report are compiled at the end."""
+    end, ctl = _end()
+    ctl.config.evaluator.compile_ahead = True
+    ahead = CompiledAhead("run-x")
+    ahead.started |= {("silu_and_mul", "search"), ("silu_and_mul", "heldout")}
+    ahead._answered(("silu_and_mul", "search"), {"status": "OK", "folder": "/tmp/made-beside"}, "")
+    ahead._answered(("silu_and_mul", "heldout"), None, "the evaluator process died")
+    assert ahead.pending() == 0
+    end.ahead = ahead
+    asked: list[Any] = []
+    ctl.pool = SimpleNamespace(call=lambda done, method, ref, dtype, shape_set, *a, **kw:  # type: ignore[attr-defined]
+                               asked.append((ref.name, shape_set, done)))
+    for k in end.kernels.values():
+        end._final(k)
+    ctl.answer_jobs()
+    assert sorted((name, s) for name, s, _ in asked) == [("fused_add_rmsnorm", "heldout"), ("fused_add_rmsnorm", "search")]
+    assert ctl.pending("time_round") == []  # the other kernel's compilations are still out
+    for _, shape_set, done in asked:
+        done({"status": "OK", "folder": f"/tmp/end-{shape_set}"}, "")
+    for call in ctl.pending("time_round", "silu_and_mul"):
+        assert [loop["compile_cache"] for loop in call[2][1][1]] == ["/tmp/made-beside", None]
+    for call in ctl.pending("time_round", "fused_add_rmsnorm"):
+        assert [loop["compile_cache"] for loop in call[2][1][1]] == ["/tmp/end-search", "/tmp/end-heldout"]

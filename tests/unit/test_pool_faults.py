@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import ray
 
 from evaluators.admit import Admitted
@@ -79,3 +80,36 @@ def test_admitted_artifact_travels_to_the_evaluator_as_an_object(local_ray, comp
     with_artifact, without = answers["with"].value, answers["without"].value
     assert with_artifact.status is Status.OK and with_artifact.params == summary.params
     assert [s.candidate_ms for s in with_artifact.shapes] == [s.candidate_ms for s in without.shapes]
+
+
+def test_a_background_call_runs_beside_an_exclusive_one_on_the_same_actor(local_ray):
+    """Compilations made beside the search (search.compile_ahead) neither wait for the actor's
+    turn nor hold it: dispatched while an evaluation runs, answered before it ends; the pool's
+    room for them is a limit (the rest wait), and a pool without room refuses them."""
+    spec = load_kernel("silu_and_mul")
+    pool = EvalPool("standin", size=1, latency_s=3.0, background=1)
+    order: list[str] = []
+    try:
+        pool.submit("slow", EvalRequest("silu_and_mul", Variant("silu_and_mul", spec.baseline_source()), time=False))
+        for name in ("first", "second"):
+            pool.call(lambda reply, error, name=name: order.append(name), "precompile", "silu_and_mul", "float16",
+                      "search", "run-x/silu", True, background=True)
+        assert len(pool.inflight) == 2 and len(pool.queue) == 1  # the evaluation and one compilation
+        assert pool.background_inflight() == 2
+        while pool.pending():
+            ready, _ = ray.wait(pool.refs(), num_returns=1, timeout=120)
+            answer = pool.collect(ready[0])
+            if answer is not None and answer.call.method == "evaluate":
+                order.append("evaluation")
+            elif answer is not None:
+                answer.call.owner(answer.value, answer.error)
+    finally:
+        pool.shutdown()
+    assert order == ["first", "second", "evaluation"]
+    assert pool.background_inflight() == 0
+    bare = EvalPool("standin", size=1)
+    try:
+        with pytest.raises(ValueError, match="background"):
+            bare.call(print, "precompile", "silu_and_mul", "float16", "search", "x", True, background=True)
+    finally:
+        bare.shutdown()
