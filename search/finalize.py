@@ -7,7 +7,9 @@ dead actors) and every evaluation is recorded by the same code as the search's:
    ones and those drawn for this run) until one passes; the baseline is the last resort. The
    variants that would be dispatched by shape beside the winner (:mod:`search.dispatch`) are
    checked on the same shapes; one that fails is left out;
-2. the peers' warm-up (search.run) is stopped and the pool renewed (fresh evaluators, one per GPU);
+2. the peers' warm-up (search.run) is stopped, the compilations begun beside the search
+   (:mod:`search.compile_ahead`) are waited for, and the pool is renewed (fresh evaluators,
+   one per GPU);
 3. per kernel (each answer recorded, so a resumed run picks up where it stopped): the
    dispatch's choice loop (its kernels alone: which runs on which shape) and the final timing
    of each kernel kept (stage final: the evaluator's verdict and A/A noise floor);
@@ -15,7 +17,7 @@ dead actors) and every evaluation is recorded by the same code as the search's:
    kernel kept (a winner with findings is replaced by the baseline, whose held-out verdict
    and final timing are then evaluated and recorded too; another kernel with findings is
    dropped) and, beside it, the peers' torch.compile programs compiled ahead (once per kernel
-   and shape set); then the production peers timed in one loop with our kernels and the
+   and shape set) where none was made beside the search; then the production peers timed in one loop with our kernels and the
    baseline, repeated in ``peer_runs`` fresh sandbox processes: every reported ratio, "vs
    baseline" included, is taken from these loops.
 
