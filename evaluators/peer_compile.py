@@ -192,6 +192,8 @@ def compile_kernel(kernel: str, dtype: str, shape_set: str, cache_dir: str | Pat
                     done.setdefault(mode, {})[shape_label(shape)] = "ok"
                 except Exception as exc:  # the loop meets the same failure and reports it
                     done.setdefault(mode, {})[shape_label(shape)] = f"{type(exc).__name__}: {exc}"[:300]
+            del inputs
+            _give_back_memory(device)
     # The report is written before the first calls as well as after: a library that kills this
     # process in its first call (a segfault, seen at 8fb6475 on merge_attn_states_lse's held-out
     # shapes) then costs its own first calls only, not the loops' compilations.
@@ -240,7 +242,19 @@ def first_calls(spec: Any, dtype: str, shape_set: str, device: str, lock: str | 
                 outcome[name] = "ok"
             except Exception as exc:
                 outcome[name] = f"{type(exc).__name__}: {exc}"[:300]
+        del inputs
+        _give_back_memory(device)
     return outcome
+
+
+def _give_back_memory(device: str) -> None:
+    """Hands the caching allocator's free blocks back to the device after each shape: these
+    processes run beside the search's evaluator (a held-out shape's inputs take gigabytes), and
+    what they keep cached it would find missing."""
+    import torch
+
+    if device == "cuda":
+        torch.cuda.empty_cache()
 
 
 def compile_ahead(kernel: KernelRef | str, dtype: str, shape_set: str, cache_dir: str | Path, lock: str | Path,
