@@ -1,6 +1,6 @@
 """Which end-of-run compilations start beside the search (search.compile_ahead): every kernel and
-shape set whose loops will time peers on a GPU, none that the peer cache answers in full, none
-without compile-ahead, peers or a GPU; and how many run at once."""
+shape set whose loops will time peers, none that the peer cache answers in full, none without
+compile-ahead or peers; and how many run at once."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ def test_every_kernel_and_shape_set_compiles_beside_the_search_on_a_gpu() -> Non
     pairs = needed(EvaluatorConfig(kind="gpu"), states, None)
     assert [(st.name, s) for st, s in pairs] == [("silu_and_mul", "search"), ("silu_and_mul", "heldout"),
                                                 ("fused_add_rmsnorm", "search"), ("fused_add_rmsnorm", "heldout")]
-    for off in (EvaluatorConfig(kind="standin"), EvaluatorConfig(kind="gpu", peers=False),
+    assert needed(EvaluatorConfig(kind="standin"), states, None) == pairs  # it answers that it compiles nothing
+    for off in (EvaluatorConfig(kind="gpu", peers=False),
                 EvaluatorConfig(kind="gpu", compile_ahead=False, compile_trials=2)):
         assert needed(off, states, None) == []
 
