@@ -40,7 +40,7 @@ def needed(cfg: EvaluatorConfig, states: list[KernelState], cache: PeerCache | N
     whose peers' figures are not in the peer cache (or all of them with ``fresh_peers``)."""
     from search.finalize import loop_keys, loop_sets
 
-    if not cfg.peers or not cfg.compile_ahead:
+    if not cfg.peers or not cfg.compile_ahead or not cfg.compile_beside_search:
         return []  # (the stand-in goes through the same calls: it answers that it compiles nothing)
     out = []
     for st in states:

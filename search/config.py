@@ -105,6 +105,9 @@ class EvaluatorConfig:
             itself in its round's set-up, beside the other rounds' set-ups (three times the
             compiling, and the spread shows how compilations vary). Only loops whose peers'
             figures are not in the peer cache compile anything.
+        compile_beside_search: with compile_ahead, make those compilations from the run's start,
+            beside the search (:mod:`search.compile_ahead`); off: once every final timing is in,
+            beside the sanitizer runs, the rounds waiting for them.
         overlap_rounds: run the rounds of end-of-run loops beside each other, each in a sandbox
             process of its own that sets its loops up while others do and times them with the GPU
             alone (:mod:`evaluators.gpu_turns`); off: one round at a time, in the evaluator's own
@@ -127,6 +130,7 @@ class EvaluatorConfig:
     compile_trials: int = 1
     sanitize: bool = True
     compile_ahead: bool = True
+    compile_beside_search: bool = True
     overlap_rounds: bool = True
     peer_cache: bool = True
     peer_cache_dir: str | None = None

@@ -88,6 +88,9 @@ def add_search_options(p: argparse.ArgumentParser) -> None:
                    help="compile the end-of-run loops' torch.compile programs ahead of them, once per kernel "
                         "and shape set, every round's loop loading them (default on); off: every loop compiles "
                         "afresh")
+    p.add_argument("--compile-beside-search", action=argparse.BooleanOptionalAction, default=None,
+                   help="with --compile-ahead, make those compilations from the run's start, beside the search "
+                        "(default on); off: once every final timing is in")
     p.add_argument("--overlap-rounds", action=argparse.BooleanOptionalAction, default=None,
                    help="set the end-of-run rounds of loops up beside each other, each timing with the GPU "
                         "alone (default on); off: one round at a time")
@@ -133,7 +136,8 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
 def peer_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The peer-cache options of :func:`add_search_options` as config overrides."""
     return {"evaluator.fresh_peers": args.fresh_peers, "evaluator.peer_cache_dir": args.peer_cache_dir,
-            "evaluator.peer_cache": args.use_peer_cache, "evaluator.overlap_rounds": args.overlap_rounds}
+            "evaluator.peer_cache": args.use_peer_cache, "evaluator.overlap_rounds": args.overlap_rounds,
+            "evaluator.compile_beside_search": args.compile_beside_search}
 
 
 def resolve_kernels(config: RunConfig) -> list[tuple[KernelSpec, KernelRef]]:

@@ -35,7 +35,8 @@ def test_every_kernel_and_shape_set_compiles_beside_the_search_on_a_gpu() -> Non
                                                 ("fused_add_rmsnorm", "search"), ("fused_add_rmsnorm", "heldout")]
     assert needed(EvaluatorConfig(kind="standin"), states, None) == pairs  # it answers that it compiles nothing
     for off in (EvaluatorConfig(kind="gpu", peers=False),
-                EvaluatorConfig(kind="gpu", compile_ahead=False, compile_trials=2)):
+                EvaluatorConfig(kind="gpu", compile_ahead=False, compile_trials=2),
+                EvaluatorConfig(kind="gpu", compile_beside_search=False)):
         assert needed(off, states, None) == []
 
 
