@@ -314,6 +314,14 @@ def serve(conn: Any, device: int, gpu_turns: str | None = None, job_lock: str | 
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     ctx = Context(device)
     conn.send(("ready", ctx.info))
+
+    def beat(msg: str) -> None:
+        conn.send(("beat", msg))
+
+    def waiting() -> None:
+        beat("waiting for a benchmark beside the search to end")
+
+    hold = turns(job_lock) if job_lock else None
     while True:
         try:
             job = conn.recv()
@@ -321,11 +329,7 @@ def serve(conn: Any, device: int, gpu_turns: str | None = None, job_lock: str | 
             return
         if job is None:
             return
-        def beat(msg: str) -> None:
-            conn.send(("beat", msg))
-
-        with turns(job_lock).alone(lambda: beat("waiting for a benchmark beside the search to end"), every_s=5.0) \
-                if job_lock else contextlib.nullcontext():
+        with hold.alone(waiting, every_s=5.0) if hold is not None else contextlib.nullcontext():
             reply, fatal = handle(ctx, job, beat)
         conn.send(("result", reply))
         if fatal:

@@ -2,7 +2,7 @@
 
 The peers' programs of a kernel's end-of-run loops depend on its spec, shapes and dtype, not on
 the winner the search will find, so they can be compiled while the search runs instead of after
-it: at 0ea8f11 on one H100 the compilations ahead took 65 s after a search of 84 s, on the
+it: at eb7ef88 on one H100 the compilations ahead took 65 s after a search of 84 s, on the
 critical path of a run with a cold peer cache. Here each one is a background call of the pool
 (:attr:`search.pool.Call.background`) on an evaluator actor, a process of its own
 (:mod:`evaluators.peer_compile`) that takes turns with the search's evaluations: its autotuning
@@ -38,17 +38,11 @@ def folder_name(run_id: str, st: KernelState, shape_set: str) -> str:
 def needed(cfg: EvaluatorConfig, states: list[KernelState], cache: PeerCache | None) -> list[tuple[KernelState, str]]:
     """The (kernel, shape set) pairs whose end-of-run loops will time peers: those with a loop
     whose peers' figures are not in the peer cache (or all of them with ``fresh_peers``)."""
-    from search.finalize import loop_keys, loop_sets
+    from search.finalize import loop_sets, set_cached
 
     if not cfg.peers or not cfg.compile_ahead or not cfg.compile_beside_search:
         return []  # (the stand-in goes through the same calls: it answers that it compiles nothing)
-    out = []
-    for st in states:
-        for shape_set in loop_sets(st):
-            keys = loop_keys(cache, cfg, st, shape_set) if cache is not None else []
-            if cache is None or cfg.fresh_peers or any(cache.get(key) is None for key in keys):
-                out.append((st, shape_set.value))
-    return out
+    return [(st, s.value) for st in states for s in loop_sets(st) if not set_cached(cache, cfg, st, s)]
 
 
 def room(pairs: int, cpus: int | None = None) -> int:

@@ -17,8 +17,8 @@ dead actors) and every evaluation is recorded by the same code as the search's:
    kernel kept (a winner with findings is replaced by the baseline, whose held-out verdict
    and final timing are then evaluated and recorded too; another kernel with findings is
    dropped) and, beside it, the peers' torch.compile programs compiled ahead (once per kernel
-   and shape set) where none was made beside the search; then the production peers timed in one loop with our kernels and the
-   baseline, repeated in ``peer_runs`` fresh sandbox processes: every reported ratio, "vs
+   and shape set) where none was made beside the search; then the production peers timed in
+   one loop with our kernels and the baseline, repeated in ``peer_runs`` fresh sandbox processes: every reported ratio, "vs
    baseline" included, is taken from these loops.
 
 A failure of one kernel's step (an evaluator error, an actor that keeps dying) is recorded for
@@ -859,9 +859,15 @@ def open_peer_cache(cfg: EvaluatorConfig, pool: EvalPool) -> PeerCache | None:
 def all_cached(cache: PeerCache | None, cfg: EvaluatorConfig, st: KernelState) -> bool:
     """Whether every end-of-run loop of the kernel would take its peers' figures from the cache
     (then nothing of its peers needs compiling or building in this run)."""
+    return all(set_cached(cache, cfg, st, s) for s in loop_sets(st))
+
+
+def set_cached(cache: PeerCache | None, cfg: EvaluatorConfig, st: KernelState, shape_set: ShapeSet) -> bool:
+    """Whether every end-of-run loop of the kernel on one shape set would take its peers'
+    figures from the cache."""
     if cache is None or cfg.fresh_peers:
         return False
-    return all(cache.get(key) is not None for s in loop_sets(st) for key in loop_keys(cache, cfg, st, s))
+    return all(cache.get(key) is not None for key in loop_keys(cache, cfg, st, shape_set))
 
 
 def loop_sets(st: KernelState) -> list[ShapeSet]:
