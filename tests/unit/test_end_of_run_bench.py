@@ -34,14 +34,16 @@ def test_kernel_figures_keep_the_reported_ratios_the_cache_use_and_the_loops_pha
 
 
 def test_the_report_shows_wall_per_mode_where_the_loops_spent_their_time_and_warm_against_cold() -> None:
-    def run(mode: str, wall: float) -> dict[str, Any]:
+    def run(mode: str, wall: float, search: float = 100.0) -> dict[str, Any]:
         return {"mode": mode, "command": "python -m search.run --population 8 --rounds 5", "wall_s": wall,
-                "exit_code": 0, "gpu": "GPU X", "stage_s": {"search": 100.0}, "end_calls_s": {"time_round": 30.0},
+                "exit_code": 0, "gpu": "GPU X", "stage_s": {"search": search}, "end_calls_s": {"time_round": 30.0},
                 "meta": {"commit": "c0ffee", "date": "2026-12-06"},
                 "kernels": {"silu_and_mul": kernel_figures(_summary_kernel(cached=mode == "warm"))}}
 
-    text = report([run("cold", 230.0), run("warm", 150.0), run("warm", 160.0)])
-    assert "| cold | 230 s [230-230] (1 runs) |" in text and "| warm | 155 s [150-160] (2 runs) |" in text
+    text = report([run("cold", 230.0), run("warm", 150.0, 90.0), run("warm", 160.0, 80.0)])
+    # wall per mode beside its target, and the search stage (cold: compilations beside it; warm: none)
+    assert "| cold | 230 s [230-230] (1 runs) | 240 s | 100 s [100-100] (1 runs) |" in text
+    assert "| warm | 155 s [150-160] (2 runs) | 150 s | 85 s [80-90] (2 runs) |" in text
     # one row per run, kernel and shape set: set-up, wait, timing per loop, and the cache lookups
     assert "| 1 | cold | silu_and_mul | search | 20, 0, 1.5; 21, 3, 1.5; 22, 6, 1.5 | " \
            "12 hit, 0 miss; 12 hit, 0 miss; 12 hit, 0 miss |" in text
