@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -163,6 +164,10 @@ class GpuEvaluator(Evaluator):
         self.restarts = 0
         self.busy_s = 0.0
         self._looped: dict[int, set[str]] = {}  # worker pid -> kernels whose peers' loop it ran
+        # (kernel folder, dtype) -> {peer: {shape label: why}}: the shapes on which a peer's call
+        # ended a sandbox process, left out of this evaluator's later jobs (see _peers_job)
+        self._crashes: dict[tuple[str, str], dict[str, dict[str, str]]] = {}
+        self._crash_lock = threading.Lock()
 
     # -- process management -------------------------------------------------------------
     def _ensure_worker(self) -> _Worker:
@@ -462,29 +467,40 @@ class GpuEvaluator(Evaluator):
         """Runs a peers' job (one loop, or a round's loops): (reply, "") or, when it crashed,
         hung or failed as a whole, (None, why).
 
-        A peer whose call ends the sandbox process (a library's segfault) or hangs it, as the
-        process's last step names (:func:`evaluators.peer_steps.peer_step`), costs its own figure on
-        that shape only: the job runs again without that peer on that shape, and without it on
-        every shape once it has done so on two; each time, why is in the reply's ``errors``.
-        At most :data:`PEER_EXCLUSIONS` such re-runs."""
-        excluded: dict[str, dict[str, str]] = {}
-        reruns = 0
+        A peer whose call ends the sandbox process (a library's segfault on a size it does not
+        support) or hangs it, as the process's last step names
+        (:func:`evaluators.peer_steps.peer_step`), costs its own figure on that shape only: the
+        job runs again without that peer on that shape, and the evaluator remembers it for the
+        later jobs of the same kernel folder and dtype, which leave it out there from the start.
+        The shapes on which the peer ran keep it: FlashInfer's merge_state, which ends the
+        process on head sizes it was not built for, is still timed on the others. After
+        :data:`PEER_EXCLUSIONS` such re-runs, every peer that ended a process is left out on
+        every shape for one last run, so a peer that crashes everywhere costs a bounded number
+        of runs. Why each is left out is in the reply's ``errors``."""
+        memory = _crash_key(job)
+        with self._crash_lock:
+            excluded = {name: dict(shapes) for name, shapes in self._crashes.get(memory, {}).items()}
+        reruns, everywhere = 0, False
         while True:
             reply, why, ended_in = self._peers_job_once(_excluding(job, excluded))
             culprit = parse_peer_step(str(ended_in.get("last_step", ""))) if reply is None else None
-            if culprit is None or reruns == PEER_EXCLUSIONS:
+            if culprit is None or everywhere:
                 return reply, why
-            reruns += 1
             name, label = culprit
             ended = (f"exit code {ended_in['exitcode']}" if "exitcode" in ended_in else "no progress")
             ended += _stderr_note(ended_in)
-            # A peer left out everywhere is never called again, so it cannot be the culprit here.
-            before = list(excluded.get(name, {}))
-            if before:
-                excluded[name] = {EVERY_SHAPE: f"its calls ended the sandbox process on {', '.join([*before, label])} "
-                                               f"({ended}); not timed on any shape"}
-            else:
-                excluded[name] = {label: f"its call ended the sandbox process ({ended}); not timed here"}
+            note = f"its call ended the sandbox process ({ended}); not timed here"
+            excluded.setdefault(name, {})[label] = note
+            with self._crash_lock:
+                self._crashes.setdefault(memory, {}).setdefault(name, {})[label] = note
+            if reruns == PEER_EXCLUSIONS:
+                # The re-runs are spent: every peer that ended a process is left out everywhere.
+                excluded = {peer: {EVERY_SHAPE: f"its calls ended the sandbox process on {', '.join(shapes)} "
+                                                f"({ended}); not timed on any shape (more than {PEER_EXCLUSIONS} "
+                                                f"re-runs)"}
+                            for peer, shapes in excluded.items()}
+                everywhere = True
+            reruns += 1
 
     def _peers_job_once(self, job: dict[str, Any]) -> tuple[dict[str, Any] | None, str, dict[str, Any]]:
         """:meth:`_peers_job` without the re-runs: (reply, why, and for a process that died or
@@ -528,9 +544,17 @@ class GpuEvaluator(Evaluator):
         return merged
 
 
-# Re-runs of one peers' job that leave out a peer which ended its process (see
-# GpuEvaluator._peers_job): two per peer covers a kernel with four peers.
+# Re-runs of one peers' job that leave out a peer on a shape where it ended its process (see
+# GpuEvaluator._peers_job) before every such peer is left out everywhere: two peers of one
+# library on four unsupported shapes.
 PEER_EXCLUSIONS = 8
+
+
+def _crash_key(job: Mapping[str, Any]) -> tuple[str, str]:
+    """The kernel folder and dtype of a peers' job (a round's: its first loop's; a round holds
+    one kernel's loops)."""
+    first = job["loops"][0] if job.get("loops") else job
+    return str(first.get("kernel_dir", "")), str(first.get("dtype", ""))
 
 
 def _excluding(job: dict[str, Any], excluded: dict[str, dict[str, str]]) -> dict[str, Any]:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 
 PEER_CALL = "call of peer"
-# ``exclude_peers`` key for a peer left out on every shape (it ended a process on two)
+# ``exclude_peers`` key for a peer left out on every shape (it ended processes on more shapes
+# than a job's re-runs cover)
 EVERY_SHAPE = "*"
 _STEP = re.compile(rf"{PEER_CALL} (.+) on (\[[^\]]*\])")
 

@@ -270,8 +270,8 @@ def _tried_before(name: str, errors: Mapping[str, str]) -> bool:
 
 def _left_out(name: str, label: str, excluded: Mapping[str, Mapping[str, str]] | None,
               errors: dict[str, str]) -> bool:
-    """Whether the job leaves this peer out on this shape (it ended a process there, or on
-    two shapes: :data:`EVERY_SHAPE`); if so, why is in ``errors``."""
+    """Whether the job leaves this peer out on this shape (it ended a process there, or on more
+    shapes than a job's re-runs cover: :data:`EVERY_SHAPE`); if so, why is in ``errors``."""
     mine = (excluded or {}).get(name, {})
     if EVERY_SHAPE in mine:
         errors[name] = mine[EVERY_SHAPE][:1500]

@@ -12,7 +12,7 @@ from evaluators.admit import Artifact, admit
 from evaluators.api import EvalRequest
 from evaluators.gpu import EvaluatorError, GpuEvaluator
 from kernels.launch import DeviceLimits
-from kernels.spec import load_kernel
+from kernels.spec import load_kernel, shape_label
 from kernels.variant import Variant
 from kernels.verdict import Status
 from tests.adversarial.index import FIXTURE_DIR
@@ -147,20 +147,33 @@ def test_a_peer_that_ends_the_process_on_a_shape_is_left_out_there_only(compile_
     assert "exit code -11" in left_out["flashinfer"]["[16, 14336]"]
 
 
-def test_a_peer_that_ends_the_process_on_two_shapes_is_left_out_everywhere(compile_cache):
-    from evaluators.peer_steps import EVERY_SHAPE
-
+def test_a_peer_that_ends_the_process_on_two_shapes_is_still_timed_on_the_others(compile_cache):
+    # FlashInfer's merge_state ends the process on the head sizes it was not built for and runs
+    # on the rest: the shapes where it ran keep it.
     ev = PeerCrashEvaluator("flashinfer", {"[1, 11008]", "[16, 14336]"})
     reply = ev.time_peers_full("silu_and_mul", "float16", ours=_ours("good", "baseline"))
     assert reply["failed"] == {} and "good" in reply["peers"]
     assert len(ev.jobs) == 3
-    note = ev.jobs[-1]["exclude_peers"]["flashinfer"][EVERY_SHAPE]
-    assert "[1, 11008], [16, 14336]" in note and "any shape" in note
+    left_out = ev.jobs[-1]["exclude_peers"]["flashinfer"]
+    assert sorted(left_out) == ["[1, 11008]", "[16, 14336]"]  # those shapes only, not EVERY_SHAPE
+
+
+def test_the_evaluator_remembers_where_a_peer_ended_the_process(compile_cache):
+    # the next loop of the same kernel and dtype leaves the peer out there from its start
+    ev = PeerCrashEvaluator("flashinfer", {"[16, 14336]"})
+    ev.time_peers_full("silu_and_mul", "float16", ours=_ours("good", "baseline"))
+    first = len(ev.jobs)
+    reply = ev.time_peers_full("silu_and_mul", "float16", ours=_ours("good", "baseline"))
+    assert len(ev.jobs) == first + 1 and reply["failed"] == {}
+    assert list(ev.jobs[-1]["exclude_peers"]["flashinfer"]) == ["[16, 14336]"]
+    # another dtype is another kernel to the library: it learns there afresh
+    ev.time_peers_full("silu_and_mul", "bfloat16", ours=_ours("good", "baseline"))
+    assert "exclude_peers" not in ev.jobs[first + 1]
 
 
 def test_peer_exclusions_are_bounded():
     from evaluators.gpu import PEER_EXCLUSIONS
-    from evaluators.peer_steps import peer_step
+    from evaluators.peer_steps import EVERY_SHAPE, peer_step
 
     class EveryPeerDies(ScriptedEvaluator):
         def _job(self, job: dict[str, Any], timeout_s: float | None = None) -> tuple[str, dict[str, Any]]:
@@ -170,7 +183,23 @@ def test_peer_exclusions_are_bounded():
     ev = EveryPeerDies(lambda job: False)
     reply, why = ev._peers_job({"type": "peers", "kernels": {}})
     assert reply is None and "exit code -11" in why
-    assert len(ev.jobs) == PEER_EXCLUSIONS + 1
+    # the re-runs, then one last run with every peer that ended a process left out everywhere
+    assert len(ev.jobs) == PEER_EXCLUSIONS + 2
+    last = ev.jobs[-1]["exclude_peers"]
+    assert len(last) == PEER_EXCLUSIONS + 1 and all(list(v) == [EVERY_SHAPE] for v in last.values())
+
+
+def test_a_peer_that_crashes_on_every_shape_costs_a_bounded_number_of_runs(compile_cache):
+    from evaluators.gpu import PEER_EXCLUSIONS
+    from evaluators.peer_steps import EVERY_SHAPE
+
+    spec = load_kernel("silu_and_mul")
+    labels = {shape_label(s) for s in spec.shapes("search")} | {f"[{i}, 1]" for i in range(PEER_EXCLUSIONS)}
+    ev = PeerCrashEvaluator("flashinfer", labels)
+    reply = ev.time_peers_full("silu_and_mul", "float16", ours=_ours("good", "baseline"))
+    assert reply["failed"] == {}
+    assert len(ev.jobs) == PEER_EXCLUSIONS + 2
+    assert list(ev.jobs[-1]["exclude_peers"]["flashinfer"]) == [EVERY_SHAPE]
 
 
 def test_a_round_keeps_the_loops_that_ran_when_one_fails_on_its_own(compile_cache):
