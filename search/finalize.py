@@ -744,7 +744,10 @@ class EndOfRun:
         pace = f", about {elapsed / self.loops_done * left:.0f} s left at this pace" if left else ""
         how = "done" if reply is not None else f"failed: {error}"
         if reply is not None and reply.get("cached_peers"):
-            how += f" (peers from the cache, measured {reply['cached_peers'].get('measured_at')})"
+            cached = reply["cached_peers"]
+            scale = list((cached.get("scale") or {}).values())
+            drift = f", scaled by the baseline's drift {min(scale):.3f}-{max(scale):.3f}" if scale else ""
+            how += f" (peers from the cache, measured {cached.get('measured_at')}{drift})"
         print(f"end {k.st.name}: {what} {how}; {self.loops_done} loops done, {left} to go{pace}",
               file=sys.stderr, flush=True)
 

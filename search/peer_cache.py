@@ -19,6 +19,15 @@ beside our kernels as before and stores what it measured.
 Our kernels and the baseline are never cached: every run times them afresh in its own
 fresh-process loops, and a reused peer figure is reported as such, with the date it was
 measured (``cached_peers`` in the loop's reply).
+
+A reused figure is anchored on the baseline: the entry keeps the baseline's times from the loop
+that measured the peers, and a later loop scales each peer's time on a shape by the baseline's
+time there now over its time then. What the cache carries over is thus the peer's time relative
+to the baseline's in one loop, and every ratio against our kernels is the product of two
+ratios each measured within one fresh process. Without the anchor the warm runs leaned our way:
+on one H100 (``experiments/results/end-of-run-h100-9a09729.md``) the baseline timed in loops of
+our kernels alone ran 1.0-4.9% faster than beside the peers, which moved every cached peer's
+ratio against it by as much.
 """
 
 from __future__ import annotations
@@ -35,7 +44,9 @@ from kernels.records import atomic_write
 from kernels.spec import shape_label
 
 # Bump when what a cached entry means changes without any of the files below changing.
-FORMAT = 1
+FORMAT = 2
+# The implementation of ours whose times, measured beside the peers, anchor their reuse.
+ANCHOR = "baseline"
 # The code that sets up and times the peers: a change here may change their figures.
 PROTOCOL_FILES = ("evaluators/peers.py", "evaluators/timing.py", "evaluators/verify.py", "evaluators/context.py",
                   "kernels/peer.py")
@@ -92,19 +103,25 @@ class PeerCache:
             entry = json.loads(self._path(key).read_text())
         except (OSError, ValueError):
             return None
-        return entry if isinstance(entry, dict) and entry.get("key") == key and "peers" in entry else None
+        ok = isinstance(entry, dict) and entry.get("key") == key and "peers" in entry and "anchor" in entry
+        return entry if ok else None
 
     def put(self, key: str, reply: Mapping[str, Any], ours: Sequence[str], run_id: str) -> bool:
         """Stores the peers' part of a loop's reply; returns whether it was stored. A loop in
         which one of our kernels failed, or that timed our kernels in separate loops, or that
-        timed no peer, stores nothing: its peer figures are not a plain measurement."""
+        timed no peer, stores nothing: its peer figures are not a plain measurement; nor one
+        without the baseline's times (:data:`ANCHOR`), which anchor their reuse."""
         if reply.get("failed") or reply.get("separate_loops"):
             return False
         part = peer_part(reply, ours)
         if not part["peers"]:
             return False
+        anchor = reply.get("peers", {}).get(ANCHOR)
+        if not anchor:
+            return False  # nothing to scale the peers' figures by when they are reused
         entry = {"key": key, "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                 "run_id": run_id, "environment": self.environment, **part}
+                 "run_id": run_id, "environment": self.environment, **part,
+                 "anchor": {"impl": ANCHOR, "times": dict(anchor)}}
         atomic_write(self._path(key), json.dumps(entry, indent=1, default=str))
         return True
 
@@ -122,15 +139,29 @@ def peer_part(reply: Mapping[str, Any], ours: Sequence[str]) -> dict[str, Any]:
 
 
 def with_cached(reply: Mapping[str, Any], entry: Mapping[str, Any]) -> dict[str, Any]:
-    """A loop's reply that timed our kernels alone, with a cached entry's peer figures added
-    and ``cached_peers`` saying where they come from."""
+    """A loop's reply that timed our kernels alone, with a cached entry's peer figures added,
+    each scaled on every shape by the baseline's time in this loop over its time in the loop
+    that measured the peers (see the module's docstring), and ``cached_peers`` saying where
+    they come from and by how much they were scaled. A shape without the baseline's time in
+    either loop keeps the peers' figures as measured and is named in ``unanchored``."""
+    now = reply.get("peers", {}).get(ANCHOR, {})
+    then = entry["anchor"]["times"]
+    scale = {label: now[label] / then[label] for label in then
+             if label in now and now[label] > 0 and then[label] > 0}
+
+    def scaled(table: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
+        return {n: {label: t * scale.get(label, 1.0) for label, t in times.items()} for n, times in table.items()}
+
     merged = dict(reply)
-    merged["peers"] = {**entry["peers"], **reply.get("peers", {})}
-    merged["iqr"] = {**entry.get("iqr", {}), **reply.get("iqr", {})}
+    merged["peers"] = {**scaled(entry["peers"]), **reply.get("peers", {})}
+    merged["iqr"] = {**scaled(entry.get("iqr", {})), **reply.get("iqr", {})}
     for k in PEER_KEYS:
         merged[k] = {**entry.get(k, {}), **reply.get(k, {})}
+    labels = sorted({label for times in entry["peers"].values() for label in times})
     merged["cached_peers"] = {"measured_at": entry.get("measured_at"), "run_id": entry.get("run_id"),
-                              "key": entry.get("key"), "peers": sorted(entry["peers"])}
+                              "key": entry.get("key"), "peers": sorted(entry["peers"]),
+                              "anchor": ANCHOR, "scale": scale,
+                              "unanchored": [label for label in labels if label not in scale]}
     return merged
 
 

@@ -111,6 +111,33 @@ def test_cached_peers_join_a_loop_of_ours_alone_and_say_where_they_come_from(tmp
     assert peer_part(merged, ["best", "baseline"])["peers"] == entry["peers"]
 
 
+def test_a_reused_peer_figure_is_scaled_by_the_baselines_drift_on_each_shape(tmp_path: Path) -> None:
+    # measured beside a baseline of 3.0 ms; this loop's baseline runs 10% faster on the first
+    # shape and has no time on the second: the peer keeps its time relative to the baseline
+    # where it can, and says where it cannot.
+    cache = PeerCache(tmp_path, ENV)
+    key = _key(cache)
+    cache.put(key, _reply(), ["best", "baseline"], "run-1")
+    entry = cache.get(key)
+    assert entry is not None and entry["anchor"] == {"impl": "baseline", "times": {lb: 3.0 for lb in LABELS}}
+    now = _reply(peers=False)
+    now["peers"]["baseline"] = {LABELS[0]: 2.7}
+    merged = with_cached(now, entry)
+    assert merged["peers"]["torch_compile"][LABELS[0]] == pytest.approx(1.8)
+    assert merged["peers"]["torch_compile"][LABELS[1]] == 2.0
+    assert merged["iqr"]["torch_compile"][LABELS[0]] == pytest.approx(0.009)
+    assert merged["peers"]["baseline"] == {LABELS[0]: 2.7}  # ours and the baseline as this loop timed them
+    assert merged["cached_peers"]["scale"] == {LABELS[0]: pytest.approx(0.9)}
+    assert merged["cached_peers"]["unanchored"] == [LABELS[1]] and merged["cached_peers"]["anchor"] == "baseline"
+
+
+def test_a_loop_without_the_baselines_times_stores_nothing(tmp_path: Path) -> None:
+    cache = PeerCache(tmp_path, ENV)
+    reply = _reply()
+    del reply["peers"]["baseline"]
+    assert not cache.put(_key(cache), reply, ["best", "baseline"], "run-1")
+
+
 def test_library_versions_name_a_missing_library_none() -> None:
     found = library_versions()
     assert set(found) == set(peer_cache.LIBRARIES)
