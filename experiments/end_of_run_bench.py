@@ -221,7 +221,10 @@ def baseline_agreement(runs: list[dict[str, Any]]) -> str:
     out = ["## Peers against the baseline, warm against cold (independent of each run's winner)", "",
            "Per kernel and peer: the peer's time over the baseline's, median [range], from each run's ratios "
            "against its own winner; whether each warm run's median lies within the cold runs' overall range, "
-           "and its distance from the cold runs' median.", "",
+           "and its distance from the cold runs' median. Since the peer cache anchors reused figures on the "
+           "baseline (search/peer_cache.py, f56f714), a warm loop's quotient repeats that of the cold loop that "
+           "measured the peers, by construction; before it, the warm runs' baseline was timed in loops of ours "
+           "alone and the quotients could differ.", "",
            "| kernel | peer / baseline | cold | warm | warm within cold range | warm / cold median |",
            "|---|---|---|---|---|---|"]
     names = sorted({n for r in runs for n in (r.get("kernels") or {})})
