@@ -198,7 +198,7 @@ def compile_kernel(kernel: str, dtype: str, shape_set: str, cache_dir: str | Pat
     # process in its first call (a segfault, seen at 8fb6475 on merge_attn_states_lse's held-out
     # shapes) then costs its own first calls only, not the loops' compilations.
     report: dict[str, Any] = {"kernel": spec.name, "dtype": dtype, "modes": done, "first_calls": None,
-              "seconds": time.perf_counter() - start}
+              "seconds": time.perf_counter() - start, "nice": os.nice(0)}
     (Path(cache_dir) / REPORT).write_text(json.dumps(report))
     report.update(first_calls=first_calls(spec, dtype, shape_set, device, lock), seconds=time.perf_counter() - start)
     (Path(cache_dir) / REPORT).write_text(json.dumps(report))
@@ -259,16 +259,19 @@ def _give_back_memory(device: str) -> None:
 
 def compile_ahead(kernel: KernelRef | str, dtype: str, shape_set: str, cache_dir: str | Path, lock: str | Path,
                   timeout_s: float = 900.0, modes: Sequence[str] | None = None, device: str = "cuda",
-                  benchmark_lock: str | Path | None = None) -> dict[str, Any]:
+                  benchmark_lock: str | Path | None = None, nice: int = 0) -> dict[str, Any]:
     """Runs :func:`compile_kernel` in a process of its own (fresh torch, no compilation of this
     process's in it); returns its report, or ``{"status": "ERROR", "summary": why}``. Its
     first calls hold ``lock`` shared and its autotuning benchmarks hold ``benchmark_lock``
-    (default: ``lock``) alone."""
+    (default: ``lock``) alone. ``nice``: the process (and what it starts: Triton's and
+    FlashInfer's compilers) runs that much below this one's CPU priority; the report's
+    ``nice`` says at which niceness it ran."""
     folder = str(kernel.resolve()) if isinstance(kernel, KernelRef) else str(kernel)
     Path(cache_dir).mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "evaluators.peer_compile", folder, "--cache-dir", str(cache_dir), "--lock", str(lock),
            "--dtype", dtype, "--shapes", shape_set, "--device", device, *(["--modes", *modes] if modes else []),
-           *(["--benchmark-lock", str(benchmark_lock)] if benchmark_lock else [])]
+           *(["--benchmark-lock", str(benchmark_lock)] if benchmark_lock else []),
+           *(["--nice", str(nice)] if nice else [])]
     # TORCHINDUCTOR_COMPILE_THREADS as in the sandbox worker; faulthandler so that a process
     # killed by a signal (a segfault in a library) says in which Python frames.
     # Its ninja takes turns per build folder (evaluators.ninja_turns).
@@ -316,7 +319,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--shapes", default="search", choices=("search", "heldout"))
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--modes", nargs="+", help="torch.compile modes (default: evaluators.peers.COMPILE_MODES)")
+    p.add_argument("--nice", type=int, default=0, help="lower this process's CPU priority by this much first")
     args = p.parse_args(argv)
+    if args.nice:
+        os.nice(args.nice)  # inherited by every process it starts (ninja, nvcc, Triton's ptxas)
     install_benchmark_turns(args.benchmark_lock or args.lock)
     report = compile_kernel(args.kernel, args.dtype, args.shapes, args.cache_dir, args.modes, device=args.device,
                             lock=args.lock)
