@@ -329,7 +329,8 @@ def serve(conn: Any, device: int, gpu_turns: str | None = None, job_lock: str | 
             return
         if job is None:
             return
-        with hold.alone(waiting, every_s=5.0) if hold is not None else contextlib.nullcontext():
+        # first: the compilations' benchmarks waiting for the lock let this job in ahead of them
+        with hold.alone(waiting, every_s=5.0, first=True) if hold is not None else contextlib.nullcontext():
             reply, fatal = handle(ctx, job, beat)
         conn.send(("result", reply))
         if fatal:

@@ -120,3 +120,62 @@ def test_set_up_benchmarks_take_a_lock_of_their_own_beside_the_gpus(tmp_path: Pa
     with GpuTurns(bench).alone():
         assert other(bench, "shared") == "held"  # a sanitizer run waits
         assert other(path, "shared") == "free"  # another set-up does not
+
+
+def test_a_process_asking_first_goes_before_those_that_ask_after_it(tmp_path: Path):
+    # Three holders of the lock on their own files, as three processes: one (a benchmark)
+    # has it alone; the evaluator asks first, polling so that it can beat; a second benchmark
+    # asks after it, blocking, as flock's waiters do. The second must wait for the evaluator.
+    path = tmp_path / "jobs.lock"
+    benchmark, evaluator, later = GpuTurns(path), GpuTurns(path), GpuTurns(path)
+    order: list[str] = []
+    release = threading.Event()
+
+    def hold_first() -> None:
+        with benchmark.alone():
+            order.append("benchmark")
+            release.wait(10)
+
+    def ask(turns: GpuTurns, name: str, first: bool) -> None:
+        with turns.alone(lambda: None, every_s=1.0, first=first) if first else turns.alone():
+            order.append(name)
+            time.sleep(0.2)
+
+    threads = [threading.Thread(target=hold_first)]
+    threads[0].start()
+    while not order:
+        time.sleep(0.01)
+    threads.append(threading.Thread(target=ask, args=(evaluator, "evaluator", True)))
+    threads[-1].start()
+    time.sleep(0.3)  # the evaluator is waiting, its gate closed
+    threads.append(threading.Thread(target=ask, args=(later, "later", False)))
+    threads[-1].start()
+    time.sleep(0.3)
+    assert order == ["benchmark"]
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert order == ["benchmark", "evaluator", "later"]
+
+
+def test_a_process_sharing_the_lock_converts_without_waiting_at_a_closed_gate(tmp_path: Path):
+    # A set-up that holds a share and now needs the lock alone must not wait at the gate of
+    # one that waits for that very share to go.
+    path = tmp_path / "jobs.lock"
+    setup, evaluator = GpuTurns(path), GpuTurns(path)
+    order: list[str] = []
+    with setup.shared():
+        waiter = threading.Thread(target=lambda: _alone_then(evaluator, order, "evaluator", first=True))
+        waiter.start()
+        time.sleep(0.3)  # the evaluator waits for this share, its gate closed
+        done = threading.Thread(target=lambda: _alone_then(setup, order, "setup", first=False))
+        done.start()
+        done.join(5)
+        assert not done.is_alive()  # converted to alone without passing the gate
+    waiter.join(5)
+    assert order == ["setup", "evaluator"]
+
+
+def _alone_then(turns: GpuTurns, order: list[str], name: str, first: bool) -> None:
+    with turns.alone(lambda: None, every_s=1.0, first=first):
+        order.append(name)
