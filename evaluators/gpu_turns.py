@@ -23,9 +23,12 @@ benchmark lock alone through every job while the compilations beside the search 
 it) asks for the lock ``first``: it closes a gate beside the lock (:func:`gate_path`) while it
 waits, and every other process passes that gate before it asks for the lock, so it waits for
 those already asking, not for every one that comes after. Without it, on one H100 at 9a09729,
-the search's evaluations took 0.46-0.52 s (median) instead of 0.20-0.22 s while six compile
-processes benchmarked: flock wakes the blocked waiters at once, and the evaluator, which asks
-without blocking so that it can beat its heartbeat, rarely won.
+the search's evaluations took 0.46-0.52 s (median, the wait for the lock included) instead of
+0.20-0.22 s while six compile processes started and benchmarked. That is what a starved
+evaluator looks like: flock wakes its blocked waiters at once, and the evaluator asks without
+blocking, every 20 ms, so that it can beat its heartbeat. The compile processes' CPU work is the
+other suspect (they now run at a lower priority: ``peer_compile --nice``); which one it was has
+not been measured.
 """
 
 from __future__ import annotations
