@@ -95,6 +95,13 @@ class GpuTurns:
         fcntl.flock(self._gate(), fcntl.LOCK_SH)
         fcntl.flock(self._gate(), fcntl.LOCK_UN)
 
+    def _add_share(self) -> None:
+        """One more hold of the shared mode; the first takes the file shared, past the gate."""
+        if not self._shared and not self._alone:
+            self._pass_gate()
+            self._set(fcntl.LOCK_SH)
+        self._shared += 1
+
     def _settle(self) -> None:
         """The file's mode for the holds left: alone, shared or none."""
         if self._alone:
@@ -104,10 +111,7 @@ class GpuTurns:
     @contextlib.contextmanager
     def shared(self) -> Iterator[None]:
         with self._guard:
-            if not self._shared and not self._alone:
-                self._pass_gate()
-                self._set(fcntl.LOCK_SH)
-            self._shared += 1
+            self._add_share()
         try:
             yield
         finally:
@@ -131,9 +135,10 @@ class GpuTurns:
             if not self._alone:
                 if first:
                     self._take_first(waiting, every_s)
+                elif self._shared:
+                    self._take_alone(waiting, every_s)  # a conversion: never past the gate
                 else:
-                    if not self._shared:
-                        self._pass_gate()
+                    self._pass_gate()
                     self._take_alone(waiting, every_s)
             self._alone += 1
             try:
@@ -167,10 +172,7 @@ class GpuTurns:
     def hold_shared(self) -> None:
         """Takes a share held until the process ends."""
         with self._guard:
-            if not self._shared and not self._alone:
-                self._pass_gate()
-                self._set(fcntl.LOCK_SH)
-            self._shared += 1
+            self._add_share()
 
     @property
     def mode(self) -> str:

@@ -132,8 +132,8 @@ def report(runs: list[dict[str, Any]]) -> str:
     lines += ["", "| mode | wall, median [min-max] | target | search stage, median [min-max] |", "|---|---|---|---|"]
     for mode in ("cold", "warm"):
         done = [r for r in runs if r["mode"] == mode and r["exit_code"] == 0]
-        lines.append(f"| {mode} | {_spread([r['wall_s'] for r in done])} | {TARGET_S[mode]} s | "
-                     f"{_spread([(r.get('stage_s') or {})['search'] for r in done if 'search' in (r.get('stage_s') or {})])} |")
+        searches = [seconds["search"] for r in done if "search" in (seconds := r.get("stage_s") or {})]
+        lines.append(f"| {mode} | {_spread([r['wall_s'] for r in done])} | {TARGET_S[mode]} s | {_spread(searches)} |")
     lines += ["", "## Ratios per run (search shapes; held-out: the spec's fixed held-out shapes)", "",
               "| run | mode | kernel | loops with cached peers | search: vs " + ", ".join(RATIOS[:3])
               + " | held-out: vs " + ", ".join(RATIOS[:3]) + " |", "|---|---|---|---|---|---|"]

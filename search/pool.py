@@ -340,7 +340,8 @@ class EvaluatorActor:
         benchmarks = benchmark_lock_path(lock_path()) if beside_search else None
         # Beside the search, its CPU work (torch's import, Inductor, Triton's and FlashInfer's
         # compilers) yields to the search's: on one H100 at 9a09729 the search's first round took
-        # 66 s instead of 42 s while six of these processes started at full priority.
+        # 66 s instead of 42 s while six of these processes ran at full priority beside it (CPU
+        # or benchmark lock: which one slowed it is not measured; see evaluators.gpu_turns).
         nice = BESIDE_SEARCH_NICE if beside_search else 0
         return dict(compile_ahead(kernel, dtype, shape_set, where, lock_path(), benchmark_lock=benchmarks, nice=nice),
                     folder=str(where))
