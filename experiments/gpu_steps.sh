@@ -29,6 +29,10 @@
 #           FI_KERNELS (space-separated) and FI_ROUNDS (fresh processes per kernel, default 2)
 #           choose what it probes: FI_ROUNDS=1 over a sweep's kernels builds their FlashInfer
 #           modules before the sweep
+#   coordesc  experiments.coordesc_probe (does a loop that loads its torch.compile programs from a
+#           compile-ahead folder run coordinate descent again, and why) into runs/diag/coordesc.json,
+#           with the torch sources it reads from into runs/diag/torch-src.tgz; CD_KERNELS
+#           (space-separated) and CD_VARIANTS (comma-separated) choose what it probes
 #   evalprof  experiments.eval_profile (where one evaluation's time goes: validation, the timing
 #           loop's host and GPU work) into runs/diag/eval-profile.json
 #   neighbours  experiments.timing_neighbours (what a neighbour in the loop does to the baseline's
@@ -153,6 +157,13 @@ step() {
       mkdir -p runs/diag
       # shellcheck disable=SC2086  # FI_KERNELS: several names, split on purpose
       run fisetup "$PY" -m experiments.flashinfer_setup --rounds "${FI_ROUNDS:-2}" --out runs/diag/flashinfer-setup.json ${FI_KERNELS:-} ;;
+    coordesc)
+      mkdir -p runs/diag
+      tar czf runs/diag/torch-src.tgz -C "$("$PY" -c 'import os, torch; print(os.path.dirname(torch.__file__))')" \
+        _inductor/runtime _inductor/codecache.py _inductor/triton_bundler.py _inductor/async_compile.py 2>/dev/null
+      # shellcheck disable=SC2086  # CD_KERNELS: several names, split on purpose
+      run coordesc "$PY" -m experiments.coordesc_probe --variants "${CD_VARIANTS:-as-is,no-bundle,no-static}" \
+        --out runs/diag/coordesc.json ${CD_KERNELS:-} ;;
     evalprof)
       mkdir -p runs/diag
       run evalprof "$PY" -m experiments.eval_profile --out runs/diag/eval-profile.json ;;
