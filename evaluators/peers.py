@@ -103,7 +103,13 @@ def compile_name(mode: str, trial: int) -> str:
 
 
 # Compiled ahead (evaluators.peer_compile): the local caches on, in the loop's own folder.
-_CACHED = {**_FRESH, "fx_graph_cache": True, "autotune_local_cache": True}
+# Triton's kernels are not bundled into the FX-graph entry: a loop then loads each kernel from
+# its source file, whose autotuning choice (a ``.best_config`` beside it, coordinate descent's
+# included) it finds. Loaded from the bundle instead, torch 2.11 ran coordinate descent again
+# on some kernels although their choice was found (experiments/results/coordesc-h100-b282de5.json:
+# 2 of 8 fused_add_rmsnorm kernels, none without the bundle; 4.4-21.1 s per loop at 9a09729,
+# its benchmarks waiting for the GPU alone).
+_CACHED = {**_FRESH, "fx_graph_cache": True, "autotune_local_cache": True, "bundle_triton_into_fx_graph_cache": False}
 
 
 @contextlib.contextmanager

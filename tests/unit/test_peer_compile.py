@@ -72,6 +72,22 @@ def test_a_compilation_made_ahead_is_loaded_by_the_loop_and_another_loops_folder
     assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") != str(ahead.resolve())  # the folder is left on the way out
 
 
+def test_a_loop_loads_its_triton_kernels_from_their_files_beside_their_tuning():
+    """Compiled ahead, a kernel's autotuning choice lies beside its source file: the loop loads
+    the kernels from there, not from the FX graph's bundle (where coordinate descent ran again)."""
+    import torch._inductor.config as inductor_config
+
+    from evaluators.peers import _fresh_inductor
+
+    before = inductor_config.bundle_triton_into_fx_graph_cache
+    with _fresh_inductor(cached=True):
+        assert inductor_config.bundle_triton_into_fx_graph_cache is False
+        assert inductor_config.fx_graph_cache and inductor_config.autotune_local_cache
+    with _fresh_inductor(cached=False):
+        assert not inductor_config.fx_graph_cache and not inductor_config.autotune_local_cache
+    assert inductor_config.bundle_triton_into_fx_graph_cache == before
+
+
 def test_the_other_peers_are_called_once_per_shape_ahead_holding_the_gpu_shared(tmp_path: Path):
     """A library that builds its kernels on first use (FlashInfer) builds them in the
     compile-ahead process: each peer that is not a torch.compile program is called once per
