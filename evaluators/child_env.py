@@ -44,8 +44,8 @@ RUN_NAMES = (
     "CC", "CXX", "CPATH", "LIBRARY_PATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "MAX_JOBS",
     # threads of the host libraries
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-    # this project's own compile cache
-    "KERNEL_SEARCH_CACHE",
+    # this project's own compile cache, and the GPU lock's timeline (evaluators.gpu_turns)
+    "KERNEL_SEARCH_CACHE", "KERNEL_SEARCH_TURNS_LOG",
 )
 RUN_PREFIXES = (
     "CUDA_", "NVIDIA_", "NV_", "CUBLAS_", "CUBLASLT_", "CUDNN_", "NCCL_", "LC_",

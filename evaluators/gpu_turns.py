@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import tempfile
 import threading
@@ -42,7 +43,27 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-__all__ = ["GpuTurns", "lock_path", "benchmark_lock_path", "gate_path", "take_part", "turns", "alone"]
+__all__ = ["GpuTurns", "lock_path", "benchmark_lock_path", "gate_path", "take_part", "turns", "alone", "TIMELINE_ENV"]
+
+# Where every process appends its lock's changes of mode, when set: a folder, one file per process
+# (``turns-<pid>.jsonl``: the lock's name, the mode taken, when it was asked for and when got), so
+# that a run's end can be laid out on one time axis: who held the GPU shared while others waited to
+# time alone. A diagnosis only: no verdict reads it, and a candidate's process could write there.
+TIMELINE_ENV = "KERNEL_SEARCH_TURNS_LOG"
+_MODES = {fcntl.LOCK_SH: "shared", fcntl.LOCK_EX: "alone", fcntl.LOCK_UN: "none"}
+
+
+def _record(path: Path, mode: int, asked: float) -> None:
+    folder = os.environ.get(TIMELINE_ENV)
+    if not folder:
+        return
+    line = json.dumps({"lock": path.name, "mode": _MODES.get(mode & ~fcntl.LOCK_NB, str(mode)),
+                       "asked": round(asked, 4), "got": round(time.time(), 4), "pid": os.getpid()})
+    try:
+        with open(Path(folder) / f"turns-{os.getpid()}.jsonl", "a") as f:
+            f.write(line + "\n")
+    except OSError:
+        pass  # a diagnosis never costs a run
 
 
 def lock_path(gpu: str | None = None) -> Path:
@@ -80,10 +101,12 @@ class GpuTurns:
         self._alone = 0
         self._guard = threading.RLock()
 
-    def _set(self, mode: int) -> None:
+    def _set(self, mode: int, asked: float | None = None) -> None:
         if self._fd is None:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        asked = time.time() if asked is None else asked
         fcntl.flock(self._fd, mode)
+        _record(self.path, mode, asked)
 
     def _gate(self) -> int:
         if self._gate_fd is None:
@@ -158,10 +181,10 @@ class GpuTurns:
         if waiting is None:
             self._set(fcntl.LOCK_EX)
             return
-        said = time.monotonic()
+        said, asked = time.monotonic(), time.time()
         while True:
             try:
-                self._set(fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self._set(fcntl.LOCK_EX | fcntl.LOCK_NB, asked)
                 return
             except BlockingIOError:
                 if time.monotonic() - said >= every_s:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -30,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from evaluators.gpu_turns import TIMELINE_ENV
 from search.report import git_commit
 from search.spread import from_dict
 
@@ -51,13 +53,17 @@ def one_run(mode: str, cache: Path, out: Path, extra: Sequence[str], first: bool
     # cut from outside still shows how far it got and where its time went.
     log = out.with_name(out.name + "-logs") / f"{int(start)}-{mode}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
+    # Every process's changes of the GPU lock's mode, for laying the run's end out in time.
+    timeline = log.with_suffix(".turns")
+    timeline.mkdir(exist_ok=True)
+    env = {**os.environ, TIMELINE_ENV: str(timeline.resolve())}
     with log.open("w") as sink:
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, env=env)
     wall = time.time() - start
     made = sorted(set(out.glob("*")) - before)
     record: dict[str, Any] = {"mode": mode, "first_on_machine": first, "command": "python -m search.run "
                               + " ".join(cmd[3:]), "wall_s": wall, "exit_code": proc.returncode,
-                              "log": str(log), "output_tail": log.read_text(errors="replace")[-3000:]}
+                              "log": str(log), "turns_log": str(timeline), "output_tail": log.read_text(errors="replace")[-3000:]}
     summary_path = made[-1] / "summary.json" if made else None
     if summary_path is None or not summary_path.is_file():
         return record

@@ -179,3 +179,27 @@ def test_a_process_sharing_the_lock_converts_without_waiting_at_a_closed_gate(tm
 def _alone_then(turns: GpuTurns, order: list[str], name: str, first: bool) -> None:
     with turns.alone(lambda: None, every_s=1.0, first=first):
         order.append(name)
+
+
+def test_each_change_of_mode_lands_on_the_timeline_with_its_wait(tmp_path: Path, monkeypatch):
+    import json
+
+    from evaluators.gpu_turns import TIMELINE_ENV
+
+    log = tmp_path / "turns"
+    log.mkdir()
+    monkeypatch.setenv(TIMELINE_ENV, str(log))
+    path = tmp_path / "gpu.lock"
+    other_setup = sharing_for(path, 0.6)
+    hold = GpuTurns(path)
+    with hold.shared():
+        pass
+    with hold.alone(waiting=lambda: None, every_s=5.0):  # waits for the other process's share
+        pass
+    other_setup.wait()
+    (file,) = log.glob("turns-*.jsonl")
+    rows = [json.loads(line) for line in file.read_text().splitlines()]
+    assert [r["mode"] for r in rows] == ["shared", "none", "alone", "none"]
+    assert all(r["lock"] == "gpu.lock" for r in rows)
+    assert rows[2]["got"] - rows[2]["asked"] >= 0.3  # asked once, got when the other let go
+    assert rows[0]["got"] - rows[0]["asked"] < 0.3  # a share beside a share: no wait
