@@ -33,10 +33,12 @@ not been measured.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import json
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -53,14 +55,25 @@ TIMELINE_ENV = "KERNEL_SEARCH_TURNS_LOG"
 _MODES = {fcntl.LOCK_SH: "shared", fcntl.LOCK_EX: "alone", fcntl.LOCK_UN: "none"}
 
 
+def _record_exit(path: Path) -> None:
+    """At the process's end its lock goes (a process killed says nothing: its holds last, on
+    the timeline, until the last record of any process)."""
+    _record(path, fcntl.LOCK_UN, time.time())
+
+
 def _record(path: Path, mode: int, asked: float) -> None:
     folder = os.environ.get(TIMELINE_ENV)
     if not folder:
         return
-    line = json.dumps({"lock": path.name, "mode": _MODES.get(mode & ~fcntl.LOCK_NB, str(mode)),
-                       "asked": round(asked, 4), "got": round(time.time(), 4), "pid": os.getpid()})
+    row: dict[str, object] = {"lock": path.name, "mode": _MODES.get(mode & ~fcntl.LOCK_NB, str(mode)),
+                              "asked": round(asked, 4), "got": round(time.time(), 4), "pid": os.getpid()}
+    file = Path(folder) / f"turns-{os.getpid()}.jsonl"
+    if not file.exists():  # the first line says which process this is; the last, when it ended
+        row["argv"] = " ".join(sys.argv)[:200]
+        atexit.register(_record_exit, path)
+    line = json.dumps(row)
     try:
-        with open(Path(folder) / f"turns-{os.getpid()}.jsonl", "a") as f:
+        with open(file, "a") as f:
             f.write(line + "\n")
     except OSError:
         pass  # a diagnosis never costs a run
