@@ -14,6 +14,10 @@ measured every peer afresh).
 Other compilers' caches (Triton's binaries, FlashInfer's JIT folder) are not emptied between
 runs: "cold" is about the peer cache alone, and the first run on a fresh machine is the only
 one that also builds FlashInfer's ops and Triton's binaries from nothing (it is marked so).
+
+Each run's processes record their GPU lock's changes of mode in ``<log>.turns/`` beside its
+console log (``turns_log`` in the record): ``python -m experiments.turns_timeline <that folder>``
+says who held the GPU shared while the rounds waited to time alone.
 """
 
 from __future__ import annotations
