@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluators.gpu_turns import TIMELINE_ENV
+from experiments.turns_timeline import lay_out
 from search.report import git_commit
 from search.spread import from_dict
 
@@ -65,9 +66,11 @@ def one_run(mode: str, cache: Path, out: Path, extra: Sequence[str], first: bool
         proc = subprocess.run(cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, env=env)
     wall = time.time() - start
     made = sorted(set(out.glob("*")) - before)
+    turns = lay_out(timeline)
     record: dict[str, Any] = {"mode": mode, "first_on_machine": first, "command": "python -m search.run "
                               + " ".join(cmd[3:]), "wall_s": wall, "exit_code": proc.returncode,
-                              "log": str(log), "turns_log": str(timeline), "output_tail": log.read_text(errors="replace")[-3000:]}
+                              "log": str(log), "turns_log": str(timeline), "gpu_turns": _turns_brief(turns),
+                              "output_tail": log.read_text(errors="replace")[-3000:]}
     summary_path = made[-1] / "summary.json" if made else None
     if summary_path is None or not summary_path.is_file():
         return record
@@ -77,6 +80,12 @@ def one_run(mode: str, cache: Path, out: Path, extra: Sequence[str], first: bool
                   compiled_beside_search=summary.get("compiled_beside_search"),
                   kernels={k["kernel"]: kernel_figures(k) for k in summary["kernels"]})
     return record
+
+
+def _turns_brief(turns: dict[str, Any], top: int = 5) -> dict[str, Any]:
+    """The lock timeline's totals and its largest blockers (command lines cut short)."""
+    return {**{k: turns.get(k) for k in ("processes", "span_s", "alone_s", "blocked_s")},
+            "blockers": [{**b, "argv": b["argv"][:100]} for b in turns.get("blockers", [])[:top]]}
 
 
 def kernel_figures(k: dict[str, Any]) -> dict[str, Any]:
@@ -144,6 +153,16 @@ def report(runs: list[dict[str, Any]]) -> str:
         done = [r for r in runs if r["mode"] == mode and r["exit_code"] == 0]
         searches = [seconds["search"] for r in done if "search" in (seconds := r.get("stage_s") or {})]
         lines.append(f"| {mode} | {_spread([r['wall_s'] for r in done])} | {TARGET_S[mode]} s | {_spread(searches)} |")
+    # Who kept the rounds from timing: the GPU lock's timeline (evaluators.gpu_turns), where recorded.
+    timed = [(i, r["gpu_turns"]) for i, r in enumerate(runs, 1) if (r.get("gpu_turns") or {}).get("processes")]
+    if timed:
+        lines += ["", "GPU lock over each run (experiments.turns_timeline): seconds some process had the GPU "
+                  "alone; seconds some process waited to have it alone while it was only shared; the processes "
+                  "that held it shared then, largest first", "",
+                  "| run | processes | alone | blocked | held it shared while others waited |", "|---|---|---|---|---|"]
+        for i, t in timed:
+            who = "; ".join(f"{b['shared_s']:.0f} s `{b['argv'][:60]}`" for b in t["blockers"][:3]) or "-"
+            lines.append(f"| {i} | {t['processes']} | {t['alone_s']:.0f} s | {t['blocked_s']:.0f} s | {who} |")
     lines += ["", "## Ratios per run (search shapes; held-out: the spec's fixed held-out shapes)", "",
               "| run | mode | kernel | loops with cached peers | search: vs " + ", ".join(RATIOS[:3])
               + " | held-out: vs " + ", ".join(RATIOS[:3]) + " |", "|---|---|---|---|---|---|"]

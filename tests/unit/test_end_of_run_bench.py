@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from experiments.end_of_run_bench import kernel_figures, report
+from experiments.end_of_run_bench import _turns_brief, kernel_figures, report
 
 
 def _spread(median: float, low: float, high: float) -> dict[str, Any]:
@@ -65,3 +65,16 @@ def test_peers_over_the_baseline_agree_whatever_winner_each_run_found() -> None:
     assert "| silu_and_mul | search: vs torch_compile | 1.050 | [1.000-1.100] | 1.155 | 0 of 1 |" in text
     assert ("| silu_and_mul | search: torch_compile | 0.350 [0.323-0.379] | 0.350 [0.323-0.379] | 1 of 1 | "
             "1.000 |") in text
+
+
+def test_a_run_with_a_lock_timeline_says_who_kept_the_rounds_from_timing() -> None:
+    base = {"mode": "cold", "command": "python -m search.run --population 8 --rounds 5", "wall_s": 250.0,
+            "exit_code": 0, "gpu": "GPU X", "stage_s": {"search": 100.0}, "end_calls_s": {},
+            "meta": {"commit": "c0ffee", "date": "2026-12-07"}, "kernels": {}}
+    turns = _turns_brief({"processes": 12, "span_s": 200.0, "alone_s": 41.2, "blocked_s": 55.7,
+                          "blockers": [{"pid": 7, "shared_s": 30.4, "argv": "-m evaluators.sanitize " + "x" * 200},
+                                       {"pid": 8, "shared_s": 12.0, "argv": "-m evaluators.worker"}]})
+    assert len(turns["blockers"][0]["argv"]) == 100
+    text = report([{**base, "gpu_turns": turns}, {**base, "mode": "warm"}])
+    assert "| 1 | 12 | 41 s | 56 s | 30 s `-m evaluators.sanitize xxx" in text
+    assert "| 2 |" not in text.split("GPU lock over each run")[1].split("## Ratios")[0]  # no timeline: no row
