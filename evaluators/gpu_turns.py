@@ -55,10 +55,14 @@ TIMELINE_ENV = "KERNEL_SEARCH_TURNS_LOG"
 _MODES = {fcntl.LOCK_SH: "shared", fcntl.LOCK_EX: "alone", fcntl.LOCK_UN: "none"}
 
 
-def _record_exit(path: Path) -> None:
-    """At the process's end its lock goes (a process killed says nothing: its holds last, on
+_recorded: set[Path] = set()  # the locks this process has put on the timeline
+
+
+def _record_exit() -> None:
+    """At the process's end its locks go (a process killed says nothing: its holds last, on
     the timeline, until the last record of any process)."""
-    _record(path, fcntl.LOCK_UN, time.time())
+    for path in sorted(_recorded):
+        _record(path, fcntl.LOCK_UN, time.time())
 
 
 def _record(path: Path, mode: int, asked: float) -> None:
@@ -68,9 +72,11 @@ def _record(path: Path, mode: int, asked: float) -> None:
     row: dict[str, object] = {"lock": path.name, "mode": _MODES.get(mode & ~fcntl.LOCK_NB, str(mode)),
                               "asked": round(asked, 4), "got": round(time.time(), 4), "pid": os.getpid()}
     file = Path(folder) / f"turns-{os.getpid()}.jsonl"
-    if not file.exists():  # the first line says which process this is; the last, when it ended
+    if not file.exists():  # the first line says which process this is
         row["argv"] = " ".join(sys.argv)[:200]
-        atexit.register(_record_exit, path)
+    if not _recorded:  # the last ones, when it ended
+        atexit.register(_record_exit)
+    _recorded.add(path)
     line = json.dumps(row)
     try:
         with open(file, "a") as f:

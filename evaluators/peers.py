@@ -108,7 +108,7 @@ def compile_name(mode: str, trial: int) -> str:
 # included) it finds. Loaded from the bundle instead, torch 2.11 ran coordinate descent again
 # on some kernels although their choice was found (experiments/results/coordesc-h100-b282de5.json:
 # 2 of 8 fused_add_rmsnorm kernels, none without the bundle; 4.4-21.1 s per loop at 9a09729,
-# its benchmarks waiting for the GPU alone).
+# its benchmarks taking the set-up benchmark lock one at a time across rounds).
 _CACHED = {**_FRESH, "fx_graph_cache": True, "autotune_local_cache": True, "bundle_triton_into_fx_graph_cache": False}
 
 

@@ -114,14 +114,14 @@ def child(kernel: str, dtype: str, folder: str, settings: dict[str, Any], modes:
     return {"seconds": round(time.perf_counter() - start, 2), "settings_applied": known,
             "settings_unknown": sorted(set(settings) - set(known)), "modes": report.get("modes"),
             "inductor_counters": {k: v for k, v in counters["inductor"].items() if "coordesc" in k or "cache" in k},
-            "fxgraph": {k: v for k, v in counters["inductor"].items() if k.startswith("fxgraph")},
             "coordesc_s": round(sum(e["s"] for e in events if e["event"] == "coordesc"), 3),
             "events": events, "best_config_files": best}
 
 
 def _run_child(kernel: str, dtype: str, folder: Path, variant: str, modes: list[str], timeout: float) -> dict[str, Any]:
+    out_file = folder / "probe-result.json"
     cmd = [sys.executable, "-m", "experiments.coordesc_probe", "--child", "--variant", variant, "--dtype", dtype,
-           "--folder", str(folder), "--modes", ",".join(modes), kernel]
+           "--folder", str(folder), "--modes", ",".join(modes), "--out", str(out_file), kernel]
     # One compile thread, as in the loops and the compile-ahead processes: every lookup in this process.
     env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}
     start = time.perf_counter()
@@ -130,7 +130,6 @@ def _run_child(kernel: str, dtype: str, folder: Path, variant: str, modes: list[
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
     wall = round(time.perf_counter() - start, 2)
-    out_file = folder / f"probe-{os.getpid()}.json"
     if done.returncode != 0 or not out_file.exists():
         return {"error": f"rc {done.returncode}", "stderr": done.stderr[-3000:], "wall_s": wall}
     result = json.loads(out_file.read_text())
@@ -152,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names of VARIANTS")
     parser.add_argument("--modes", default="max-autotune-no-cudagraphs")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds per process")
-    parser.add_argument("--out", default="runs/diag/coordesc.json")
+    parser.add_argument("--out", default="runs/diag/coordesc.json", help="the report (a child process: its result)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--variant", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
@@ -160,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = args.modes.split(",")
     if args.child:
         result = child(args.kernels[0], args.dtype, args.folder, VARIANTS[args.variant], modes)
-        (Path(args.folder) / f"probe-{os.getppid()}.json").write_text(json.dumps(result))
+        Path(args.out).write_text(json.dumps(result))
         return 0
     import torch
 

@@ -28,19 +28,15 @@ from typing import Any
 from kernels.records import read_jsonl
 
 
-def holds(folder: Path, lock: str) -> tuple[list[tuple[float, float, int, str]], dict[int, str]]:
-    """Per process, each (start, end, pid, mode) during which it held ``lock`` in a mode or
-    waited for one (``wait-alone``, ``wait-shared``), and each process's command line."""
+def holds(records: list[list[dict[str, Any]]], lock: str) -> tuple[list[tuple[float, float, int, str]], dict[int, str]]:
+    """From each process's records, each (start, end, pid, mode) during which it held ``lock``
+    in a mode or waited for one (``wait-alone``, ``wait-shared``), and each process's command line."""
     spans: list[tuple[float, float, int, str]] = []
-    argv: dict[int, str] = {}
-    files = {file: list(read_jsonl(file)) for file in sorted(folder.glob("turns-*.jsonl"))}
+    argv = {int(row["pid"]): str(row["argv"]) for every in records for row in every[:1] if "argv" in row}
     # A process killed without its last record holds until the last record of any.
-    last = max((r["got"] for rows in files.values() for r in rows), default=0.0)
-    for every in files.values():
+    last = max((r["got"] for every in records for r in every), default=0.0)
+    for every in records:
         rows = [r for r in every if r.get("lock") == lock]
-        for row in every:
-            if "argv" in row:
-                argv[int(row["pid"])] = str(row["argv"])
         for i, row in enumerate(rows):
             pid = int(row["pid"])
             if row["mode"] != "none" and row["got"] > row["asked"]:
@@ -53,17 +49,18 @@ def holds(folder: Path, lock: str) -> tuple[list[tuple[float, float, int, str]],
 
 def lay_out(folder: Path, lock: str = "") -> dict[str, Any]:
     """The report above for ``lock`` (default: the GPU's, the one not named ``*.benchmarks*``
-    or ``*.gate*`` with most records)."""
+    with most records)."""
+    records = [list(read_jsonl(file)) for file in sorted(folder.glob("turns-*.jsonl"))]
     if not lock:
         names: dict[str, int] = defaultdict(int)
-        for file in folder.glob("turns-*.jsonl"):
-            for row in read_jsonl(file):
+        for every in records:
+            for row in every:
                 names[str(row.get("lock"))] += 1
-        plain = {n: c for n, c in names.items() if ".benchmarks" not in n and ".gate" not in n}
+        plain = {n: c for n, c in names.items() if ".benchmarks" not in n}
         if not plain:
             return {"folder": str(folder), "lock": None, "processes": 0}
         lock = max(plain, key=lambda n: plain[n])
-    spans, argv = holds(folder, lock)
+    spans, argv = holds(records, lock)
     if not spans:
         return {"folder": str(folder), "lock": lock, "processes": 0}
     edges = sorted({t for s in spans for t in s[:2]})

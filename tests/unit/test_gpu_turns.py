@@ -203,3 +203,22 @@ def test_each_change_of_mode_lands_on_the_timeline_with_its_wait(tmp_path: Path,
     assert all(r["lock"] == "gpu.lock" for r in rows)
     assert rows[2]["got"] - rows[2]["asked"] >= 0.3  # asked once, got when the other let go
     assert rows[0]["got"] - rows[0]["asked"] < 0.3  # a share beside a share: no wait
+
+
+def test_a_process_that_ends_puts_the_end_of_each_of_its_locks_on_the_timeline(tmp_path: Path):
+    import json
+    import os
+
+    from evaluators.gpu_turns import TIMELINE_ENV
+
+    log = tmp_path / "turns"
+    log.mkdir()
+    root = Path(__file__).resolve().parents[2]
+    code = ("import sys; from evaluators.gpu_turns import GpuTurns\n"
+            "GpuTurns(sys.argv[1]).hold_shared(); GpuTurns(sys.argv[2]).hold_shared()\n")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "gpu.lock"), str(tmp_path / "gpu.benchmarks.lock")],
+                   check=True, cwd=root, env={**os.environ, TIMELINE_ENV: str(log), "PYTHONPATH": str(root)})
+    (file,) = log.glob("turns-*.jsonl")
+    rows = [json.loads(line) for line in file.read_text().splitlines()]
+    assert [(r["lock"], r["mode"]) for r in rows] == [
+        ("gpu.lock", "shared"), ("gpu.benchmarks.lock", "shared"), ("gpu.benchmarks.lock", "none"), ("gpu.lock", "none")]
