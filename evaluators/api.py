@@ -103,7 +103,8 @@ class Evaluator(ABC):
                         ours: dict[str, tuple[str, dict[str, int]]] | None = None,
                         repetitions: int = 100, graph_ours: bool = False, fresh_process: bool = False,
                         compile_trials: int | None = None, peers: bool = True,
-                        compile_cache: str | None = None) -> dict[str, Any]:
+                        compile_cache: str | None = None,
+                        exclude_peers: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, Any]:
         """Like :meth:`time_peers`, with ``errors`` (``{peer: why it was not timed}``),
         ``failed`` (``{our kernel: why}``: ours get the evaluator's guards in this loop, and one
         that fails them is reported there, never timed) and, on a GPU, spreads (``iqr``) and
@@ -112,13 +113,14 @@ class Evaluator(ABC):
         several independent repetitions); ``compile_trials``: fresh compilations per
         torch.compile mode; ``peers`` False times our kernels alone; ``compile_cache``: the
         folder this loop's torch.compile programs were compiled into ahead of it
-        (:mod:`evaluators.peer_compile`). Stand-ins time nothing."""
+        (:mod:`evaluators.peer_compile`); ``exclude_peers`` ({peer: {shape label: why}}): calls
+        not to make (they ended a process there). Stand-ins time nothing."""
         return {"peers": {}, "errors": {}}
 
     def time_round(self, kernel: KernelRef | str, dtype: str, loops: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """A round of loops in one process, each of ``loops`` the keyword arguments of
         :meth:`time_peers_full` (``shape_set``, ``ours``, ``compile_trials``, ``peers``,
-        ``compile_cache``); each loop's reply in order. Here one loop after the other, the
+        ``compile_cache``, ``exclude_peers``); each loop's reply in order. Here one loop after the other, the
         first in a fresh process; the GPU evaluator sets them all up before it times any."""
         return [self.time_peers_full(kernel, dtype, fresh_process=i == 0, **dict(loop)) for i, loop in enumerate(loops)]
 

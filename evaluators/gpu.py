@@ -24,7 +24,7 @@ from evaluators.admit import Artifact, Refusal, admit
 from evaluators.api import EvalRequest, Evaluator
 from evaluators.child_env import run_environment
 from evaluators.peer_compile import crash_summary
-from evaluators.peer_steps import EVERY_SHAPE, parse_peer_step
+from evaluators.peer_steps import EVERY_SHAPE, PEER_EXCLUSIONS, parse_peer_step
 from kernels.folders import KernelRef
 from kernels.launch import DeviceLimits, LaunchLimitError, LaunchSpecError
 from kernels.spec import KernelSpec, Shape, load_kernel, shape_label
@@ -350,7 +350,8 @@ class GpuEvaluator(Evaluator):
                         ours: dict[str, tuple[str, dict[str, int]]] | None = None,
                         repetitions: int = 100, graph_ours: bool = False, fresh_process: bool = False,
                         compile_trials: int | None = None, peers: bool = True,
-                        compile_cache: str | None = None) -> dict[str, Any]:
+                        compile_cache: str | None = None,
+                        exclude_peers: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, Any]:
         """Like :meth:`time_peers`, with spreads, peer errors, the copy bandwidth and ``failed``:
         ``{our kernel: why}`` for each of ours refused at admission, failing a guard in the loop
         (see :mod:`evaluators.peers`) or crashing it; a failed kernel has no times.
@@ -363,7 +364,8 @@ class GpuEvaluator(Evaluator):
         share no CUDA context, allocations or compilations, while the loops of several kernels
         can share a process; ``compile_trials``: fresh compilations per torch.compile mode;
         ``peers`` False: our kernels alone (no peer is set up or compiled); ``compile_cache``:
-        the folder this loop's compilations were made in ahead of it (loaded from there).
+        the folder this loop's compilations were made in ahead of it (loaded from there);
+        ``exclude_peers``: peers left out from the start where named (see :meth:`_loop_job`).
         """
         spec = self.spec(kernel)
         # one loop per process for each kernel and shape set: a round of the end of a run
@@ -374,7 +376,7 @@ class GpuEvaluator(Evaluator):
         if fresh_process and self._worker is not None and key in self._looped.get(self._worker.info["pid"], set()):
             self.close()
         job, kernels, failed = self._loop_job(spec, dtype, shape_set, ours, repetitions, graph_ours, compile_trials,
-                                              peers, compile_cache)
+                                              peers, compile_cache, exclude_peers)
         reply = self._loop_alone(job, kernels, failed)
         if self._worker is not None:
             self._looped.setdefault(self._worker.info["pid"], set()).add(key)
@@ -384,7 +386,7 @@ class GpuEvaluator(Evaluator):
         """A round of end-of-run loops in one sandbox process (a fresh one if this evaluator's
         worker has run a loop of this kernel): each of ``loops`` (the keyword arguments of
         :meth:`time_peers_full`: ``shape_set``, ``ours``, ``compile_trials``, ``peers``,
-        ``compile_cache``) set up first, then all timed (:func:`evaluators.peers.run_round`);
+        ``compile_cache``, ``exclude_peers``) set up first, then all timed (:func:`evaluators.peers.run_round`);
         returns each loop's reply as :meth:`time_peers_full` does. Made with ``gpu_turns``,
         several evaluators' rounds run at once on one GPU: their set-ups overlap, their
         timing never does. A round that fails as a whole (a kernel of ours crashing it) is run
@@ -397,7 +399,8 @@ class GpuEvaluator(Evaluator):
             self.close()
         built = [self._loop_job(spec, dtype, str(loop.get("shape_set", "search")), loop.get("ours"),
                                 int(loop.get("repetitions", 100)), bool(loop.get("graph_ours", False)),
-                                loop.get("compile_trials"), bool(loop.get("peers", True)), loop.get("compile_cache"))
+                                loop.get("compile_trials"), bool(loop.get("peers", True)), loop.get("compile_cache"),
+                                loop.get("exclude_peers"))
                  for loop in loops]
         round_job = {"type": "peers_round", "loops": [{**job, "kernels": dict(kernels)} for job, kernels, _ in built]}
         reply, _why = self._peers_job(round_job)
@@ -418,9 +421,11 @@ class GpuEvaluator(Evaluator):
 
     def _loop_job(self, spec: KernelSpec, dtype: str, shape_set: str, ours: dict[str, tuple[str, dict[str, int]]] | None,
                   repetitions: int, graph_ours: bool, compile_trials: int | None, peers: bool,
-                  compile_cache: str | None) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, str]]:
+                  compile_cache: str | None, exclude_peers: Mapping[str, Mapping[str, str]] | None = None,
+                  ) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, str]]:
         """One loop's job for the worker (without ``kernels``), our binaries admitted for it, and
-        ours refused at admission with why."""
+        ours refused at admission with why. ``exclude_peers``: peers to leave out from the start
+        ({peer: {shape label: why}}: their calls ended a compile-ahead process there)."""
         shapes = spec.shapes(shape_set)
         failed: dict[str, str] = {}
         kernels: dict[str, dict[str, Any]] = {}
@@ -443,6 +448,8 @@ class GpuEvaluator(Evaluator):
             job["compile_trials"] = compile_trials
         if compile_cache:
             job["compile_cache"] = compile_cache
+        if exclude_peers:
+            job["exclude_peers"] = {peer: dict(shapes) for peer, shapes in exclude_peers.items()}
         return job, kernels, failed
 
     def _loop_alone(self, job: dict[str, Any], kernels: dict[str, dict[str, Any]], failed: dict[str, str]) -> dict[str, Any]:
@@ -544,12 +551,6 @@ class GpuEvaluator(Evaluator):
         return merged
 
 
-# Re-runs of one peers' job that leave out a peer on a shape where it ended its process (see
-# GpuEvaluator._peers_job) before every such peer is left out everywhere: two peers of one
-# library on four unsupported shapes.
-PEER_EXCLUSIONS = 8
-
-
 def _crash_key(job: Mapping[str, Any]) -> tuple[str, str]:
     """The kernel folder and dtype of a peers' job (a round's: its first loop's; a round holds
     one kernel's loops)."""
@@ -558,12 +559,20 @@ def _crash_key(job: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def _excluding(job: dict[str, Any], excluded: dict[str, dict[str, str]]) -> dict[str, Any]:
-    """The job with ``exclude_peers`` set in every loop it runs (a round's, or its own)."""
+    """The job with ``excluded`` added to the ``exclude_peers`` of every loop it runs (a
+    round's, or its own), beside what the loop left out from the start."""
     if not excluded:
         return job
+
+    def merged(loop: dict[str, Any]) -> dict[str, Any]:
+        mine = {peer: dict(shapes) for peer, shapes in loop.get("exclude_peers", {}).items()}
+        for peer, shapes in excluded.items():
+            mine.setdefault(peer, {}).update(shapes)
+        return {**loop, "exclude_peers": mine}
+
     if "loops" in job:
-        return {**job, "loops": [{**loop, "exclude_peers": excluded} for loop in job["loops"]]}
-    return {**job, "exclude_peers": excluded}
+        return {**job, "loops": [merged(loop) for loop in job["loops"]]}
+    return merged(job)
 
 
 def _stderr_note(died: Mapping[str, Any]) -> str:

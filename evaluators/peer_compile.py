@@ -38,6 +38,11 @@ from evaluators.proc_group import run_group
 from kernels.folders import KernelRef
 
 REPORT = "compiled.json"  # what a compile-ahead process did, in its cache folder
+# The peer call a first-calls pass is inside (:func:`evaluators.peer_steps.peer_step`), rewritten
+# before each call: a library that ends the process there is then known by peer and shape.
+STEP = "first-call.step"
+# What a process that only makes the first calls (after one that died in them) did.
+FIRST_CALLS = "first-calls.json"
 # Every FX-graph cache key a process computed in a loop's folder, with the details it hashed:
 # <folder>/fx-keys/<role>-<pid>.jsonl ("ahead" or "loop"). A loop that misses a compilation
 # made ahead for it can then say which detail differed (:func:`why_missed`).
@@ -200,8 +205,22 @@ def compile_kernel(kernel: str, dtype: str, shape_set: str, cache_dir: str | Pat
     report: dict[str, Any] = {"kernel": spec.name, "dtype": dtype, "modes": done, "first_calls": None,
               "seconds": time.perf_counter() - start, "nice": os.nice(0)}
     (Path(cache_dir) / REPORT).write_text(json.dumps(report))
-    report.update(first_calls=first_calls(spec, dtype, shape_set, device, lock), seconds=time.perf_counter() - start)
+    report.update(first_calls=first_calls(spec, dtype, shape_set, device, lock, Path(cache_dir) / STEP),
+                  seconds=time.perf_counter() - start)
     (Path(cache_dir) / REPORT).write_text(json.dumps(report))
+    return report
+
+
+def first_calls_only(kernel: str, dtype: str, shape_set: str, cache_dir: str | Path, device: str = "cuda",
+                     lock: str | Path | None = None, excluded: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
+    """:func:`first_calls` alone, leaving out the peers ``excluded`` on their shapes; writes
+    :data:`FIRST_CALLS`. What a process runs after another died in its first calls."""
+    from kernels.spec import load_kernel
+
+    start = time.perf_counter()
+    outcome = first_calls(load_kernel(kernel), dtype, shape_set, device, lock, Path(cache_dir) / STEP, excluded)
+    report = {"first_calls": outcome, "seconds": time.perf_counter() - start}
+    (Path(cache_dir) / FIRST_CALLS).write_text(json.dumps(report))
     return report
 
 
@@ -217,23 +236,37 @@ def _inputs_or_why(spec: Any, shape: Any, dtype: str, device: str) -> Any:
         return f"inputs: {type(exc).__name__}: {exc}"[:300]
 
 
-def first_calls(spec: Any, dtype: str, shape_set: str, device: str, lock: str | Path | None) -> dict[str, str]:
+def first_calls(spec: Any, dtype: str, shape_set: str, device: str, lock: str | Path | None,
+                step_file: Path | None = None, excluded: dict[str, dict[str, str]] | None = None) -> dict[str, str]:
     """Calls each peer that is not a torch.compile program once per shape: a library that
     builds its kernels on first use (FlashInfer JIT-compiles each op, 20-40 s, into an on-disk
     folder) builds them here, beside the other loops' compilations, instead of inside the
     loop's exclusive hold of the GPU. Each call holds the GPU's lock shared, like a sanitizer
     run: no autotuning benchmark of another process runs beside its launches. Returns, per
-    peer, "ok" or the first failure (the loop meets it again and reports it)."""
+    peer, "ok" or the first failure (the loop meets it again and reports it). ``step_file``
+    gets :func:`evaluators.peer_steps.peer_step` before each call (see :func:`compile_ahead`);
+    ``excluded`` ({peer: {shape label: why}}) names calls not to make."""
     import torch
 
+    from evaluators.peer_steps import EVERY_SHAPE, peer_step
     from kernels.peer import as_peer, call_once
+    from kernels.spec import shape_label
 
     outcome: dict[str, str] = {}
+    if step_file is not None:
+        step_file.write_text("")  # a step of an earlier process is not this one's
     for shape in spec.shapes(shape_set):
         inputs = _inputs_or_why(spec, shape, dtype, device)
+        label = shape_label(shape)
         for name, fn in spec.peers.items():
             if outcome.get(name, "ok") != "ok" or isinstance(inputs, str):
                 continue  # failed before, or no inputs for this shape (the loop reports it)
+            left_out = (excluded or {}).get(name, {})
+            if label in left_out or EVERY_SHAPE in left_out:
+                continue
+            if step_file is not None:
+                # A plain write: it outlives this process's death in the call (the kernel has it).
+                step_file.write_text(peer_step(name, label))
             try:
                 with sharing_the_gpu(lock) if lock else contextlib.nullcontext():
                     call_once(as_peer(fn), {k: v.clone() for k, v in inputs.items()}, shape, spec.constants)
@@ -244,6 +277,8 @@ def first_calls(spec: Any, dtype: str, shape_set: str, device: str, lock: str | 
                 outcome[name] = f"{type(exc).__name__}: {exc}"[:300]
         del inputs
         _give_back_memory(device)
+    if step_file is not None:
+        step_file.write_text("")  # past every call: an end after this one is no peer's
     return outcome
 
 
@@ -265,7 +300,9 @@ def compile_ahead(kernel: KernelRef | str, dtype: str, shape_set: str, cache_dir
     first calls hold ``lock`` shared and its autotuning benchmarks hold ``benchmark_lock``
     (default: ``lock``) alone. ``nice``: the process (and what it starts: Triton's and
     FlashInfer's compilers) runs that much below this one's CPU priority; the report's
-    ``nice`` says at which niceness it ran."""
+    ``nice`` says at which niceness it ran. A peer whose first call ends the process is left
+    out on that shape and the first calls made again (:func:`_first_calls_after_crash`); the
+    report's ``peer_crashes`` ({peer: {shape label: why}}) names those calls."""
     folder = str(kernel.resolve()) if isinstance(kernel, KernelRef) else str(kernel)
     Path(cache_dir).mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "evaluators.peer_compile", folder, "--cache-dir", str(cache_dir), "--lock", str(lock),
@@ -277,6 +314,7 @@ def compile_ahead(kernel: KernelRef | str, dtype: str, shape_set: str, cache_dir
     # Its ninja takes turns per build folder (evaluators.ninja_turns).
     env = ninja_environment({**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1", "PYTHONFAULTHANDLER": "1"})
     # A group of its own: a timeout also ends what it started (FlashInfer's ninja and nvcc).
+    deadline = time.monotonic() + timeout_s
     rc, out, err = run_group(cmd, env=env, cwd=Path(__file__).resolve().parent.parent, timeout_s=timeout_s)
     if rc is None:
         return {"status": "ERROR", "summary": f"compile-ahead of {folder} passed {timeout_s:.0f} s"}
@@ -291,9 +329,59 @@ def compile_ahead(kernel: KernelRef | str, dtype: str, shape_set: str, cache_dir
         return {"status": "ERROR", "summary": why}
     if rc != 0:  # the compilations were made and kept; what came after them killed the process
         report["crashed"] = f"rc {rc} after the compilations: {crash_summary(err)}"
-        if report.get("first_calls") is None:
+        crashes, outcome = _first_calls_after_crash(cmd, env, Path(cache_dir), rc, err, deadline)
+        if crashes:
+            report["peer_crashes"] = crashes
+        if outcome is not None:
+            report["first_calls"] = outcome
+        elif report.get("first_calls") is None:
             report["first_calls"] = {"error": report["crashed"]}
     return {"status": "OK", **report}
+
+
+def _first_calls_after_crash(cmd: list[str], env: dict[str, str], cache_dir: Path, rc: int, err: str,
+                             deadline: float) -> tuple[dict[str, dict[str, str]], dict[str, str] | None]:
+    """After a compile-ahead process died inside a peer's first call (its :data:`STEP` names
+    the peer and the shape), the first calls again in fresh processes, each leaving out every
+    call that ended one before, until one gets through; past
+    :data:`evaluators.peer_steps.PEER_EXCLUSIONS` re-runs, each such peer is left out on every
+    shape for one last run. Returns what the last run left out ({peer: {shape label or
+    :data:`evaluators.peer_steps.EVERY_SHAPE`: why}}) and the first calls' outcome of the
+    process that got through, or None. The end-of-run loops leave those peers out there from
+    the start (their ``exclude_peers``): found here, beside the search, a library that ends
+    its process on some sizes does not end each loop's process, one size at a time."""
+    from evaluators.peer_steps import EVERY_SHAPE, PEER_EXCLUSIONS, parse_peer_step
+
+    crashes: dict[str, dict[str, str]] = {}
+    excluded: dict[str, dict[str, str]] = {}
+    for reruns in range(PEER_EXCLUSIONS + 1):
+        try:
+            culprit = parse_peer_step((cache_dir / STEP).read_text())
+        except OSError:
+            culprit = None
+        if culprit is None or culprit[1] in crashes.get(culprit[0], {}):
+            break  # it died outside a peer's call (or where it was told not to call): nothing to leave out
+        name, label = culprit
+        crashes.setdefault(name, {})[label] = (f"its first call ended a compile-ahead process (rc {rc}: "
+                                               f"{crash_summary(err, 300)}); not timed here")
+        excluded = crashes if reruns < PEER_EXCLUSIONS else {
+            peer: {EVERY_SHAPE: f"its first calls ended compile-ahead processes on {', '.join(shapes)}; not timed "
+                                f"on any shape (more than {PEER_EXCLUSIONS} re-runs)"}
+            for peer, shapes in crashes.items()}
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        rc_next, _out, err = run_group([*cmd, "--first-calls-only", "--exclude", json.dumps(excluded)], env=env,
+                                       cwd=Path(__file__).resolve().parent.parent, timeout_s=left)
+        if rc_next is None:
+            break
+        if rc_next == 0:
+            try:
+                return excluded, dict(json.loads((cache_dir / FIRST_CALLS).read_text())["first_calls"])
+            except (OSError, ValueError, KeyError, TypeError):
+                break
+        rc = rc_next
+    return excluded, None
 
 
 def crash_summary(err: str, width: int = 500) -> str:
@@ -320,9 +408,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--modes", nargs="+", help="torch.compile modes (default: evaluators.peers.COMPILE_MODES)")
     p.add_argument("--nice", type=int, default=0, help="lower this process's CPU priority by this much first")
+    p.add_argument("--first-calls-only", action="store_true",
+                   help="only the other peers' first calls (after a process that died in them)")
+    p.add_argument("--exclude", default="{}", help='first calls not to make: {"peer": {"shape label": "why"}}')
     args = p.parse_args(argv)
     if args.nice:
         os.nice(args.nice)  # inherited by every process it starts (ninja, nvcc, Triton's ptxas)
+    if args.first_calls_only:
+        print(json.dumps(first_calls_only(args.kernel, args.dtype, args.shapes, args.cache_dir, args.device,
+                                          args.lock, json.loads(args.exclude))), flush=True)
+        return 0
     install_benchmark_turns(args.benchmark_lock or args.lock)
     report = compile_kernel(args.kernel, args.dtype, args.shapes, args.cache_dir, args.modes, device=args.device,
                             lock=args.lock)

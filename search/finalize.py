@@ -197,6 +197,9 @@ class _Progress:
     # compile-ahead (search.finalize.EndOfRun.compile_ahead): per (shape set, loop) the folder
     # its compilations were made in, None where they failed or were not made
     folders: dict[tuple[str, int], str | None] = field(default_factory=dict)
+    # and per shape set the peers whose first calls there ended its process, on which shapes and
+    # why ({peer: {shape label: why}}): the loops leave them out there from the start
+    crashes: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
     # After the final timing, the sanitizer runs and the peers' loops go on side by side
     # (EndOfRun._beside): the result is put together once both are in (_assemble). A new
     # winner (the baseline, after a finding) starts a new generation; answers of an older one
@@ -631,7 +634,8 @@ class EndOfRun:
 
         for i in range(n):
             loops = [{"shape_set": plan.shape_set.value, "ours": plan.ours, "compile_trials": cfg.compile_trials,
-                      "peers": plan.hits[i] is None, "compile_cache": plan.folders[i]} for plan in plans]
+                      "peers": plan.hits[i] is None, "compile_cache": plan.folders[i],
+                      "exclude_peers": k.crashes.get(plan.shape_set.value, {})} for plan in plans]
             cached = sum(1 for plan in plans if plan.hits[i] is not None)
             self.ctl.recorded_call(_round_key(plans, i), partial(answered, i), "time_round", k.st.ref, k.st.dtype,
                                    loops, cfg.overlap_rounds, exclusive=not cfg.overlap_rounds,
@@ -717,11 +721,17 @@ class EndOfRun:
         folder = made.get("folder") if made.get("status") == "OK" else None
         for i in rounds:
             k.folders[(shape_set, i)] = folder
+        # A library call that ended the compile-ahead process would end each loop's as well.
+        crashes = made.get("peer_crashes")
+        k.crashes[shape_set] = {str(peer): dict(shapes) for peer, shapes in crashes.items()} if isinstance(crashes, dict) else {}
         self.compiling -= 1
         where = "" if shape_set == ShapeSet.SEARCH.value else " on the held-out shapes"
-        print(f"end {k.st.name}: compiled ahead for {len(rounds)} loops{where}" if folder else
-              f"end {k.st.name}: nothing compiled ahead for {len(rounds)} loops{where} "
-              f"({made.get('summary', '')[:200]}); they compile for themselves", file=sys.stderr, flush=True)
+        crashed = "; ".join(f"{peer} on {', '.join(shapes)}" for peer, shapes in k.crashes[shape_set].items())
+        print((f"end {k.st.name}: compiled ahead for {len(rounds)} loops{where}" if folder else
+               f"end {k.st.name}: nothing compiled ahead for {len(rounds)} loops{where} "
+               f"({made.get('summary', '')[:200]}); they compile for themselves")
+              + (f"; left out where their first calls ended its process: {crashed}" if crashed else ""),
+              file=sys.stderr, flush=True)
         if self.compiling == 0:
             waiting, self.waiting = self.waiting, []
             for start in waiting:

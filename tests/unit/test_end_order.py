@@ -186,3 +186,26 @@ def test_compilations_made_beside_the_search_are_taken_not_made_again() -> None:
         assert [loop["compile_cache"] for loop in call[2][1][1]] == ["/tmp/made-beside", None]
     for call in ctl.pending("time_round", "fused_add_rmsnorm"):
         assert [loop["compile_cache"] for loop in call[2][1][1]] == ["/tmp/end-search", "/tmp/end-heldout"]
+
+
+def test_where_a_peer_ended_a_compile_ahead_process_its_loops_leave_it_out_from_the_start() -> None:
+    """A compile-ahead report's ``peer_crashes`` (evaluators.peer_compile) goes to every round's
+    loop on that shape set as its ``exclude_peers``, and to no loop of another shape set or
+    kernel: the loops' processes do not die there one shape at a time."""
+    end, ctl = _end()
+    ctl.config.evaluator.compile_ahead = True
+    asked: list[Any] = []
+    ctl.pool = SimpleNamespace(call=lambda done, method, ref, dtype, shape_set, *a, **kw:  # type: ignore[attr-defined]
+                               asked.append((ref.name, shape_set, done)))
+    for k in end.kernels.values():
+        end._final(k)
+    ctl.answer_jobs()
+    crashes = {"flashinfer": {"[7, 18944]": "its first call ended a compile-ahead process (rc -11: ...)"}}
+    for name, shape_set, done in asked:
+        hit = name == "silu_and_mul" and shape_set == "heldout"
+        done({"status": "OK", "folder": f"/tmp/{name}-{shape_set}", **({"peer_crashes": crashes} if hit else {})}, "")
+    for kernel in KERNELS:
+        for call in ctl.pending("time_round", kernel):
+            left_out = {loop["shape_set"]: loop["exclude_peers"] for loop in call[2][1][1]}
+            assert left_out == ({"search": {}, "heldout": crashes} if kernel == "silu_and_mul"
+                                else {"search": {}, "heldout": {}})

@@ -171,6 +171,45 @@ def test_the_evaluator_remembers_where_a_peer_ended_the_process(compile_cache):
     assert "exclude_peers" not in ev.jobs[first + 1]
 
 
+def test_a_round_told_where_a_peer_ends_its_process_leaves_it_out_from_the_start(compile_cache):
+    # what the compile-ahead process found (search.finalize: the loops' exclude_peers): the round
+    # runs once, with those calls left out in its loop only, and why is the loop's error
+    class OnItsShapes(PeerCrashEvaluator):  # a loop dies only on a shape it has
+        def _job(self, job: dict[str, Any], timeout_s: float | None = None) -> tuple[str, dict[str, Any]]:
+            from evaluators.peer_steps import peer_step
+
+            for loop in job.get("loops", [job]):
+                left_out = loop.get("exclude_peers", {}).get(self.peer, {})
+                dies = {shape_label(s) for s in loop["shapes"]} & self.kills - set(left_out)
+                if dies:
+                    self.jobs.append(job)
+                    return "died", {"exitcode": -11, "last_step": peer_step(self.peer, min(dies))}
+            saved, self.kills = self.kills, set()  # it lives: the answer as the parent class gives it
+            try:
+                return super()._job(job, timeout_s)
+            finally:
+                self.kills = saved
+
+    ev = OnItsShapes("flashinfer", {"[16, 14336]"})
+    why = "its first call ended a compile-ahead process (rc -11: ...); not timed here"
+    replies = ev.time_round("silu_and_mul", "float16", [
+        {"shape_set": "search", "ours": _ours("good"), "exclude_peers": {"flashinfer": {"[16, 14336]": why}}},
+        {"shape_set": "heldout", "ours": _ours("good")}])
+    rounds = [j for j in ev.jobs if j.get("type") == "peers_round"]  # (the fake records each loop's too)
+    assert len(rounds) == 1 and [r["failed"] for r in replies] == [{}, {}]
+    search, heldout = rounds[0]["loops"]
+    assert search["exclude_peers"] == {"flashinfer": {"[16, 14336]": why}} and "exclude_peers" not in heldout
+
+
+def test_where_a_peer_ended_a_loops_process_adds_to_what_the_loop_left_out_from_the_start(compile_cache):
+    ev = PeerCrashEvaluator("flashinfer", {"[1, 11008]", "[16, 14336]"})
+    reply = ev.time_peers_full("silu_and_mul", "float16", ours=_ours("good", "baseline"),
+                               exclude_peers={"flashinfer": {"[16, 14336]": "found ahead"}})
+    assert reply["failed"] == {} and len(ev.jobs) == 2  # one death, on the shape nobody knew of
+    assert ev.jobs[-1]["exclude_peers"]["flashinfer"]["[16, 14336]"] == "found ahead"
+    assert "exit code -11" in ev.jobs[-1]["exclude_peers"]["flashinfer"]["[1, 11008]"]
+
+
 def test_peer_exclusions_are_bounded():
     from evaluators.gpu import PEER_EXCLUSIONS
     from evaluators.peer_steps import EVERY_SHAPE, peer_step

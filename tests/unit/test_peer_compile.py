@@ -18,15 +18,17 @@ import torch
 from evaluators.gpu_turns import GpuTurns
 from evaluators.peer_compile import (
     REPORT,
+    STEP,
     cache_folder,
     compile_ahead,
     first_calls,
     sharing_the_gpu,
     why_missed,
 )
+from evaluators.peer_steps import EVERY_SHAPE, peer_step
 from evaluators.peers import _loop_folder, compile_name, peer_fns
 from kernels.peer import call_once
-from kernels.spec import load_kernel
+from kernels.spec import load_kernel, shape_label
 from tests.unit.test_codegen import _kernel_here
 from tests.unit.test_codegen_reviewer_kernels import FOLDERS as REVIEWER
 
@@ -225,25 +227,79 @@ def test_a_memory_format_pickles_by_name_inside_a_loops_folder(tmp_path: Path):
     assert type(torch.channels_last) not in copyreg.dispatch_table  # left as found
 
 
-def test_a_library_that_kills_the_process_in_its_first_call_costs_the_first_calls_only(tmp_path: Path):
-    """A peer whose first call segfaults the compile-ahead process (a real SIGSEGV here) leaves
-    the compilations made before it in use: the report comes back OK, says the process
-    crashed and where (faulthandler's dump names the signal and the frames)."""
+def _crashing_kernel(root: Path, crash_if: str, search_shapes: str | None = None) -> Path:
+    """clip_deadzone with one more peer, ``crashing``, whose call segfaults its process (a real
+    SIGSEGV) where ``crash_if`` (an expression of ``shape``) holds; ``search_shapes`` replaces
+    the spec's search shapes."""
     spec_text, baseline = REVIEWER["clip_deadzone"]
-    crashing = ("\ndef crash(inputs, shape, constants):\n    import ctypes\n    ctypes.string_at(0)\n\n\n"
-                "SPEC = KernelSpec(")
+    crashing = (f"\ndef crash(inputs, shape, constants):\n    if {crash_if}:\n        import ctypes\n"
+                "        ctypes.string_at(0)\n\n\nSPEC = KernelSpec(")
     assert spec_text.count("\nSPEC = KernelSpec(") == 1
     spec_text = spec_text.replace("\nSPEC = KernelSpec(", crashing).replace(
         "    constants={\"cap\": 6.0, \"dead\": 0.05},\n)", "    constants={\"cap\": 6.0, \"dead\": 0.05},\n"
         "    peers={\"crashing\": crash},\n)")
     assert "peers={" in spec_text
-    _kernel_here(tmp_path, "clip_deadzone", spec_text, baseline)
+    if search_shapes is not None:
+        old = 'search_shapes=({"num_tokens": 64, "hidden": 4096},),'
+        assert old in spec_text
+        spec_text = spec_text.replace(old, f"search_shapes={search_shapes},")
+    _kernel_here(root, "clip_deadzone", spec_text, baseline)
+    return root / "clip_deadzone"
+
+
+def test_a_library_that_kills_the_process_in_its_first_call_costs_the_first_calls_only(tmp_path: Path):
+    """A peer whose first call segfaults the compile-ahead process leaves the compilations made
+    before it in use: the report comes back OK, says the process crashed and where
+    (faulthandler's dump names the signal and the frames), and names the call that ended it,
+    which a second process, making the first calls again without it, leaves out."""
+    folder = _crashing_kernel(tmp_path, "True")
     cache = tmp_path / "c"
-    report = compile_ahead(tmp_path / "clip_deadzone", "float32", "search", cache, tmp_path / "l", timeout_s=300,
+    report = compile_ahead(folder, "float32", "search", cache, tmp_path / "l", timeout_s=300,
                            modes=("default",), device="cpu")
     assert report["status"] == "OK", report
     assert set(report["modes"]["default"].values()) == {"ok"}
     assert "rc -11" in report["crashed"] and "Segmentation fault" in report["crashed"]
     assert "crash" in report["crashed"]  # the innermost frames: the peer's own function
-    assert report["first_calls"] == {"error": report["crashed"]}
-    assert _load(tmp_path / "clip_deadzone", cache) == {"hit": 1, "miss": 0, "bypass": 0}
+    label = shape_label(load_kernel(folder).search_shapes[0])
+    assert list(report["peer_crashes"]) == ["crashing"] and list(report["peer_crashes"]["crashing"]) == [label]
+    assert "ended a compile-ahead process (rc -11" in report["peer_crashes"]["crashing"][label]
+    assert report["first_calls"] == {}  # the second process made no call: the only one there was ended the first
+    assert _load(folder, cache) == {"hit": 1, "miss": 0, "bypass": 0}
+
+
+def test_the_calls_that_end_processes_are_found_one_shape_at_a_time_and_the_others_made(tmp_path: Path):
+    """A library that ends its process on two of three shapes: three processes (the compile-ahead
+    one and two that make the first calls again), each leaving out what ended the ones before;
+    the peer's call on the third shape is made and succeeds."""
+    shapes = '({"num_tokens": 64, "hidden": 1000}, {"num_tokens": 64, "hidden": 4096}, {"num_tokens": 64, "hidden": 3000})'
+    folder = _crashing_kernel(tmp_path, "shape['hidden'] != 4096", shapes)
+    report = compile_ahead(folder, "float32", "search", tmp_path / "c", tmp_path / "l", timeout_s=300,
+                           modes=("default",), device="cpu")
+    labels = [shape_label(s) for s in load_kernel(folder).search_shapes]
+    assert report["status"] == "OK", report
+    assert sorted(report["peer_crashes"]["crashing"]) == sorted([labels[0], labels[2]])
+    assert report["first_calls"] == {"crashing": "ok"}
+    assert not (tmp_path / "c" / STEP).read_text()  # the last process got past every call
+
+
+def test_a_peer_left_out_by_its_step_is_not_called_and_the_step_names_each_call(tmp_path: Path):
+    """first_calls in this process: an excluded call is not made (on its shape, or on every
+    shape with EVERY_SHAPE); the step file names each call before it and is emptied after."""
+    folder = _crashing_kernel(tmp_path, "False")
+    spec = load_kernel(folder)
+    label = shape_label(spec.search_shapes[0])
+    step = tmp_path / "step"
+    seen: list[str] = []
+    original = Path.write_text
+
+    def spy(self: Path, text: str, *args: object, **kwargs: object) -> int:
+        if self == step:
+            seen.append(text)
+        return original(self, text, *args, **kwargs)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Path, "write_text", spy)
+        assert first_calls(spec, "float32", "search", "cpu", None, step) == {"crashing": "ok"}
+        assert first_calls(spec, "float32", "search", "cpu", None, step, {"crashing": {label: "why"}}) == {}
+        assert first_calls(spec, "float32", "search", "cpu", None, step, {"crashing": {EVERY_SHAPE: "why"}}) == {}
+    assert seen == ["", peer_step("crashing", label), "", "", "", "", ""]
