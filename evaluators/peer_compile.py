@@ -7,9 +7,10 @@ Compiled ahead, each loop's compilations are made in a process of their own, int
 folder of their own (Inductor's FX-graph and autotuning caches on and pointed there), so they
 are as independent of the other loops' as when each loop compiled for itself; the loop then
 loads them from that folder (:func:`evaluators.peers.run_peers`, job key ``compile_cache``)
-instead of compiling them. What the folder lacks the loop compiles itself, as before. The
-same process then calls the kernel's other peers once per shape, so that a library building
-its kernels on first use (FlashInfer's JIT) builds them here and not inside the loop.
+instead of compiling them. What the folder lacks the loop compiles itself, as before. Another
+process meanwhile calls the kernel's other peers once per shape, so that a library building
+its kernels on first use (FlashInfer's JIT) builds them there and not inside the loop, and a
+library call that ends a process is found there, not in every loop.
 
 The processes run beside each other and beside sanitizer runs, never beside a timed call
 (:mod:`search.pool`: they are non-exclusive calls); their autotuning benchmarks take a file
@@ -27,6 +28,7 @@ import json
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -165,11 +167,12 @@ def install_benchmark_turns(path: str | Path) -> bool:
 
 def compile_kernel(kernel: str, dtype: str, shape_set: str, cache_dir: str | Path,
                    modes: Sequence[str] | None = None, device: str = "cuda",
-                   lock: str | Path | None = None) -> dict[str, Any]:
+                   lock: str | Path | None = None, calls: bool = True) -> dict[str, Any]:
     """Compiles the kernel's torch.compile program in each mode for each shape into
-    ``cache_dir`` (one call per shape on the loop's inputs), then calls each of its other
-    peers once per shape (see :func:`first_calls`); returns and writes :data:`REPORT`: per
-    mode, per shape label, "ok" or why not, ``first_calls`` and the seconds taken."""
+    ``cache_dir`` (one call per shape on the loop's inputs), then (``calls``) calls each of
+    its other peers once per shape (see :func:`first_calls`); returns and writes
+    :data:`REPORT`: per mode, per shape label, "ok" or why not, ``first_calls`` and the
+    seconds taken."""
     import torch
 
     from evaluators.peers import COMPILE_MODES, compile_name, peer_fns
@@ -205,6 +208,8 @@ def compile_kernel(kernel: str, dtype: str, shape_set: str, cache_dir: str | Pat
     report: dict[str, Any] = {"kernel": spec.name, "dtype": dtype, "modes": done, "first_calls": None,
               "seconds": time.perf_counter() - start, "nice": os.nice(0)}
     (Path(cache_dir) / REPORT).write_text(json.dumps(report))
+    if not calls:
+        return report
     report.update(first_calls=first_calls(spec, dtype, shape_set, device, lock, Path(cache_dir) / STEP),
                   seconds=time.perf_counter() - start)
     (Path(cache_dir) / REPORT).write_text(json.dumps(report))
@@ -296,26 +301,36 @@ def compile_ahead(kernel: KernelRef | str, dtype: str, shape_set: str, cache_dir
                   timeout_s: float = 900.0, modes: Sequence[str] | None = None, device: str = "cuda",
                   benchmark_lock: str | Path | None = None, nice: int = 0) -> dict[str, Any]:
     """Runs :func:`compile_kernel` in a process of its own (fresh torch, no compilation of this
-    process's in it); returns its report, or ``{"status": "ERROR", "summary": why}``. Its
-    first calls hold ``lock`` shared and its autotuning benchmarks hold ``benchmark_lock``
-    (default: ``lock``) alone. ``nice``: the process (and what it starts: Triton's and
-    FlashInfer's compilers) runs that much below this one's CPU priority; the report's
-    ``nice`` says at which niceness it ran. A peer whose first call ends the process is left
-    out on that shape and the first calls made again (:func:`_first_calls_after_crash`); the
-    report's ``peer_crashes`` ({peer: {shape label: why}}) names those calls."""
+    process's in it) and, at the same time, the kernel's other peers' first calls
+    (:func:`first_calls`) in another; returns the compilations' report with the first calls'
+    outcome, or ``{"status": "ERROR", "summary": why}``. The first calls hold ``lock``
+    shared and the autotuning benchmarks hold ``benchmark_lock`` (default: ``lock``) alone.
+    ``nice``: both processes (and what they start: Triton's and FlashInfer's compilers) run
+    that much below this one's CPU priority; the report's ``nice`` says at which niceness.
+
+    A library call that ends the first calls' process (a segfault on a size the library was
+    not built for) costs neither the compilations, made apart, nor their time: the first calls
+    run again without it (:func:`_first_calls`) while the compilations go on, and the report's
+    ``peer_crashes`` ({peer: {shape label: why}}) names those calls (``first_calls_crashed``:
+    how the first process ended)."""
     folder = str(kernel.resolve()) if isinstance(kernel, KernelRef) else str(kernel)
     Path(cache_dir).mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "evaluators.peer_compile", folder, "--cache-dir", str(cache_dir), "--lock", str(lock),
-           "--dtype", dtype, "--shapes", shape_set, "--device", device, *(["--modes", *modes] if modes else []),
-           *(["--benchmark-lock", str(benchmark_lock)] if benchmark_lock else []),
-           *(["--nice", str(nice)] if nice else [])]
+           "--dtype", dtype, "--shapes", shape_set, "--device", device, *(["--nice", str(nice)] if nice else [])]
     # TORCHINDUCTOR_COMPILE_THREADS as in the sandbox worker; faulthandler so that a process
     # killed by a signal (a segfault in a library) says in which Python frames.
     # Its ninja takes turns per build folder (evaluators.ninja_turns).
     env = ninja_environment({**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1", "PYTHONFAULTHANDLER": "1"})
-    # A group of its own: a timeout also ends what it started (FlashInfer's ninja and nvcc).
     deadline = time.monotonic() + timeout_s
-    rc, out, err = run_group(cmd, env=env, cwd=Path(__file__).resolve().parent.parent, timeout_s=timeout_s)
+    calls: dict[str, Any] = {}
+    beside = threading.Thread(target=lambda: calls.update(_first_calls(cmd, env, Path(cache_dir), deadline)),
+                              name="first-calls", daemon=True)
+    beside.start()
+    # A group of its own: a timeout also ends what it started (FlashInfer's ninja and nvcc).
+    rc, out, err = run_group([*cmd, "--no-first-calls", *(["--modes", *modes] if modes else []),
+                              *(["--benchmark-lock", str(benchmark_lock)] if benchmark_lock else [])],
+                             env=env, cwd=Path(__file__).resolve().parent.parent, timeout_s=timeout_s)
+    beside.join(max(0.0, deadline - time.monotonic()) + 5.0)
     if rc is None:
         return {"status": "ERROR", "summary": f"compile-ahead of {folder} passed {timeout_s:.0f} s"}
     # The report file, not the last line of stdout: a library the process imported may print
@@ -329,59 +344,63 @@ def compile_ahead(kernel: KernelRef | str, dtype: str, shape_set: str, cache_dir
         return {"status": "ERROR", "summary": why}
     if rc != 0:  # the compilations were made and kept; what came after them killed the process
         report["crashed"] = f"rc {rc} after the compilations: {crash_summary(err)}"
-        crashes, outcome = _first_calls_after_crash(cmd, env, Path(cache_dir), rc, err, deadline)
-        if crashes:
-            report["peer_crashes"] = crashes
-        if outcome is not None:
-            report["first_calls"] = outcome
-        elif report.get("first_calls") is None:
-            report["first_calls"] = {"error": report["crashed"]}
+    outcome = calls.get("outcome")
+    report["first_calls"] = outcome if outcome is not None else {
+        "error": calls.get("why") or calls.get("crashed") or "the first calls did not end in time"}
+    if calls.get("crashed"):
+        report["first_calls_crashed"] = calls["crashed"]
+    if calls.get("excluded"):
+        report["peer_crashes"] = calls["excluded"]
     return {"status": "OK", **report}
 
 
-def _first_calls_after_crash(cmd: list[str], env: dict[str, str], cache_dir: Path, rc: int, err: str,
-                             deadline: float) -> tuple[dict[str, dict[str, str]], dict[str, str] | None]:
-    """After a compile-ahead process died inside a peer's first call (its :data:`STEP` names
-    the peer and the shape), the first calls again in fresh processes, each leaving out every
-    call that ended one before, until one gets through; past
-    :data:`evaluators.peer_steps.PEER_EXCLUSIONS` re-runs, each such peer is left out on every
-    shape for one last run. Returns what the last run left out ({peer: {shape label or
-    :data:`evaluators.peer_steps.EVERY_SHAPE`: why}}) and the first calls' outcome of the
-    process that got through, or None. The end-of-run loops leave those peers out there from
-    the start (their ``exclude_peers``): found here, beside the search, a library that ends
-    its process on some sizes does not end each loop's process, one size at a time."""
+def _first_calls(cmd: list[str], env: dict[str, str], cache_dir: Path, deadline: float) -> dict[str, Any]:
+    """The first calls in a process of their own (:func:`first_calls_only`). Where one ends
+    its process inside a peer's call (its :data:`STEP` names the peer and the shape), they run
+    again in a fresh process that leaves out every call that ended one before, until one gets
+    through; past :data:`evaluators.peer_steps.PEER_EXCLUSIONS` re-runs, each such peer is
+    left out on every shape for one last run. Returns ``outcome`` (the first calls' outcome
+    of the process that got through, if one did), ``excluded`` (what the last run left out:
+    {peer: {shape label or :data:`evaluators.peer_steps.EVERY_SHAPE`: why}}) and ``crashed``
+    (how the first process that died ended). The end-of-run loops leave those peers out there
+    from the start (their ``exclude_peers``): found here, beside the search, a library that
+    ends its process on some sizes does not end each loop's process, one size at a time."""
     from evaluators.peer_steps import EVERY_SHAPE, PEER_EXCLUSIONS, parse_peer_step
 
     crashes: dict[str, dict[str, str]] = {}
     excluded: dict[str, dict[str, str]] = {}
-    for reruns in range(PEER_EXCLUSIONS + 1):
+    first_crash = ""
+    for reruns in range(PEER_EXCLUSIONS + 2):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        rc, _out, err = run_group([*cmd, "--first-calls-only", "--exclude", json.dumps(excluded)], env=env,
+                                  cwd=Path(__file__).resolve().parent.parent, timeout_s=left)
+        if rc == 0:
+            try:
+                outcome = dict(json.loads((cache_dir / FIRST_CALLS).read_text())["first_calls"])
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                return {"outcome": None, "excluded": excluded, "crashed": first_crash,
+                        "why": f"no report of the first calls: {type(exc).__name__}: {exc}"[:300]}
+            return {"outcome": outcome, "excluded": excluded, "crashed": first_crash}
+        if rc is None:
+            return {"outcome": None, "excluded": excluded, "crashed": first_crash,
+                    "why": "the first calls passed the compile-ahead's time"}
+        ended = f"rc {rc}: {crash_summary(err)}"
+        first_crash = first_crash or ended
         try:
             culprit = parse_peer_step((cache_dir / STEP).read_text())
         except OSError:
             culprit = None
-        if culprit is None or culprit[1] in crashes.get(culprit[0], {}):
+        if culprit is None or culprit[1] in crashes.get(culprit[0], {}) or reruns > PEER_EXCLUSIONS:
             break  # it died outside a peer's call (or where it was told not to call): nothing to leave out
         name, label = culprit
-        crashes.setdefault(name, {})[label] = (f"its first call ended a compile-ahead process (rc {rc}: "
-                                               f"{crash_summary(err, 300)}); not timed here")
+        crashes.setdefault(name, {})[label] = f"its first call ended a compile-ahead process ({ended}); not timed here"
         excluded = crashes if reruns < PEER_EXCLUSIONS else {
             peer: {EVERY_SHAPE: f"its first calls ended compile-ahead processes on {', '.join(shapes)}; not timed "
                                 f"on any shape (more than {PEER_EXCLUSIONS} re-runs)"}
             for peer, shapes in crashes.items()}
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        rc_next, _out, err = run_group([*cmd, "--first-calls-only", "--exclude", json.dumps(excluded)], env=env,
-                                       cwd=Path(__file__).resolve().parent.parent, timeout_s=left)
-        if rc_next is None:
-            break
-        if rc_next == 0:
-            try:
-                return excluded, dict(json.loads((cache_dir / FIRST_CALLS).read_text())["first_calls"])
-            except (OSError, ValueError, KeyError, TypeError):
-                break
-        rc = rc_next
-    return excluded, None
+    return {"outcome": None, "excluded": excluded, "crashed": first_crash}
 
 
 def crash_summary(err: str, width: int = 500) -> str:
@@ -408,8 +427,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--modes", nargs="+", help="torch.compile modes (default: evaluators.peers.COMPILE_MODES)")
     p.add_argument("--nice", type=int, default=0, help="lower this process's CPU priority by this much first")
-    p.add_argument("--first-calls-only", action="store_true",
-                   help="only the other peers' first calls (after a process that died in them)")
+    p.add_argument("--first-calls-only", action="store_true", help="only the other peers' first calls")
+    p.add_argument("--no-first-calls", action="store_true", help="the compilations without the first calls")
     p.add_argument("--exclude", default="{}", help='first calls not to make: {"peer": {"shape label": "why"}}')
     args = p.parse_args(argv)
     if args.nice:
@@ -420,7 +439,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     install_benchmark_turns(args.benchmark_lock or args.lock)
     report = compile_kernel(args.kernel, args.dtype, args.shapes, args.cache_dir, args.modes, device=args.device,
-                            lock=args.lock)
+                            lock=args.lock, calls=not args.no_first_calls)
     print(json.dumps(report), flush=True)
     return 0
 

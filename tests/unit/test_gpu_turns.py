@@ -158,6 +158,41 @@ def test_a_process_asking_first_goes_before_those_that_ask_after_it(tmp_path: Pa
     assert order == ["benchmark", "evaluator", "later"]
 
 
+def test_a_process_asking_first_goes_before_those_already_waiting(tmp_path: Path):
+    # A benchmark has the lock alone, a second one waits for it (blocking, as flock's waiters
+    # do: woken before a polling process looks again), then the evaluator asks first: when the
+    # first benchmark ends, the second gets the lock, sees the gate closed and gives it back.
+    path = tmp_path / "jobs.lock"
+    benchmark, waiting, evaluator = GpuTurns(path), GpuTurns(path), GpuTurns(path)
+    order: list[str] = []
+    release = threading.Event()
+
+    def hold_first() -> None:
+        with benchmark.alone():
+            order.append("benchmark")
+            release.wait(10)
+
+    def ask(turns: GpuTurns, name: str, first: bool) -> None:
+        with turns.alone(lambda: None, every_s=1.0, first=first) if first else turns.alone():
+            order.append(name)
+            time.sleep(0.2)
+
+    threads = [threading.Thread(target=hold_first)]
+    threads[0].start()
+    while not order:
+        time.sleep(0.01)
+    threads.append(threading.Thread(target=ask, args=(waiting, "waiting", False)))
+    threads[-1].start()
+    time.sleep(0.3)  # blocked in flock for the lock, past the open gate
+    threads.append(threading.Thread(target=ask, args=(evaluator, "evaluator", True)))
+    threads[-1].start()
+    time.sleep(0.3)
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert order == ["benchmark", "evaluator", "waiting"]
+
+
 def test_a_process_sharing_the_lock_converts_without_waiting_at_a_closed_gate(tmp_path: Path):
     # A set-up that holds a share and now needs the lock alone must not wait at the gate of
     # one that waits for that very share to go.

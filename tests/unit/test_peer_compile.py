@@ -17,6 +17,7 @@ import torch
 
 from evaluators.gpu_turns import GpuTurns
 from evaluators.peer_compile import (
+    FIRST_CALLS,
     REPORT,
     STEP,
     cache_folder,
@@ -132,12 +133,15 @@ def test_the_report_is_read_from_its_file_whatever_the_process_printed_after_it(
     folder = tmp_path / "loop-1"
 
     def run_group(cmd, **kw):
+        if "--first-calls-only" in cmd:
+            (folder / FIRST_CALLS).write_text(json.dumps({"first_calls": {"lib": "ok"}}))
+            return 0, "", ""
         (folder / REPORT).write_text(json.dumps({"kernel": "k", "modes": {"default": {"[1]": "ok"}}}))
         return 0, '{"kernel": "k"}\nflashinfer: 2 modules loaded (a line a library printed at exit)\n', ""
 
     monkeypatch.setattr(pc, "run_group", run_group)
     report = compile_ahead("k", "float32", "search", folder, tmp_path / "l", device="cpu")
-    assert report == {"status": "OK", "kernel": "k", "modes": {"default": {"[1]": "ok"}}}
+    assert report == {"status": "OK", "kernel": "k", "modes": {"default": {"[1]": "ok"}}, "first_calls": {"lib": "ok"}}
     monkeypatch.setattr(pc, "run_group", lambda cmd, **kw: (0, "", ""))
     (folder / REPORT).unlink()
     assert compile_ahead("k", "float32", "search", folder, tmp_path / "l", device="cpu")["status"] == "ERROR"
@@ -248,8 +252,8 @@ def _crashing_kernel(root: Path, crash_if: str, search_shapes: str | None = None
 
 
 def test_a_library_that_kills_the_process_in_its_first_call_costs_the_first_calls_only(tmp_path: Path):
-    """A peer whose first call segfaults the compile-ahead process leaves the compilations made
-    before it in use: the report comes back OK, says the process crashed and where
+    """A peer whose first call segfaults its process costs nothing of the compilations, made in
+    another: the report comes back OK, says how the first calls' process ended and where
     (faulthandler's dump names the signal and the frames), and names the call that ended it,
     which a second process, making the first calls again without it, leaves out."""
     folder = _crashing_kernel(tmp_path, "True")
@@ -258,8 +262,10 @@ def test_a_library_that_kills_the_process_in_its_first_call_costs_the_first_call
                            modes=("default",), device="cpu")
     assert report["status"] == "OK", report
     assert set(report["modes"]["default"].values()) == {"ok"}
-    assert "rc -11" in report["crashed"] and "Segmentation fault" in report["crashed"]
-    assert "crash" in report["crashed"]  # the innermost frames: the peer's own function
+    assert "crashed" not in report  # the compilations' process
+    crashed = report["first_calls_crashed"]
+    assert "rc -11" in crashed and "Segmentation fault" in crashed
+    assert "crash" in crashed  # the innermost frames: the peer's own function
     label = shape_label(load_kernel(folder).search_shapes[0])
     assert list(report["peer_crashes"]) == ["crashing"] and list(report["peer_crashes"]["crashing"]) == [label]
     assert "ended a compile-ahead process (rc -11" in report["peer_crashes"]["crashing"][label]
