@@ -21,15 +21,15 @@ timed passes (its start-up and CUDA context, its set-up) counts as sharing the G
 A process that must not wait behind a stream of others (the pool's evaluator, which holds the
 benchmark lock alone through every job while the compilations beside the search benchmark under
 it) asks for the lock ``first``: it closes a gate beside the lock (:func:`gate_path`) while it
-waits, and every other process passes that gate before it asks for the lock, so it waits for
-those already asking, not for every one that comes after. Without it, on one H100 at 9a09729,
-the search's evaluations took 0.46-0.52 s (median, the wait for the lock included) instead of
-0.20-0.22 s while six compile processes started and benchmarked. That is what a starved
-evaluator looks like: flock wakes its blocked waiters at once, and the evaluator asks without
-blocking, every 5 ms, so that it can beat its heartbeat; a process that got the lock
-while one asking first waited gives it back at once and waits at the gate. The compile processes' CPU work is the
-other suspect (they now run at a lower priority: ``peer_compile --nice``); which one it was has
-not been measured.
+waits, and every other process passes that gate before it asks for the lock. Those already
+blocked on the lock when it asked would still go before it (flock wakes its blocked waiters at
+once; the evaluator asks without blocking, every 5 ms, so that it can beat its heartbeat), so a
+process that gets the lock past an open gate and then finds the gate closed gives the lock back
+and waits at the gate. On one H100 at 9a09729, without the gate, the search's evaluations took
+0.46-0.52 s (median, the wait for the lock included) instead of 0.20-0.22 s while six compile
+processes benchmarked; at ca9b1e1, with the gate but without giving back, the evaluator still
+waited a median 0.08-0.18 s a job (27 s over the search's 239 jobs) and held the lock 0.25-0.28 s
+a job. The compile processes run at a lower CPU priority (``peer_compile --nice``).
 """
 
 from __future__ import annotations
