@@ -43,7 +43,7 @@ REPORT = "compiled.json"  # what a compile-ahead process did, in its cache folde
 # The peer call a first-calls pass is inside (:func:`evaluators.peer_steps.peer_step`), rewritten
 # before each call: a library that ends the process there is then known by peer and shape.
 STEP = "first-call.step"
-# What a process that only makes the first calls (after one that died in them) did.
+# What the process that makes the first calls (:func:`first_calls_only`) did.
 FIRST_CALLS = "first-calls.json"
 # Every FX-graph cache key a process computed in a loop's folder, with the details it hashed:
 # <folder>/fx-keys/<role>-<pid>.jsonl ("ahead" or "loop"). A loop that misses a compilation
@@ -166,13 +166,11 @@ def install_benchmark_turns(path: str | Path) -> bool:
 
 
 def compile_kernel(kernel: str, dtype: str, shape_set: str, cache_dir: str | Path,
-                   modes: Sequence[str] | None = None, device: str = "cuda",
-                   lock: str | Path | None = None, calls: bool = True) -> dict[str, Any]:
+                   modes: Sequence[str] | None = None, device: str = "cuda") -> dict[str, Any]:
     """Compiles the kernel's torch.compile program in each mode for each shape into
-    ``cache_dir`` (one call per shape on the loop's inputs), then (``calls``) calls each of
-    its other peers once per shape (see :func:`first_calls`); returns and writes
-    :data:`REPORT`: per mode, per shape label, "ok" or why not, ``first_calls`` and the
-    seconds taken."""
+    ``cache_dir`` (one call per shape on the loop's inputs); returns and writes
+    :data:`REPORT`: per mode, per shape label, "ok" or why not, and the seconds taken
+    (``first_calls``, None here, is the other process's: see :func:`compile_ahead`)."""
     import torch
 
     from evaluators.peers import COMPILE_MODES, compile_name, peer_fns
@@ -202,24 +200,17 @@ def compile_kernel(kernel: str, dtype: str, shape_set: str, cache_dir: str | Pat
                     done.setdefault(mode, {})[shape_label(shape)] = f"{type(exc).__name__}: {exc}"[:300]
             del inputs
             _give_back_memory(device)
-    # The report is written before the first calls as well as after: a library that kills this
-    # process in its first call (a segfault, seen at 8fb6475 on merge_attn_states_lse's held-out
-    # shapes) then costs its own first calls only, not the loops' compilations.
     report: dict[str, Any] = {"kernel": spec.name, "dtype": dtype, "modes": done, "first_calls": None,
               "seconds": time.perf_counter() - start, "nice": os.nice(0)}
-    (Path(cache_dir) / REPORT).write_text(json.dumps(report))
-    if not calls:
-        return report
-    report.update(first_calls=first_calls(spec, dtype, shape_set, device, lock, Path(cache_dir) / STEP),
-                  seconds=time.perf_counter() - start)
     (Path(cache_dir) / REPORT).write_text(json.dumps(report))
     return report
 
 
 def first_calls_only(kernel: str, dtype: str, shape_set: str, cache_dir: str | Path, device: str = "cuda",
                      lock: str | Path | None = None, excluded: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
-    """:func:`first_calls` alone, leaving out the peers ``excluded`` on their shapes; writes
-    :data:`FIRST_CALLS`. What a process runs after another died in its first calls."""
+    """:func:`first_calls`, leaving out the peers ``excluded`` on their shapes, naming each call
+    in :data:`STEP`; writes :data:`FIRST_CALLS`. What the first calls' process runs, beside the
+    compilations' (see :func:`compile_ahead`)."""
     from kernels.spec import load_kernel
 
     start = time.perf_counter()
@@ -327,7 +318,7 @@ def compile_ahead(kernel: KernelRef | str, dtype: str, shape_set: str, cache_dir
                               name="first-calls", daemon=True)
     beside.start()
     # A group of its own: a timeout also ends what it started (FlashInfer's ninja and nvcc).
-    rc, out, err = run_group([*cmd, "--no-first-calls", *(["--modes", *modes] if modes else []),
+    rc, out, err = run_group([*cmd, *(["--modes", *modes] if modes else []),
                               *(["--benchmark-lock", str(benchmark_lock)] if benchmark_lock else [])],
                              env=env, cwd=Path(__file__).resolve().parent.parent, timeout_s=timeout_s)
     beside.join(max(0.0, deadline - time.monotonic()) + 5.0)
@@ -427,8 +418,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--modes", nargs="+", help="torch.compile modes (default: evaluators.peers.COMPILE_MODES)")
     p.add_argument("--nice", type=int, default=0, help="lower this process's CPU priority by this much first")
-    p.add_argument("--first-calls-only", action="store_true", help="only the other peers' first calls")
-    p.add_argument("--no-first-calls", action="store_true", help="the compilations without the first calls")
+    p.add_argument("--first-calls-only", action="store_true",
+                   help="the other peers' first calls instead of the compilations")
     p.add_argument("--exclude", default="{}", help='first calls not to make: {"peer": {"shape label": "why"}}')
     args = p.parse_args(argv)
     if args.nice:
@@ -438,8 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                           args.lock, json.loads(args.exclude))), flush=True)
         return 0
     install_benchmark_turns(args.benchmark_lock or args.lock)
-    report = compile_kernel(args.kernel, args.dtype, args.shapes, args.cache_dir, args.modes, device=args.device,
-                            lock=args.lock, calls=not args.no_first_calls)
+    report = compile_kernel(args.kernel, args.dtype, args.shapes, args.cache_dir, args.modes, device=args.device)
     print(json.dumps(report), flush=True)
     return 0
 

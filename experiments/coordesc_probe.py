@@ -6,7 +6,7 @@ had filled (hits 12/12), yet ``CachingAutotuner.coordinate_descent_tuning`` took
 fused_add_rmsnorm loop: the tuning the ahead process had done was not handed on. This probe
 replays that in two fresh processes per variant, one after the other, in one new folder:
 ``ahead`` compiles the kernel's programs (as :func:`evaluators.peer_compile.compile_kernel`
-does, without the other peers' first calls), then ``load`` does the same again, as a loop does.
+does), then ``load`` does the same again, as a loop does.
 Each process records every autotune-cache lookup (the kernel file, how many configs, their
 hash, the ``.best_config`` file and whether it exists, hit or miss), every coordinate-descent
 call (seconds, the lookup's outcome, whether the kernel came from a static bundle) and every
@@ -100,7 +100,6 @@ def child(kernel: str, dtype: str, folder: str, settings: dict[str, Any], modes:
 
     events: list[dict[str, Any]] = []
     _instrument(events)
-    peer_compile.first_calls = lambda *a, **k: {}  # the other peers are not what is probed
     known = {k: v for k, v in settings.items() if hasattr(inductor_config, k)}
     start = time.perf_counter()
     with inductor_config.patch(known):

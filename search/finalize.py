@@ -717,13 +717,12 @@ class EndOfRun:
 
     def _compiled(self, k: _Progress, shape_set: str, rounds: list[int], reply: dict[str, Any] | None,
                   error: str) -> None:
-        made = reply if reply is not None else {"status": "ERROR", "summary": error}
+        made: dict[str, Any] = reply if reply is not None else {"status": "ERROR", "summary": error}
         folder = made.get("folder") if made.get("status") == "OK" else None
         for i in rounds:
             k.folders[(shape_set, i)] = folder
         # A library call that ended the compile-ahead process would end each loop's as well.
-        crashes = made.get("peer_crashes")
-        k.crashes[shape_set] = {str(peer): dict(shapes) for peer, shapes in crashes.items()} if isinstance(crashes, dict) else {}
+        k.crashes[shape_set] = made.get("peer_crashes") or {}
         self.compiling -= 1
         where = "" if shape_set == ShapeSet.SEARCH.value else " on the held-out shapes"
         crashed = "; ".join(f"{peer} on {', '.join(shapes)}" for peer, shapes in k.crashes[shape_set].items())

@@ -160,6 +160,18 @@ def test_compilations_ahead_start_with_the_sanitizer_runs_not_before_the_final_t
         assert len(set(folders[0])) == len(folders[0]) and all(folders[0])  # a folder of its own per shape set
 
 
+def _compilations_asked(end: EndOfRun, ctl: Scripted) -> list[tuple[str, str, Any]]:
+    """Every final timing answered: the compilations ahead the end asks the pool for, as
+    (kernel, shape set, the callback that answers it)."""
+    asked: list[tuple[str, str, Any]] = []
+    ctl.pool = SimpleNamespace(call=lambda done, method, ref, dtype, shape_set, *a, **kw:  # type: ignore[attr-defined]
+                               asked.append((ref.name, shape_set, done)))
+    for k in end.kernels.values():
+        end._final(k)
+    ctl.answer_jobs()
+    return asked
+
+
 def test_compilations_made_beside_the_search_are_taken_not_made_again() -> None:
     """What was compiled beside the search (search.compile_ahead) is taken as it came back: a
     folder for the rounds to load, or a failure after which they compile for themselves; only
@@ -172,12 +184,7 @@ def test_compilations_made_beside_the_search_are_taken_not_made_again() -> None:
     ahead._answered(("silu_and_mul", "heldout"), None, "the evaluator process died")
     assert ahead.pending() == 0
     end.ahead = ahead
-    asked: list[Any] = []
-    ctl.pool = SimpleNamespace(call=lambda done, method, ref, dtype, shape_set, *a, **kw:  # type: ignore[attr-defined]
-                               asked.append((ref.name, shape_set, done)))
-    for k in end.kernels.values():
-        end._final(k)
-    ctl.answer_jobs()
+    asked = _compilations_asked(end, ctl)
     assert sorted((name, s) for name, s, _ in asked) == [("fused_add_rmsnorm", "heldout"), ("fused_add_rmsnorm", "search")]
     assert ctl.pending("time_round") == []  # the other kernel's compilations are still out
     for _, shape_set, done in asked:
@@ -194,12 +201,7 @@ def test_where_a_peer_ended_a_compile_ahead_process_its_loops_leave_it_out_from_
     kernel: the loops' processes do not die there one shape at a time."""
     end, ctl = _end()
     ctl.config.evaluator.compile_ahead = True
-    asked: list[Any] = []
-    ctl.pool = SimpleNamespace(call=lambda done, method, ref, dtype, shape_set, *a, **kw:  # type: ignore[attr-defined]
-                               asked.append((ref.name, shape_set, done)))
-    for k in end.kernels.values():
-        end._final(k)
-    ctl.answer_jobs()
+    asked = _compilations_asked(end, ctl)
     crashes = {"flashinfer": {"[7, 18944]": "its first call ended a compile-ahead process (rc -11: ...)"}}
     for name, shape_set, done in asked:
         hit = name == "silu_and_mul" and shape_set == "heldout"

@@ -122,21 +122,21 @@ def test_set_up_benchmarks_take_a_lock_of_their_own_beside_the_gpus(tmp_path: Pa
         assert other(path, "shared") == "free"  # another set-up does not
 
 
-def test_a_process_asking_first_goes_before_those_that_ask_after_it(tmp_path: Path):
-    # Three holders of the lock on their own files, as three processes: one (a benchmark)
-    # has it alone; the evaluator asks first, polling so that it can beat; a second benchmark
-    # asks after it, blocking, as flock's waiters do. The second must wait for the evaluator.
-    path = tmp_path / "jobs.lock"
-    benchmark, evaluator, later = GpuTurns(path), GpuTurns(path), GpuTurns(path)
+def _turns_taken(path: Path, second: tuple[str, bool], third: tuple[str, bool]) -> tuple[list[str], list[str]]:
+    """Three holders of the lock at ``path`` on their own files, as three processes: a benchmark
+    has it alone; ``second`` then ``third`` ((name, asks first?)) ask for it in that order, the
+    one asking first polling so that it can beat, the others blocking as flock's waiters do.
+    Returns the order they had it in, before the benchmark let go and after all were done."""
     order: list[str] = []
     release = threading.Event()
 
     def hold_first() -> None:
-        with benchmark.alone():
+        with GpuTurns(path).alone():
             order.append("benchmark")
             release.wait(10)
 
-    def ask(turns: GpuTurns, name: str, first: bool) -> None:
+    def ask(name: str, first: bool) -> None:
+        turns = GpuTurns(path)
         with turns.alone(lambda: None, every_s=1.0, first=first) if first else turns.alone():
             order.append(name)
             time.sleep(0.2)
@@ -145,52 +145,30 @@ def test_a_process_asking_first_goes_before_those_that_ask_after_it(tmp_path: Pa
     threads[0].start()
     while not order:
         time.sleep(0.01)
-    threads.append(threading.Thread(target=ask, args=(evaluator, "evaluator", True)))
-    threads[-1].start()
-    time.sleep(0.3)  # the evaluator is waiting, its gate closed
-    threads.append(threading.Thread(target=ask, args=(later, "later", False)))
-    threads[-1].start()
-    time.sleep(0.3)
-    assert order == ["benchmark"]
+    for name, first in (second, third):
+        threads.append(threading.Thread(target=ask, args=(name, first)))
+        threads[-1].start()
+        time.sleep(0.3)  # waiting: at the lock, the gate closed if it asks first
+    before = list(order)
     release.set()
     for t in threads:
         t.join(10)
-    assert order == ["benchmark", "evaluator", "later"]
+    return before, order
+
+
+def test_a_process_asking_first_goes_before_those_that_ask_after_it(tmp_path: Path):
+    # The evaluator asks first; a second benchmark asks after it and must wait for it.
+    before, after = _turns_taken(tmp_path / "jobs.lock", ("evaluator", True), ("later", False))
+    assert before == ["benchmark"]
+    assert after == ["benchmark", "evaluator", "later"]
 
 
 def test_a_process_asking_first_goes_before_those_already_waiting(tmp_path: Path):
-    # A benchmark has the lock alone, a second one waits for it (blocking, as flock's waiters
-    # do: woken before a polling process looks again), then the evaluator asks first: when the
-    # first benchmark ends, the second gets the lock, sees the gate closed and gives it back.
-    path = tmp_path / "jobs.lock"
-    benchmark, waiting, evaluator = GpuTurns(path), GpuTurns(path), GpuTurns(path)
-    order: list[str] = []
-    release = threading.Event()
-
-    def hold_first() -> None:
-        with benchmark.alone():
-            order.append("benchmark")
-            release.wait(10)
-
-    def ask(turns: GpuTurns, name: str, first: bool) -> None:
-        with turns.alone(lambda: None, every_s=1.0, first=first) if first else turns.alone():
-            order.append(name)
-            time.sleep(0.2)
-
-    threads = [threading.Thread(target=hold_first)]
-    threads[0].start()
-    while not order:
-        time.sleep(0.01)
-    threads.append(threading.Thread(target=ask, args=(waiting, "waiting", False)))
-    threads[-1].start()
-    time.sleep(0.3)  # blocked in flock for the lock, past the open gate
-    threads.append(threading.Thread(target=ask, args=(evaluator, "evaluator", True)))
-    threads[-1].start()
-    time.sleep(0.3)
-    release.set()
-    for t in threads:
-        t.join(10)
-    assert order == ["benchmark", "evaluator", "waiting"]
+    # A second benchmark already waits (blocked in flock: woken before a polling process looks
+    # again) when the evaluator asks first: when the first benchmark ends, the second gets the
+    # lock, sees the gate closed and gives it back.
+    _, after = _turns_taken(tmp_path / "jobs.lock", ("waiting", False), ("evaluator", True))
+    assert after == ["benchmark", "evaluator", "waiting"]
 
 
 def test_a_process_sharing_the_lock_converts_without_waiting_at_a_closed_gate(tmp_path: Path):
