@@ -49,10 +49,11 @@ class _Worker:
     """
 
     def __init__(self, device: int, start_timeout_s: float, gpu_turns: str | None = None,
-                 job_lock: str | None = None) -> None:
+                 job_lock: str | None = None, nice: int = 0) -> None:
         ours, theirs = socket.socketpair()
         self.conn = Connection(ours.detach())
-        turns = (["--gpu-turns", gpu_turns] if gpu_turns else []) + (["--job-lock", job_lock] if job_lock else [])
+        turns = ((["--gpu-turns", gpu_turns] if gpu_turns else []) + (["--job-lock", job_lock] if job_lock else [])
+                 + (["--nice", str(nice)] if nice else []))
         # stderr into a file of its own, read back when the process dies: with faulthandler on,
         # a signal (a library's segfault) leaves the Python frames it hit there.
         self.stderr = tempfile.TemporaryFile()
@@ -147,12 +148,14 @@ class GpuEvaluator(Evaluator):
         job_lock: a lock file the worker holds alone through every job: the pool's evaluator,
             beside which compilations of the end-of-run peers run during the search, their
             autotuning benchmarks holding the same lock alone (:mod:`search.compile_ahead`).
+        nice: the worker's CPU niceness (a round set up beside the search yields to it).
     """
 
     def __init__(self, device: int = 0, step_timeout_s: float = 20.0, start_timeout_s: float = 180.0,
-                 arch: str | None = None, gpu_turns: str | None = None, job_lock: str | None = None) -> None:
+                 arch: str | None = None, gpu_turns: str | None = None, job_lock: str | None = None,
+                 nice: int = 0) -> None:
         self.device = device
-        self.gpu_turns, self.job_lock = gpu_turns, job_lock
+        self.gpu_turns, self.job_lock, self.nice = gpu_turns, job_lock, nice
         self.step_timeout_s = step_timeout_s
         self.start_timeout_s = start_timeout_s
         self._arch = arch
@@ -174,7 +177,7 @@ class GpuEvaluator(Evaluator):
         if self._worker is not None and not self._worker.alive():
             self._drop_worker()
         if self._worker is None:
-            self._worker = _Worker(self.device, self.start_timeout_s, self.gpu_turns, self.job_lock)
+            self._worker = _Worker(self.device, self.start_timeout_s, self.gpu_turns, self.job_lock, self.nice)
         return self._worker
 
     def info(self) -> dict[str, Any]:
@@ -382,7 +385,8 @@ class GpuEvaluator(Evaluator):
             self._looped.setdefault(self._worker.info["pid"], set()).add(key)
         return reply
 
-    def time_round(self, kernel: KernelRef | str, dtype: str, loops: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    def time_round(self, kernel: KernelRef | str, dtype: str, loops: Sequence[Mapping[str, Any]],
+                   time_after: str | None = None) -> list[dict[str, Any]]:
         """A round of end-of-run loops in one sandbox process (a fresh one if this evaluator's
         worker has run a loop of this kernel): each of ``loops`` (the keyword arguments of
         :meth:`time_peers_full`: ``shape_set``, ``ours``, ``compile_trials``, ``peers``,
@@ -392,7 +396,9 @@ class GpuEvaluator(Evaluator):
         timing never does. A round that fails as a whole (a kernel of ours crashing it) is run
         again loop by loop, each with the crash handling of :meth:`time_peers_full`; a loop
         that still fails with none of our kernels in it answers ``{"loop_error": why}`` in its
-        place, and the round fails only when every loop does."""
+        place, and the round fails only when every loop does. ``time_after``: a file whose
+        existence lets the round time (set up beside the search, it times once the search is over,
+        holding the benchmark lock of the pool's evaluator as well)."""
         spec = self.spec(kernel)
         keys = {_loop_key(spec, str(loop.get("shape_set", "search"))) for loop in loops}
         if self._worker is not None and keys & self._looped.get(self._worker.info["pid"], set()):
@@ -402,6 +408,9 @@ class GpuEvaluator(Evaluator):
                                 loop.get("compile_trials"), bool(loop.get("peers", True)), loop.get("compile_cache"),
                                 loop.get("exclude_peers"))
                  for loop in loops]
+        if time_after:  # each loop's job carries it: a loop run again on its own waits as well
+            for job, _, _ in built:
+                job["time_after"] = time_after
         round_job = {"type": "peers_round", "loops": [{**job, "kernels": dict(kernels)} for job, kernels, _ in built]}
         reply, _why = self._peers_job(round_job)
         if reply is not None and len(reply.get("loops", [])) == len(built):

@@ -46,7 +46,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-__all__ = ["GpuTurns", "lock_path", "benchmark_lock_path", "gate_path", "take_part", "turns", "alone", "TIMELINE_ENV"]
+__all__ = ["GpuTurns", "lock_path", "benchmark_lock_path", "gate_path", "take_part", "turns", "alone",
+           "benchmarks_alone", "TIMELINE_ENV"]
 
 # Where every process appends its lock's changes of mode, when set: a folder, one file per process
 # (``turns-<pid>.jsonl``: the lock's name, the mode taken, when it was asked for and when got), so
@@ -272,3 +273,15 @@ def alone(waiting: Callable[[], None] | None = None) -> contextlib.AbstractConte
     nothing to wait for (a process the pool already gives the GPU to alone). ``waiting``: see
     :meth:`GpuTurns.alone`."""
     return _mine.alone(waiting) if _mine is not None else contextlib.nullcontext()
+
+
+def benchmarks_alone(waiting: Callable[[], None] | None = None) -> contextlib.AbstractContextManager[None]:
+    """The benchmark lock of this process's GPU (:func:`benchmark_lock_path` of the lock it takes
+    part in) alone, after every process asking for it first: what a timed pass takes besides
+    :func:`alone` while the pool's evaluator may still run jobs (a peers' round set up beside
+    the search, timing once it is over, beside the end's held-out checks). Nothing where this
+    process takes part in no lock. Take it inside :func:`alone`: every process that holds the
+    GPU's lock and waits for this one does so in that order, so none waits for the other."""
+    if _mine is None:
+        return contextlib.nullcontext()
+    return turns(benchmark_lock_path(_mine.path)).alone(waiting)

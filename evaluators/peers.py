@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import random
 import time
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -414,8 +416,15 @@ def run_round(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
     # What the set-up pass allocated for its checks goes back before anything is timed.
     torch.cuda.empty_cache()
     replies: list[dict[str, Any]] = []
+    gate = next((str(loop["time_after"]) for loop in job["loops"] if loop.get("time_after")), None)
+    gated = time.perf_counter()
+    if gate:
+        _wait_for_gate(Path(gate), beat)
+        _full_priority()
     asked = time.perf_counter()
-    with gpu_turns.alone(lambda: beat("waiting for the GPU to time alone")):
+    with (gpu_turns.alone(lambda: beat("waiting for the GPU to time alone")),
+          gpu_turns.benchmarks_alone(lambda: beat("waiting for the evaluator's job to end"))
+          if gate else contextlib.nullcontext()):
         waited = time.perf_counter() - asked
         began = time.time()
         for loop, state in zip(job["loops"], ready, strict=True):
@@ -426,6 +435,9 @@ def run_round(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
                 reply["compile_cache"] = {"folder": str(loop["compile_cache"]),
                                           **{k: state.cache_counts[k] + counts[k] for k in counts}}
             reply["phase_s"]["wait"] = waited if not replies else 0.0
+            if gate:  # set up beside the search: the wait for its end, and the niceness it timed at
+                reply["phase_s"]["search_end_wait"] = asked - gated if not replies else 0.0
+                reply["nice_timed"] = os.nice(0)
             replies.append(reply)
         # The round's hold of the GPU alone, on the wall clock: rounds beside each other can be
         # seen never to overlap.
@@ -437,6 +449,28 @@ def run_round(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
 
             reply["compile_cache"]["why_missed"] = why_missed(loop["compile_cache"])
     return {"loops": replies}
+
+
+def _full_priority() -> None:
+    """Back to CPU niceness 0 where this process may (a round set up at a lower priority beside
+    the search times at full priority; without the privilege it stays where it was, and its
+    reply's ``nice_timed`` says so)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, 0)
+    except OSError:
+        pass
+
+
+def _wait_for_gate(gate: Path, beat: Callable[[str], None], every_s: float = 0.2) -> None:
+    """Waits until the file ``gate`` exists: a round set up beside the search times once the
+    search is over (:mod:`search.compile_ahead`), so that its timed pass never holds the GPU
+    from the search's evaluations."""
+    said = time.monotonic()
+    while not gate.exists():
+        if time.monotonic() - said >= 10.0:
+            beat("set up; waiting for the search to end to time")
+            said = time.monotonic()
+        time.sleep(every_s)
 
 
 @contextlib.contextmanager

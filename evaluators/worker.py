@@ -359,7 +359,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", type=int, default=0, help="CUDA device index as this process sees it")
     parser.add_argument("--gpu-turns", help="the GPU's lock file this process shares, and holds alone to time")
     parser.add_argument("--job-lock", help="a lock file this process holds alone through every job")
+    parser.add_argument("--nice", type=int, default=0, help="CPU niceness added to this process's")
     args = parser.parse_args(argv)
+    if args.nice:
+        os.nice(args.nice)
     serve(Connection(args.fd), args.device, args.gpu_turns, args.job_lock)
 
 

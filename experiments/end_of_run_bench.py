@@ -78,7 +78,7 @@ def one_run(mode: str, cache: Path, out: Path, extra: Sequence[str], first: bool
     record.update(run_id=summary.get("run_id"), gpu=summary.get("gpu"), summary_wall_s=summary.get("wall_s"),
                   stage_s=summary.get("stage_s"), end_calls_s=summary.get("end_calls_s"),
                   compiled_beside_search=summary.get("compiled_beside_search"),
-                  kernels={k["kernel"]: kernel_figures(k) for k in summary["kernels"]})
+                  kernels={k["kernel"]: kernel_figures(k, summary.get("run_id")) for k in summary["kernels"]})
     return record
 
 
@@ -88,11 +88,14 @@ def _turns_brief(turns: dict[str, Any], top: int = 5) -> dict[str, Any]:
             "blockers": [{**b, "argv": b["argv"][:100]} for b in turns.get("blockers", [])[:top]]}
 
 
-def kernel_figures(k: dict[str, Any]) -> dict[str, Any]:
+def kernel_figures(k: dict[str, Any], run_id: str | None = None) -> dict[str, Any]:
     held = k.get("heldout_loops") or {}
     return {"winner": k["winner"], "search": {p: v for p, v in k.get("spreads", {}).items() if p in RATIOS},
             "heldout": {p: v for p, v in held.get("spreads", {}).items() if p in RATIOS},
             "cached_loops": sum(1 for c in k.get("peer_cache", []) + held.get("peer_cache", []) if c),
+            # of those, the ones whose peers were timed beside this run's search (search.compile_ahead)
+            "beside_loops": sum(1 for c in k.get("peer_cache", []) + held.get("peer_cache", [])
+                                if isinstance(c, dict) and c.get("run_id") == run_id),
             "loops": len(k.get("peer_cache", [])) + len(held.get("peer_cache", [])),
             # where each loop's round spent its time (set-up, waiting for the GPU, timing) and
             # what it loaded of the compilations made ahead of it
@@ -170,7 +173,9 @@ def report(runs: list[dict[str, Any]]) -> str:
         for name, k in (r.get("kernels") or {}).items():
             def cells(part: dict[str, Any]) -> str:
                 return "; ".join(f"{p} {_text(part.get(p))}" for p in sorted(part))
-            lines.append(f"| {i} | {r['mode']} | {name} | {k['cached_loops']} of {k['loops']} | "
+            cached = f"{k['cached_loops']} of {k['loops']}" + (f" ({k['beside_loops']} beside the search)"
+                                                                if k.get("beside_loops") else "")
+            lines.append(f"| {i} | {r['mode']} | {name} | {cached} | "
                          f"{cells(k['search'])} | {cells(k['heldout'])} |")
     lines += ["", phases(runs), "", agreement(runs), "", baseline_agreement(runs)]
     return "\n".join(lines) + "\n"

@@ -108,6 +108,12 @@ class EvaluatorConfig:
         compile_beside_search: with compile_ahead, make those compilations from the run's start,
             beside the search (:mod:`search.compile_ahead`); off: once every final timing is in,
             beside the sanitizer runs, the rounds waiting for them.
+        peers_beside_search: with compile_beside_search (and overlap_rounds), time the peers'
+            loops beside the search too: once a kernel's compilations on a shape set are in, its
+            ``peer_runs`` rounds of peers and baseline (no winner yet) set up in fresh processes
+            while the search runs and time once it is over, and the end-of-run loops take their
+            figures as they take the peer cache's (anchored on the baseline); off: a run whose
+            cache lacks them times the peers in its end-of-run loops.
         overlap_rounds: run the rounds of end-of-run loops beside each other, each in a sandbox
             process of its own that sets its loops up while others do and times them with the GPU
             alone (:mod:`evaluators.gpu_turns`); off: one round at a time, in the evaluator's own
@@ -131,6 +137,7 @@ class EvaluatorConfig:
     sanitize: bool = True
     compile_ahead: bool = True
     compile_beside_search: bool = True
+    peers_beside_search: bool = True
     overlap_rounds: bool = True
     peer_cache: bool = True
     peer_cache_dir: str | None = None

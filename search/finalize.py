@@ -593,11 +593,17 @@ class EndOfRun:
         return _LoopPlan(shape_set, ours, keys, hits, record_keys, [None] * n)
 
     def _cached(self, k: _Progress, shape_set: ShapeSet) -> tuple[list[str], list[dict[str, Any] | None]]:
-        """Per loop of the shape set: its peer-cache key ("" without a cache) and the cached
-        entry whose peers' figures it takes (None: it times the peers)."""
+        """Per loop of the shape set: its peer-cache key ("" without a cache) and the entry whose
+        peers' figures it takes (None: it times the peers): the one its round beside the search
+        measured (:mod:`search.compile_ahead`), else the cache's."""
         cfg, cache = self.ctl.config.evaluator, self.cache
         keys = loop_keys(cache, cfg, k.st, shape_set) if cache is not None else [""] * cfg.peer_runs
-        return keys, [cache.get(key) if cache is not None and not cfg.fresh_peers else None for key in keys]
+        hits: list[dict[str, Any] | None] = []
+        for i, key in enumerate(keys):
+            measured = self.ahead.measured(k.st.name, shape_set, i) if self.ahead is not None else None
+            hits.append(measured if measured is not None
+                        else cache.get(key) if cache is not None and not cfg.fresh_peers else None)
+        return keys, hits
 
     def _loops(self, k: _Progress, plans: list[_LoopPlan], then: Callable[[list[list[dict[str, Any]]]], None]) -> None:
         """``peer_runs`` rounds of loops of our kernels and the peers, all at once; round i runs
@@ -756,7 +762,9 @@ class EndOfRun:
             cached = reply["cached_peers"]
             scale = list((cached.get("scale") or {}).values())
             drift = f", scaled by the baseline's drift {min(scale):.3f}-{max(scale):.3f}" if scale else ""
-            how += f" (peers from the cache, measured {cached.get('measured_at')}{drift})"
+            where = ("timed beside the search in this run" if cached.get("run_id") == self.ctl.records.run_id
+                     else f"from the cache, measured {cached.get('measured_at')}")
+            how += f" (peers {where}{drift})"
         print(f"end {k.st.name}: {what} {how}; {self.loops_done} loops done, {left} to go{pace}",
               file=sys.stderr, flush=True)
 
@@ -824,11 +832,11 @@ def finalize(ctl: Controller, warmup: PeerWarmup | None = None, cache: PeerCache
             stop_warmup(warmup)
         if ctl.pool.background_inflight():
             # Renewing the pool would end them; what they compile is the end-of-run loops' own work.
-            print(f"end: waiting for {ctl.pool.background_inflight()} compilations begun beside the search",
-                  file=sys.stderr, flush=True)
+            print(f"end: waiting for {ctl.pool.background_inflight()} calls begun beside the search "
+                  "(compilations, peers' rounds)", file=sys.stderr, flush=True)
             waited = time.monotonic()
             ctl.drain(lambda: not ctl.pool.background_inflight())
-            print(f"end: compilations beside the search in after {time.monotonic() - waited:.0f} s more",
+            print(f"end: calls beside the search in after {time.monotonic() - waited:.0f} s more",
                   file=sys.stderr, flush=True)
         # Non-exclusive calls overlap on an actor: a sanitizer run per dispatch member (up to
         # search.dispatch per kernel), and with peers, beside them, the compilations ahead (one
@@ -847,6 +855,8 @@ def finalize(ctl: Controller, warmup: PeerWarmup | None = None, cache: PeerCache
     end.loops_started = time.time()
     with clock.stage("sanitizer, final timing and peers"):
         results = end.finish()
+    if ahead is not None:
+        ahead.remove_folders()  # those no end-of-run loop loaded (its peers' figures were measured beside the search)
     clock.calls = by_kind(ctl.pool.spans, since)
     ctl.pool.close()
     for result in results:

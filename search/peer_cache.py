@@ -107,23 +107,32 @@ class PeerCache:
         return entry if ok else None
 
     def put(self, key: str, reply: Mapping[str, Any], ours: Sequence[str], run_id: str) -> bool:
-        """Stores the peers' part of a loop's reply; returns whether it was stored. A loop in
-        which one of our kernels failed, or that timed our kernels in separate loops, or that
-        timed no peer, stores nothing: its peer figures are not a plain measurement; nor one
-        without the baseline's times (:data:`ANCHOR`), which anchor their reuse."""
-        if reply.get("failed") or reply.get("separate_loops"):
+        """Stores the peers' part of a loop's reply (:func:`peer_entry`); returns whether it was
+        stored."""
+        entry = peer_entry(reply, ours, run_id, key, self.environment)
+        if entry is None:
             return False
-        part = peer_part(reply, ours)
-        if not part["peers"]:
-            return False
-        anchor = reply.get("peers", {}).get(ANCHOR)
-        if not anchor:
-            return False  # nothing to scale the peers' figures by when they are reused
-        entry = {"key": key, "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                 "run_id": run_id, "environment": self.environment, **part,
-                 "anchor": {"impl": ANCHOR, "times": dict(anchor)}}
         atomic_write(self._path(key), json.dumps(entry, indent=1, default=str))
         return True
+
+
+def peer_entry(reply: Mapping[str, Any], ours: Sequence[str], run_id: str, key: str = "",
+               environment: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """The peers' part of a loop's reply as an entry that :func:`with_cached` takes, or None: a
+    loop in which one of our kernels failed, or that timed our kernels in separate loops, or
+    that timed no peer, gives none (its peer figures are not a plain measurement); nor one
+    without the baseline's times (:data:`ANCHOR`), which anchor their reuse."""
+    if reply.get("failed") or reply.get("separate_loops"):
+        return None
+    part = peer_part(reply, ours)
+    if not part["peers"]:
+        return None
+    anchor = reply.get("peers", {}).get(ANCHOR)
+    if not anchor:
+        return None  # nothing to scale the peers' figures by when they are reused
+    return {"key": key, "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "run_id": run_id, "environment": dict(environment or {}), **part,
+            "anchor": {"impl": ANCHOR, "times": dict(anchor)}}
 
 
 def _is_ours(impl: str, ours: Sequence[str]) -> bool:

@@ -293,7 +293,7 @@ class EvaluatorActor:
             return {**_loop_answer(reply), "busy_s": time.perf_counter() - start}
 
     def time_round(self, kernel: KernelRef | str, dtype: str, loops: list[dict[str, Any]],
-                   beside_others: bool = True) -> dict[str, Any]:
+                   beside_others: bool = True, beside_search: str | None = None) -> dict[str, Any]:
         """A round of end-of-run loops (each of ``loops`` the keyword arguments of
         :meth:`time_peers` but ``fresh_process``), in a process of its own that sets every loop
         up before it times any: ``{"loops": [each loop's answer, as time_peers gives it],
@@ -302,14 +302,17 @@ class EvaluatorActor:
         rounds are non-exclusive calls, run beside each other and beside sanitizer runs, and
         their set-ups overlap while their timed passes take turns with everything that
         launches on the GPU. ``beside_others`` False (an exclusive call: the GPU is this
-        round's) and the stand-in take the evaluator's turn and its process."""
+        round's) and the stand-in take the evaluator's turn and its process. ``beside_search``:
+        the name of a gate (:meth:`open_gate`): the round sets up now, beside the search, at a
+        lower CPU priority, and times once the gate is open (:mod:`search.compile_ahead`)."""
         if self.kind == "gpu" and beside_others:
             from evaluators.gpu import GpuEvaluator
             from evaluators.gpu_turns import lock_path
 
-            evaluator = GpuEvaluator(device=0, gpu_turns=str(lock_path()))
+            evaluator = GpuEvaluator(device=0, gpu_turns=str(lock_path()), nice=BESIDE_SEARCH_NICE if beside_search else 0)
             try:
-                replies = evaluator.time_round(kernel, dtype, loops)
+                replies = evaluator.time_round(kernel, dtype, loops,
+                                               time_after=str(gate_file(beside_search)) if beside_search else None)
             finally:
                 evaluator.close()
         else:
@@ -317,6 +320,14 @@ class EvaluatorActor:
                 replies = self.evaluator.time_round(kernel, dtype, loops)
         answers = [_loop_answer(r) for r in replies]
         return {"loops": answers, "busy_s": sum(float(a.get("phase_s", {}).get("loop", 0.0)) for a in answers)}
+
+    def open_gate(self, name: str) -> str:
+        """Opens the gate ``name`` on this actor's node (:func:`gate_file`): the rounds set up
+        beside the search and waiting there time from now on. Returns the file's path."""
+        path = gate_file(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+        return str(path)
 
     def precompile(self, kernel: KernelRef | str, dtype: str, shape_set: str, folder: str,
                    beside_search: bool = False) -> dict[str, Any]:
@@ -407,6 +418,14 @@ def evaluator_options(kind: str, max_concurrency: int = 1) -> dict[str, Any]:
     """
     return {"num_gpus": 1 if kind == "gpu" else 0, "num_cpus": 0, "max_concurrency": max(1, max_concurrency),
             "scheduling_strategy": "SPREAD"}
+
+
+def gate_file(name: str) -> Path:
+    """The file whose existence opens gate ``name`` on this node (see
+    :meth:`EvaluatorActor.open_gate`): one per run attempt, so that none is found open early."""
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / "kernel-search-gates" / f"{name}.open"
 
 
 def spawn_evaluator(kind: str, latency_s: float = 0.0, max_concurrency: int = 1) -> Any:
@@ -665,6 +684,13 @@ class EvalPool:
         """The first actor's :meth:`EvaluatorActor.environment` (every evaluator of a pool is
         taken to run the same GPU model and software; peer figures are keyed by it)."""
         return dict(ray.get(self.actors[0].environment.remote()))
+
+    def open_gates(self, name: str, timeout_s: float = 120.0) -> None:
+        """Opens gate ``name`` on every actor's node (:meth:`EvaluatorActor.open_gate`)."""
+        try:
+            ray.get([actor.open_gate.remote(name) for actor in self.actors], timeout=timeout_s)
+        except (RayError, TimeoutError) as exc:  # a round left waiting is ended with its actor at the renewal
+            print(f"!! opening gate {name} failed: {_first_line(exc)}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         """Closes the evaluators (their sandbox workers) and ends the actors."""

@@ -240,10 +240,15 @@ def print_summary(summary: dict[str, Any], out: TextIO | None = None) -> None:
         if held and held.get("spreads"):
             parts = [f"vs {p} {spread.text(v)}" for p, v in sorted(held["spreads"].items())]
             w(f"   held-out shapes (loop, the spec's {len(held['shapes'])} fixed ones): {' | '.join(parts)}\n")
-        cached = [c for c in k.get("peer_cache", []) if c]
+        loops = len(k.get("peer_cache", []))
+        beside = [c for c in k.get("peer_cache", []) if c and c.get("run_id") == summary.get("run_id")]
+        cached = [c for c in k.get("peer_cache", []) if c and c.get("run_id") != summary.get("run_id")]
+        if beside:
+            w(f"   peers' figures timed beside the search in {len(beside)} of {loops} loops (rounds of their own, "
+              f"each a fresh process, anchored on the baseline; our kernels and the baseline timed after it)\n")
         if cached:
             dates = sorted({str(c.get("measured_at")) for c in cached})
-            w(f"   peers' figures from the peer cache in {len(cached)} of {len(k.get('peer_cache', []))} loops "
+            w(f"   peers' figures from the peer cache in {len(cached)} of {loops} loops "
               f"(measured {', '.join(dates)}; our kernels and the baseline timed in this run)\n")
         for finding in k.get("l2_findings", []):
             w(f"   !! {finding}\n")

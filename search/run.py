@@ -91,6 +91,9 @@ def add_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile-beside-search", action=argparse.BooleanOptionalAction, default=None,
                    help="with --compile-ahead, make those compilations from the run's start, beside the search "
                         "(default on); off: once every final timing is in")
+    p.add_argument("--peers-beside-search", action=argparse.BooleanOptionalAction, default=None,
+                   help="with --compile-beside-search, set the peers' loops up beside the search and time them "
+                        "once it is over (default on); off: the end-of-run loops time the peers")
     p.add_argument("--overlap-rounds", action=argparse.BooleanOptionalAction, default=None,
                    help="set the end-of-run rounds of loops up beside each other, each timing with the GPU "
                         "alone (default on); off: one round at a time")
@@ -137,7 +140,8 @@ def peer_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The peer-cache options of :func:`add_search_options` as config overrides."""
     return {"evaluator.fresh_peers": args.fresh_peers, "evaluator.peer_cache_dir": args.peer_cache_dir,
             "evaluator.peer_cache": args.use_peer_cache, "evaluator.overlap_rounds": args.overlap_rounds,
-            "evaluator.compile_beside_search": args.compile_beside_search}
+            "evaluator.compile_beside_search": args.compile_beside_search,
+            "evaluator.peers_beside_search": args.peers_beside_search}
 
 
 def resolve_kernels(config: RunConfig) -> list[tuple[KernelSpec, KernelRef]]:
@@ -527,10 +531,14 @@ def _search(prep: Prepared, command: str, progress_cls: Any) -> dict[str, Any]:
     # Room for the end-of-run loops' compilations beside the search (two shape sets per kernel
     # at most; search.compile_ahead), which take the place of the peers' warm-up.
     beside = room(2 * len(states)) if needed(cfg.evaluator, states, None) else 0
+    if beside and cfg.evaluator.peers_beside_search and cfg.evaluator.overlap_rounds:
+        # and for the peers' rounds set up beside the search (one process per kernel and round;
+        # once set up, each only waits for the search to end)
+        beside += cfg.evaluator.peer_runs * len(states)
     pool = EvalPool(cfg.evaluator.kind, n_gpus, cfg.evaluator.retries, cfg.evaluator.standin_latency_s, beside)
     # Peers whose figures are all kept from earlier runs need no compiling during this one.
     peer_cache = open_peer_cache(cfg.evaluator, pool)
-    ahead = CompiledAhead(records.run_id) if beside else None
+    ahead = CompiledAhead(records.run_id, cfg.evaluator, peer_cache) if beside else None
     if ahead is not None:
         ahead.start(pool, needed(cfg.evaluator, states, peer_cache))
         warmup = None
@@ -546,6 +554,8 @@ def _search(prep: Prepared, command: str, progress_cls: Any) -> dict[str, Any]:
     try:
         with stages.stage("search"):
             ctl.run()
+        if ahead is not None:
+            ahead.open_gate()  # the peers' rounds set up beside the search time from now on
         if staged is not None and where is not None:
             write_placement(prep.run_dir, staged, where)
         progress.finish()

@@ -62,8 +62,8 @@ class Scripted:
             replies = []
             for loop in loops:
                 labels = [shape_label(s) for s in spec.shapes(loop["shape_set"])]
-                replies.append({"peers": {name: {lb: 1.0 for lb in labels} for name in (*loop["ours"], "torch_compile")},
-                                "failed": {}, "errors": {}})
+                timed = (*loop["ours"], *(["torch_compile"] if loop.get("peers", True) else []))
+                replies.append({"peers": {name: {lb: 1.0 for lb in labels} for name in timed}, "failed": {}, "errors": {}})
             done({"loops": replies}, "")
 
     def answer_sanitizer(self, kernel: str, status: str) -> None:
@@ -211,3 +211,80 @@ def test_where_a_peer_ended_a_compile_ahead_process_its_loops_leave_it_out_from_
             left_out = {loop["shape_set"]: loop["exclude_peers"] for loop in call[2][1][1]}
             assert left_out == ({"search": {}, "heldout": crashes} if kernel == "silu_and_mul"
                                 else {"search": {}, "heldout": {}})
+
+
+def test_peers_timed_beside_the_search_are_taken_by_the_end_of_run_loops() -> None:
+    """With peers_beside_search, a kernel's peers' rounds start once its compilations on every
+    shape set are in: one background call per round, the baseline and the peers of each shape
+    set in one process, timing behind the run's gate. The end-of-run loops then time our kernels
+    alone and take each round's peers' figures, anchored on the baseline; the loops of a round
+    that gave none time the peers themselves, from the folders compiled beside the search."""
+    end, ctl = _end()
+    cfg = ctl.config.evaluator
+    cfg.compile_ahead, cfg.peers_beside_search = True, True
+    asked: list[tuple[str, Any, tuple[Any, ...], dict[str, Any]]] = []
+    pool = SimpleNamespace(call=lambda done, method, *args, **kw: asked.append((method, done, args, kw)))
+    ahead = CompiledAhead("run-x", cfg)  # type: ignore[arg-type]
+    ahead.start(pool, [(end.kernels[n].st, s) for n in KERNELS for s in ("search", "heldout")])  # type: ignore[arg-type]
+    compiles = {(args[0].name, args[2]): done for method, done, args, _ in asked if method == "precompile"}
+    asked.clear()
+    compiles[("silu_and_mul", "search")]({"status": "OK", "folder": "/tmp/silu-search"}, "")
+    assert asked == []  # its held-out shapes' compilations are not in yet
+    crashes = {"flashinfer": {"[7, 18944]": "ended a process"}}
+    compiles[("silu_and_mul", "heldout")]({"status": "OK", "folder": "/tmp/silu-heldout", "peer_crashes": crashes}, "")
+    compiles[("fused_add_rmsnorm", "search")](None, "the evaluator process died")
+    compiles[("fused_add_rmsnorm", "heldout")](None, "the evaluator process died")
+    rounds = [(done, args, kw) for method, done, args, kw in asked if method == "time_round"]
+    assert len(rounds) == 2 and all(kw.get("background") for _, _, kw in rounds)
+    for _, (ref, dtype, loops, beside_others, gate), _ in rounds:
+        assert ref.name == "silu_and_mul" and dtype == "float16" and beside_others and gate == ahead.gate
+        assert [loop["shape_set"] for loop in loops] == ["search", "heldout"]
+        assert all(set(loop["ours"]) == {"baseline"} and loop["peers"] for loop in loops)
+        assert [loop["compile_cache"] for loop in loops] == ["/tmp/silu-search", "/tmp/silu-heldout"]
+        assert [loop["exclude_peers"] for loop in loops] == [{}, crashes]
+    spec = load_kernel("silu_and_mul")
+    replies = []
+    for shape_set in ("search", "heldout"):
+        labels = [shape_label(s) for s in spec.shapes(shape_set)]
+        replies.append({"peers": {"baseline": {lb: 3.0 for lb in labels}, "torch_compile": {lb: 2.0 for lb in labels}},
+                        "failed": {}, "errors": {}})
+    rounds[0][0]({"loops": replies}, "")
+    rounds[1][0](None, "the round's process died")
+    assert ahead.measured("silu_and_mul", "search", 0) is not None and ahead.measured("silu_and_mul", "search", 1) is None
+    assert ahead.summary()["silu_and_mul/heldout"]["peer_rounds"] == 1
+
+    end.ahead = ahead
+    ctl.pool = SimpleNamespace(call=lambda *a, **kw: None)  # type: ignore[attr-defined]
+    for k in end.kernels.values():
+        end._final(k)
+    ctl.answer_jobs()
+    silu = ctl.pending("time_round", "silu_and_mul")
+    by_round = {call[2][1][1][0]["peers"]: call for call in silu}
+    assert len(silu) == 2 and set(by_round) == {False, True}
+    assert [loop["compile_cache"] for loop in by_round[True][2][1][1]] == ["/tmp/silu-search", "/tmp/silu-heldout"]
+    assert all(loop["peers"] for call in ctl.pending("time_round", "fused_add_rmsnorm") for loop in call[2][1][1])
+    ctl.answer_rounds("silu_and_mul")
+    ctl.answer_sanitizer("silu_and_mul", "CLEAN")
+    result = end.kernels["silu_and_mul"].result
+    assert result is not None
+    first, second = result.peer_runs
+    # loop 1: the round beside the search's 2.0, times the baseline's 1.0 here over its 3.0 there
+    assert all(abs(t - 2.0 / 3.0) < 1e-12 for t in first["torch_compile"].values())
+    assert all(t == 1.0 for t in second["torch_compile"].values())  # loop 2 timed the peers itself
+    cached = result.peer_extra["cached_peers"]
+    assert cached[0]["run_id"] == "run-x" and cached[1] is None
+
+
+def test_no_peers_round_beside_the_search_without_the_setting() -> None:
+    end, ctl = _end()
+    cfg = ctl.config.evaluator
+    cfg.compile_ahead, cfg.peers_beside_search = True, False
+    asked: list[tuple[str, Any]] = []
+    ahead = CompiledAhead("run-x", cfg)  # type: ignore[arg-type]
+    ahead.start(SimpleNamespace(call=lambda done, method, *a, **kw: asked.append((method, done))),  # type: ignore[arg-type]
+                [(end.kernels["silu_and_mul"].st, s) for s in ("search", "heldout")])
+    for _, done in list(asked):
+        done({"status": "OK", "folder": "/tmp/x"}, "")
+    assert [m for m, _ in asked] == ["precompile", "precompile"]
+    ahead.open_gate()  # nothing waits at the gate: nothing to open
+    assert ahead.gate_opened_s is None

@@ -235,3 +235,30 @@ def test_a_process_that_ends_puts_the_end_of_each_of_its_locks_on_the_timeline(t
     rows = [json.loads(line) for line in file.read_text().splitlines()]
     assert [(r["lock"], r["mode"]) for r in rows] == [
         ("gpu.lock", "shared"), ("gpu.benchmarks.lock", "shared"), ("gpu.benchmarks.lock", "none"), ("gpu.lock", "none")]
+
+
+def test_a_round_timing_beside_the_pools_evaluator_holds_the_gpu_and_the_benchmark_lock(tmp_path: Path):
+    """A round set up beside the search times with the GPU's lock alone and the benchmark lock
+    (which the pool's evaluator holds through every job) alone as well: neither a set-up nor an
+    evaluation runs beside its timed pass."""
+    from evaluators.gpu_turns import benchmark_lock_path
+
+    path = tmp_path / "gpu.lock"
+    script = ("import sys, time\nfrom evaluators import gpu_turns\ngpu_turns.take_part(sys.argv[1])\n"
+              "with gpu_turns.alone(), gpu_turns.benchmarks_alone():\n    print('in', flush=True); time.sleep(30)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "in"
+        assert other(path, "shared") == "held"
+        assert other(benchmark_lock_path(path), "shared") == "held"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_outside_a_lock_the_benchmark_lock_is_nothing_to_take():
+    from evaluators import gpu_turns
+
+    assert gpu_turns._mine is None  # this test process takes part in no lock
+    with gpu_turns.benchmarks_alone():
+        pass

@@ -191,7 +191,7 @@ def _loops(tmp_path: Path, fresh: bool = False, cache: PeerCache | None = None,
     ctl = SimpleNamespace(config=SimpleNamespace(evaluator=evaluator), recorded_call=recorded_call, answers={},
                           records=SimpleNamespace(run_id="run-x"))
     end = EndOfRun.__new__(EndOfRun)
-    end.ctl, end.cache = ctl, cache  # type: ignore[assignment]
+    end.ctl, end.cache, end.ahead = ctl, cache, None  # type: ignore[assignment]
     end.loops_expected, end.loops_done, end.loops_started = 3, 0, 0.0
     end.compiling, end.waiting = compiling, []
     base = Scored(Variant("silu_and_mul", "// baseline\n"),
