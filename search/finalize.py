@@ -7,9 +7,10 @@ dead actors) and every evaluation is recorded by the same code as the search's:
    ones and those drawn for this run) until one passes; the baseline is the last resort. The
    variants that would be dispatched by shape beside the winner (:mod:`search.dispatch`) are
    checked on the same shapes; one that fails is left out;
-2. the peers' warm-up (search.run) is stopped, the compilations begun beside the search
-   (:mod:`search.compile_ahead`) are waited for, and the pool is renewed (fresh evaluators,
-   one per GPU);
+2. the peers' warm-up (search.run) is stopped, the compilations and the peers' rounds begun
+   beside the search (:mod:`search.compile_ahead`; the rounds time once the search is over,
+   beside the held-out checks) are waited for, and the pool is renewed (fresh evaluators, one
+   per GPU);
 3. per kernel (each answer recorded, so a resumed run picks up where it stopped): the
    dispatch's choice loop (its kernels alone: which runs on which shape) and the final timing
    of each kernel kept (stage final: the evaluator's verdict and A/A noise floor);
