@@ -498,7 +498,7 @@ def _loop_answer(reply: dict[str, Any]) -> dict[str, Any]:
         return {"loop_error": str(reply["loop_error"])}
     kept: dict[str, Any] = {k: reply[k] for k in ("compiled", "notes", "l2_persistence", "l2_finding", "phase_s", "prepare_s_by_peer",
                                   "prepare_s_first_shape_by_peer", "compile_phases_s", "compile_cache", "jit_builds",
-                                  "timed_at") if k in reply}
+                                  "timed_at", "nice_timed", "separate_loops") if k in reply}
     return {"peers": dict(reply["peers"]), "errors": dict(reply.get("errors", {})),
             "failed": dict(reply.get("failed", {})), **kept}
 
