@@ -536,6 +536,10 @@ def _set_up(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) -> _
                                                         job.get("exclude_peers"))
         if not state.prepare_first:
             state.prepare_first = dict(state.prepare_by_peer)
+        # What this shape's checks cached goes back to the device before the next shape's: the
+        # rounds set up beside each other and beside the search, and a held-out shape's inputs
+        # take gigabytes that the others would find missing.
+        torch.cuda.empty_cache()
         beat(f"peers set up on {shape_label(shape)}")
     state.set_up_s = time.perf_counter() - start
     return state

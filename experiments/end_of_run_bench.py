@@ -104,10 +104,19 @@ def kernel_figures(k: dict[str, Any], run_id: str | None = None) -> dict[str, An
 
 
 def _beside(made: dict[str, Any] | None) -> str:
+    """Per kernel and shape set: when its compilation answered and, with peers' rounds beside the
+    search, how many gave figures and when the last answered (seconds from the run's set-up)."""
     if not made:
         return "-"
-    return ", ".join(f"{key} {v['answered_s']:.0f} s" + ("" if v.get("status") == "OK" else f" ({v.get('status')})")
-                     if v.get("answered_s") is not None else f"{key} unanswered" for key, v in made.items())
+    cells = []
+    for key, v in made.items():
+        cell = (f"{key} {v['answered_s']:.0f} s" + ("" if v.get("status") == "OK" else f" ({v.get('status')})")
+                if v.get("answered_s") is not None else f"{key} unanswered")
+        if "peer_rounds" in v:
+            times = v.get("peer_rounds_answered_s") or []
+            cell += f", peers {v['peer_rounds']} rounds" + (f" by {max(times):.0f} s" if times else "")
+        cells.append(cell)
+    return ", ".join(cells)
 
 
 def _text(d: dict[str, Any] | None) -> str:
@@ -140,7 +149,8 @@ def report(runs: list[dict[str, Any]]) -> str:
              "replays for the peers, L2 flushed before every repetition)", "",
              "- compiled beside the search: the end-of-run loops' torch.compile programs compiled while the "
              "search ran (search.compile_ahead), per kernel and shape set: seconds from the run's set-up to "
-             "its answer", "",
+             "its answer; with the peers timed beside the search, how many of its rounds gave figures and "
+             "when the last answered (they time once the search is over)", "",
              "| run | mode | exit | wall | stages | end-of-run calls | compiled beside the search |",
              "|---|---|---|---|---|---|---|"]
     for i, r in enumerate(runs, 1):
