@@ -224,6 +224,54 @@ def test_rounds_beside_each_other_set_up_together_and_time_one_at_a_time(tmp_pat
     assert all(got[i][2][0]["timed_at"] == got[i][2][1]["timed_at"] for i in range(2))
 
 
+def test_a_round_set_up_beside_the_search_times_once_the_gate_opens_and_no_job_runs(tmp_path):
+    """A peers' round set up beside the search (search.compile_ahead): it sets up at once, waits
+    at its gate, and once the gate opens times only when the pool evaluator's job (which holds
+    the benchmark lock alone, here a process standing in for it) has ended."""
+    import os
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from evaluators.gpu import GpuEvaluator
+    from evaluators.gpu_turns import benchmark_lock_path
+
+    spec = load_kernel("silu_and_mul")
+    lock, gate = tmp_path / "gpu.lock", tmp_path / "gate.open"
+    loops = [{"shape_set": "search", "ours": {"baseline": (spec.baseline_source(), {})}, "compile_trials": 1,
+              "repetitions": 20}]
+    job = "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); " \
+          "fcntl.flock(fd, fcntl.LOCK_EX); print('in', flush=True); time.sleep(float(sys.argv[2]))"
+    got: dict[str, object] = {}
+
+    def run() -> None:
+        ev = GpuEvaluator(step_timeout_s=60.0, gpu_turns=str(lock), nice=10)
+        try:
+            got["replies"] = ev.time_round("silu_and_mul", "float16", loops, time_after=str(gate))
+        finally:
+            ev.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(20.0)  # long enough to set up
+    assert thread.is_alive() and "replies" not in got  # set up, waiting at the gate
+    holder = subprocess.Popen([sys.executable, "-c", job, str(benchmark_lock_path(lock)), "5"],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "in"
+    opened = time.time()
+    gate.touch()
+    holder.wait()
+    released = time.time()
+    thread.join(timeout=120)
+    (reply,) = got["replies"]  # type: ignore[misc]
+    assert not reply["failed"] and set(reply["peers"]["torch_compile"]) == {shape_label(s) for s in spec.search_shapes}
+    began, _ = reply["timed_at"]
+    assert began >= released - 0.05, (began, opened, released)  # not beside the job holding the lock
+    assert reply["phase_s"]["search_end_wait"] > 0.0
+    assert reply["nice_timed"] == 0 or os.geteuid() != 0, reply.get("nice_timed")  # back to full priority
+
+
 def test_rounds_beside_each_other_load_one_folder_compiled_ahead_for_them_all(tmp_path):
     """The end of a run's compile-ahead: each kernel's programs compiled once per shape set
     into one folder, then the rounds' loops on that shape set, each in a fresh process beside
