@@ -46,7 +46,8 @@
 #           cache, one run per mode listed; each call writes a new part runs/eor/part-N.json (the
 #           first part on a machine is marked first), merged by
 #           `python -m experiments.end_of_run_bench --report runs/eor/part-*.json --md FILE`; a
-#           list already run is done (eor=cold,warm then eor=warm,cold,warm for more runs)
+#           list already run is done (eor=cold,warm then eor=warm,cold,warm for more runs); EOR_ARGS
+#           (e.g. "--peers-beside-search") are added to every run's command
 #   rewardbench  experiments.reward_bench on one GPU, 32 clients, RB_DURATION s (default 300)
 #           of requests with the adversarial fixtures mixed in, into runs/rewardbench/
 #   explore=k1,k2,...  experiments.explore_recipes for each kernel named, into
@@ -189,8 +190,9 @@ step() {
       mkdir -p runs/eor
       local n; n=$(find runs/eor -name 'part-*.json' | wc -l)
       local first=(); [ "$n" = 0 ] && first=(--first)
+      # shellcheck disable=SC2086  # EOR_ARGS: options of the runs, split on purpose
       run eor "$PY" -m experiments.end_of_run_bench --runs "${1#*=}" "${first[@]}" \
-        --cache runs/eor/peer-cache --out runs/eor/runs --json runs/eor/part-$((n + 1)).json ;;
+        --cache runs/eor/peer-cache --out runs/eor/runs --json runs/eor/part-$((n + 1)).json ${EOR_ARGS:-} ;;
     rewardbench)
       run rewardbench "$PY" -m experiments.reward_bench --evaluator gpu --gpus 1 --clients 32 \
         --duration-s "${RB_DURATION:-300}" --grace-s 120 --fixtures tests/adversarial --out runs/rewardbench ;;
