@@ -66,6 +66,12 @@ def room(pairs: int, cpus: int | None = None) -> int:
     return max(1, min(pairs, (cpus - 2) // 2)) if pairs else 0
 
 
+def rounds_beside(cfg: EvaluatorConfig) -> bool:
+    """Whether the peers' rounds run beside the search: asked for, and rounds may run beside
+    each other (one at a time, they could not wait at the gate together)."""
+    return cfg.peers_beside_search and cfg.overlap_rounds
+
+
 class CompiledAhead:
     """The compilations started with the run, and their reports as they come in; with
     ``peers_beside_search``, the peers' rounds started after them and their figures.
@@ -126,7 +132,7 @@ class CompiledAhead:
         that compiled and whose loop i the peer cache lacks (every loop with ``fresh_peers``),
         in one process, as the end-of-run rounds do."""
         cfg, pool, st = self.cfg, self.pool, self.states.get(kernel)
-        if cfg is None or pool is None or st is None or not cfg.peers_beside_search or not cfg.overlap_rounds:
+        if cfg is None or pool is None or st is None or not rounds_beside(cfg):
             return
         from search.finalize import loop_keys, loop_sets  # (finalize imports this module)
 
@@ -168,8 +174,7 @@ class CompiledAhead:
                        or "no peer figures (or a failed baseline)")
                 self.round_errors.setdefault(key, {})[i] = str(why)[:300]
             elif self.cache is not None and cache_key:
-                assert reply is not None
-                self.cache.put(cache_key, reply, [ANCHOR], self.run_id)
+                self.cache.write(entry)
         got = [shape_set for shape_set, _, _ in mine if self.rounds[(kernel, shape_set)].get(i) is not None]
         print(f"peers: {kernel} round {i + 1} beside the search timed the peers on "
               + (", ".join(f"the {s} shapes" for s in got) or "no shape set")

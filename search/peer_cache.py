@@ -112,8 +112,12 @@ class PeerCache:
         entry = peer_entry(reply, ours, run_id, key, self.environment)
         if entry is None:
             return False
-        atomic_write(self._path(key), json.dumps(entry, indent=1, default=str))
+        self.write(entry)
         return True
+
+    def write(self, entry: Mapping[str, Any]) -> None:
+        """Stores an entry made by :func:`peer_entry` under its own key."""
+        atomic_write(self._path(str(entry["key"])), json.dumps(entry, indent=1, default=str))
 
 
 def peer_entry(reply: Mapping[str, Any], ours: Sequence[str], run_id: str, key: str = "",

@@ -689,7 +689,9 @@ class EvalPool:
         """Opens gate ``name`` on every actor's node (:meth:`EvaluatorActor.open_gate`)."""
         try:
             ray.get([actor.open_gate.remote(name) for actor in self.actors], timeout=timeout_s)
-        except (RayError, TimeoutError) as exc:  # a round left waiting is ended with its actor at the renewal
+        except (RayError, TimeoutError) as exc:
+            # A round on an actor that did not answer waits on: the end's wait for the calls begun
+            # beside the search then lasts until that actor dies.
             print(f"!! opening gate {name} failed: {_first_line(exc)}", file=sys.stderr, flush=True)
 
     def close(self) -> None:

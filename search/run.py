@@ -494,7 +494,7 @@ def run_search(prep: Prepared, command: str, progress_cls: Any = None) -> dict[s
 def _search(prep: Prepared, command: str, progress_cls: Any) -> dict[str, Any]:
     import ray
 
-    from search.compile_ahead import CompiledAhead, needed, room
+    from search.compile_ahead import CompiledAhead, needed, room, rounds_beside
     from search.controller import Controller
     from search.finalize import all_cached, finalize, open_peer_cache
     from search.pool import AgentActor, EvalPool
@@ -532,7 +532,7 @@ def _search(prep: Prepared, command: str, progress_cls: Any) -> dict[str, Any]:
     # Room for the end-of-run loops' compilations beside the search (two shape sets per kernel
     # at most; search.compile_ahead), which take the place of the peers' warm-up.
     beside = room(2 * len(states)) if needed(cfg.evaluator, states, None) else 0
-    if beside and cfg.evaluator.peers_beside_search and cfg.evaluator.overlap_rounds:
+    if beside and rounds_beside(cfg.evaluator):
         # and for the peers' rounds set up beside the search (one process per kernel and round;
         # once set up, each only waits for the search to end)
         beside += cfg.evaluator.peer_runs * len(states)
