@@ -386,7 +386,7 @@ class GpuEvaluator(Evaluator):
         return reply
 
     def time_round(self, kernel: KernelRef | str, dtype: str, loops: Sequence[Mapping[str, Any]],
-                   time_after: str | None = None) -> list[dict[str, Any]]:
+                   time_after: str | None = None, time_after_until: float | None = None) -> list[dict[str, Any]]:
         """A round of end-of-run loops in one sandbox process (a fresh one if this evaluator's
         worker has run a loop of this kernel): each of ``loops`` (the keyword arguments of
         :meth:`time_peers_full`: ``shape_set``, ``ours``, ``compile_trials``, ``peers``,
@@ -398,7 +398,9 @@ class GpuEvaluator(Evaluator):
         that still fails with none of our kernels in it answers ``{"loop_error": why}`` in its
         place, and the round fails only when every loop does. ``time_after``: a file whose
         existence lets the round time (set up beside the search, it times once the search is over,
-        holding the benchmark lock of the pool's evaluator as well)."""
+        holding the benchmark lock of the pool's evaluator as well); ``time_after_until``: the
+        wall-clock time (epoch seconds) past which the round gives up waiting for that file and
+        fails, each of its loops answering ``loop_error`` (a TIMEOUT verdict)."""
         spec = self.spec(kernel)
         keys = {_loop_key(spec, str(loop.get("shape_set", "search"))) for loop in loops}
         if self._worker is not None and keys & self._looped.get(self._worker.info["pid"], set()):
@@ -411,6 +413,8 @@ class GpuEvaluator(Evaluator):
         if time_after:  # each loop's job carries it: a loop run again on its own waits as well
             for job, _, _ in built:
                 job["time_after"] = time_after
+                if time_after_until is not None:  # one deadline: a loop run again does not wait anew
+                    job["time_after_until"] = time_after_until
         round_job = {"type": "peers_round", "loops": [{**job, "kernels": dict(kernels)} for job, kernels, _ in built]}
         reply, _why = self._peers_job(round_job)
         if reply is not None and len(reply.get("loops", [])) == len(built):

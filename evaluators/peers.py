@@ -39,7 +39,7 @@ import torch
 
 from evaluators import gpu_turns, jit_watch
 from evaluators import validate as V
-from evaluators.context import Context, tolerances, torch_dtype
+from evaluators.context import Context, Verdict, tolerances, torch_dtype
 from evaluators.launcher import Kernel, LaunchResourceError
 from evaluators.ours import GRAPH_SUFFIX, OursOnShape
 from evaluators.peer_steps import EVERY_SHAPE, peer_step
@@ -55,6 +55,7 @@ from evaluators.verify import Buffers, RepInputs
 from kernels.launch import LaunchLimitError
 from kernels.peer import Peer, Scratch, as_peer, call_once
 from kernels.spec import KernelSpec, Shape, shape_label
+from kernels.verdict import Status
 
 __all__ = ["GRAPH_SUFFIX", "COMPILE_MODES", "peer_fns", "check_peers", "peer_impls", "run_peers", "run_round",
            "best_compiled"]
@@ -419,7 +420,8 @@ def run_round(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
     gate = next((str(loop["time_after"]) for loop in job["loops"] if loop.get("time_after")), None)
     gated = time.perf_counter()
     if gate:
-        _wait_for_gate(Path(gate), beat)
+        until = next((float(loop["time_after_until"]) for loop in job["loops"] if loop.get("time_after_until")), None)
+        _wait_for_gate(Path(gate), beat, until)
         _full_priority()
     asked = time.perf_counter()
     with (gpu_turns.alone(lambda: beat("waiting for the GPU to time alone")),
@@ -461,12 +463,19 @@ def _full_priority() -> None:
         pass
 
 
-def _wait_for_gate(gate: Path, beat: Callable[[str], None], every_s: float = 0.2) -> None:
+def _wait_for_gate(gate: Path, beat: Callable[[str], None], until: float | None = None,
+                   every_s: float = 0.2) -> None:
     """Waits until the file ``gate`` exists: a round set up beside the search times once the
     search is over (:mod:`search.compile_ahead`), so that its timed pass never holds the GPU
-    from the search's evaluations."""
+    from the search's evaluations. ``until``: the wall-clock time (epoch seconds) past which
+    the round stops waiting and ends with a TIMEOUT verdict instead (a gate that nobody opened
+    on this node must not hold the end of the run for ever; the end's loops then time the
+    peers themselves)."""
     said = time.monotonic()
     while not gate.exists():
+        if until is not None and time.time() >= until:
+            raise Verdict(Status.TIMEOUT, f"the gate {gate.name} was not opened by "
+                                          f"{time.strftime('%H:%M:%S', time.localtime(until))}: not timed")
         if time.monotonic() - said >= 10.0:
             beat("set up; waiting for the search to end to time")
             said = time.monotonic()

@@ -39,7 +39,7 @@ from typing import Any
 from kernels.records import ShapeSet
 from search.config import EvaluatorConfig
 from search.peer_cache import ANCHOR, PeerCache, peer_entry
-from search.pool import EvalPool
+from search.pool import EvalPool, gate_file
 from search.state import KernelState
 
 
@@ -64,6 +64,13 @@ def room(pairs: int, cpus: int | None = None) -> int:
     core, and the search keeps two and half of the rest for itself."""
     cpus = cpus if cpus is not None else (os.cpu_count() or 2)
     return max(1, min(pairs, (cpus - 2) // 2)) if pairs else 0
+
+
+# How long a round set up beside the search waits for the search to end before it gives up (its
+# loops then time the peers themselves at the end): the gate opens on this node even when an
+# actor does not answer (EvalPool.open_gates), so only a round on another node whose actor
+# did not answer ever waits this long, and the end's wait for it with it.
+GATE_WAIT_S = 4 * 3600.0
 
 
 def rounds_beside(cfg: EvaluatorConfig) -> bool:
@@ -155,7 +162,7 @@ class CompiledAhead:
                 continue
             self.rounds_started += 1
             pool.call(partial(self._round_answered, kernel, i, mine), "time_round", st.ref, st.dtype,
-                      [loop for _, _, loop in mine], True, self.gate, background=True,
+                      [loop for _, _, loop in mine], True, self.gate, self.since + GATE_WAIT_S, background=True,
                       what=f"{kernel} peers' round {i + 1} of {cfg.peer_runs} beside the search")
 
     def _round_answered(self, kernel: str, i: int, mine: list[tuple[str, str, dict[str, Any]]],
@@ -190,10 +197,12 @@ class CompiledAhead:
             self.pool.open_gates(self.gate)
 
     def remove_folders(self) -> None:
-        """Removes the compilations' folders where this machine holds them (the run is over)."""
+        """Removes the compilations' folders, and the gate's file, where this machine holds them
+        (the run is over)."""
         for made in self.replies.values():
             if made.get("folder"):
                 shutil.rmtree(made["folder"], ignore_errors=True)
+        gate_file(self.gate).unlink(missing_ok=True)
 
     def measured(self, kernel: str, shape_set: ShapeSet | str, i: int) -> dict[str, Any] | None:
         """The entry of round ``i``'s peers' figures measured beside the search, if any."""

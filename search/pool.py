@@ -293,7 +293,8 @@ class EvaluatorActor:
             return {**_loop_answer(reply), "busy_s": time.perf_counter() - start}
 
     def time_round(self, kernel: KernelRef | str, dtype: str, loops: list[dict[str, Any]],
-                   beside_others: bool = True, beside_search: str | None = None) -> dict[str, Any]:
+                   beside_others: bool = True, beside_search: str | None = None,
+                   gate_until: float | None = None) -> dict[str, Any]:
         """A round of end-of-run loops (each of ``loops`` the keyword arguments of
         :meth:`time_peers` but ``fresh_process``), in a process of its own that sets every loop
         up before it times any: ``{"loops": [each loop's answer, as time_peers gives it],
@@ -304,7 +305,8 @@ class EvaluatorActor:
         launches on the GPU. ``beside_others`` False (an exclusive call: the GPU is this
         round's) and the stand-in take the evaluator's turn and its process. ``beside_search``:
         the name of a gate (:meth:`open_gate`): the round sets up now, beside the search, at a
-        lower CPU priority, and times once the gate is open (:mod:`search.compile_ahead`)."""
+        lower CPU priority, and times once the gate is open (:mod:`search.compile_ahead`), or
+        fails if it is still shut at ``gate_until`` (epoch seconds)."""
         if self.kind == "gpu" and beside_others:
             from evaluators.gpu import GpuEvaluator
             from evaluators.gpu_turns import lock_path
@@ -312,7 +314,8 @@ class EvaluatorActor:
             evaluator = GpuEvaluator(device=0, gpu_turns=str(lock_path()), nice=BESIDE_SEARCH_NICE if beside_search else 0)
             try:
                 replies = evaluator.time_round(kernel, dtype, loops,
-                                               time_after=str(gate_file(beside_search)) if beside_search else None)
+                                               time_after=str(gate_file(beside_search)) if beside_search else None,
+                                               time_after_until=gate_until)
             finally:
                 evaluator.close()
         else:
@@ -324,10 +327,7 @@ class EvaluatorActor:
     def open_gate(self, name: str) -> str:
         """Opens the gate ``name`` on this actor's node (:func:`gate_file`): the rounds set up
         beside the search and waiting there time from now on. Returns the file's path."""
-        path = gate_file(name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch()
-        return str(path)
+        return str(open_gate_here(name))
 
     def precompile(self, kernel: KernelRef | str, dtype: str, shape_set: str, folder: str,
                    beside_search: bool = False) -> dict[str, Any]:
@@ -426,6 +426,14 @@ def gate_file(name: str) -> Path:
     import tempfile
 
     return Path(tempfile.gettempdir()) / "kernel-search-gates" / f"{name}.open"
+
+
+def open_gate_here(name: str) -> Path:
+    """Opens gate ``name`` on this node (creates its :func:`gate_file`); returns the file."""
+    path = gate_file(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+    return path
 
 
 def spawn_evaluator(kind: str, latency_s: float = 0.0, max_concurrency: int = 1) -> Any:
@@ -686,12 +694,14 @@ class EvalPool:
         return dict(ray.get(self.actors[0].environment.remote()))
 
     def open_gates(self, name: str, timeout_s: float = 120.0) -> None:
-        """Opens gate ``name`` on every actor's node (:meth:`EvaluatorActor.open_gate`)."""
+        """Opens gate ``name`` on every actor's node (:meth:`EvaluatorActor.open_gate`), and on
+        this process's node first: there it opens even if its actors do not answer."""
+        open_gate_here(name)
         try:
             ray.get([actor.open_gate.remote(name) for actor in self.actors], timeout=timeout_s)
         except (RayError, TimeoutError) as exc:
-            # A round on an actor that did not answer waits on: the end's wait for the calls begun
-            # beside the search then lasts until that actor dies.
+            # A round on another node whose actor did not answer waits on until its deadline
+            # (``gate_until`` of time_round) or that actor's end, and the end's wait with it.
             print(f"!! opening gate {name} failed: {_first_line(exc)}", file=sys.stderr, flush=True)
 
     def close(self) -> None:

@@ -13,7 +13,7 @@ from kernels.records import Stage
 from kernels.spec import kernel_ref, load_kernel, shape_label
 from kernels.variant import Variant
 from kernels.verdict import Evaluation, ShapeResult, Status
-from search.compile_ahead import CompiledAhead
+from search.compile_ahead import GATE_WAIT_S, CompiledAhead
 from search.dispatch import single
 from search.finalize import EndOfRun, _Progress
 from search.selection import Scored
@@ -236,8 +236,9 @@ def test_peers_timed_beside_the_search_are_taken_by_the_end_of_run_loops() -> No
     compiles[("fused_add_rmsnorm", "heldout")](None, "the evaluator process died")
     rounds = [(done, args, kw) for method, done, args, kw in asked if method == "time_round"]
     assert len(rounds) == 2 and all(kw.get("background") for _, _, kw in rounds)
-    for _, (ref, dtype, loops, beside_others, gate), _ in rounds:
+    for _, (ref, dtype, loops, beside_others, gate, until), _ in rounds:
         assert ref.name == "silu_and_mul" and dtype == "float16" and beside_others and gate == ahead.gate
+        assert until == ahead.since + GATE_WAIT_S  # a gate nobody opens does not hold the end for ever
         assert [loop["shape_set"] for loop in loops] == ["search", "heldout"]
         assert all(set(loop["ours"]) == {"baseline"} and loop["peers"] for loop in loops)
         assert [loop["compile_cache"] for loop in loops] == ["/tmp/silu-search", "/tmp/silu-heldout"]
