@@ -289,3 +289,26 @@ def test_no_peers_round_beside_the_search_without_the_setting() -> None:
     assert [m for m, _ in asked] == ["precompile", "precompile"]
     ahead.open_gate()  # nothing waits at the gate: nothing to open
     assert ahead.gate_opened_s is None
+
+
+def test_the_gate_opens_at_the_search_end_even_before_any_round_began() -> None:
+    """Compilations that answer only after the search (a slow machine, a short search) start
+    their rounds after the gate was opened: it must have been opened all the same, or they
+    would wait at it until their deadline and the end's wait with them."""
+    end, ctl = _end()
+    cfg = ctl.config.evaluator
+    cfg.compile_ahead, cfg.peers_beside_search = True, True
+    asked: list[tuple[str, Any, tuple[Any, ...]]] = []
+    opened: list[str] = []
+    pool = SimpleNamespace(call=lambda done, method, *args, **kw: asked.append((method, done, args)),
+                           open_gates=opened.append)
+    ahead = CompiledAhead("run-x", cfg)  # type: ignore[arg-type]
+    ahead.start(pool, [(end.kernels["silu_and_mul"].st, s) for s in ("search", "heldout")])  # type: ignore[arg-type]
+    ahead.open_gate()  # the search is over; no compilation has answered, no round has begun
+    assert opened == [ahead.gate] and ahead.gate_opened_s is not None
+    for _method, done, args in list(asked):
+        done({"status": "OK", "folder": f"/tmp/{args[2]}"}, "")
+    rounds = [args for method, _, args in asked if method == "time_round"]
+    assert len(rounds) == cfg.peer_runs and all(args[4] == ahead.gate for args in rounds)
+    ahead.open_gate()  # once
+    assert opened == [ahead.gate]
