@@ -112,9 +112,8 @@ class EvaluatorConfig:
             loops beside the search too: once a kernel's compilations on a shape set are in, its
             ``peer_runs`` rounds of peers and baseline (no winner yet) set up in fresh processes
             while the search runs and time once it is over, and the end-of-run loops take their
-            figures as they take the peer cache's (anchored on the baseline); off (the default
-            until it has run on a GPU): a run whose cache lacks them times the peers in its
-            end-of-run loops.
+            figures as they take the peer cache's (anchored on the baseline); off: a run whose
+            cache lacks them times the peers in its end-of-run loops.
         overlap_rounds: run the rounds of end-of-run loops beside each other, each in a sandbox
             process of its own that sets its loops up while others do and times them with the GPU
             alone (:mod:`evaluators.gpu_turns`); off: one round at a time, in the evaluator's own
@@ -138,7 +137,7 @@ class EvaluatorConfig:
     sanitize: bool = True
     compile_ahead: bool = True
     compile_beside_search: bool = True
-    peers_beside_search: bool = False
+    peers_beside_search: bool = True
     overlap_rounds: bool = True
     peer_cache: bool = True
     peer_cache_dir: str | None = None

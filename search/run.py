@@ -93,8 +93,8 @@ def add_search_options(p: argparse.ArgumentParser) -> None:
                         "(default on); off: once every final timing is in")
     p.add_argument("--peers-beside-search", action=argparse.BooleanOptionalAction, default=None,
                    help="with --compile-beside-search, set the peers' loops up beside the search and time them "
-                        "once it is over (default off until it has run on a GPU): the end-of-run loops then "
-                        "time our kernels and the baseline alone")
+                        "once it is over (default on): the end-of-run loops then time our kernels and the "
+                        "baseline alone; off: they time the peers")
     p.add_argument("--overlap-rounds", action=argparse.BooleanOptionalAction, default=None,
                    help="set the end-of-run rounds of loops up beside each other, each timing with the GPU "
                         "alone (default on); off: one round at a time")
