@@ -105,6 +105,9 @@ class CompiledAhead:
         self.rounds: dict[tuple[str, str], dict[int, dict[str, Any] | None]] = {}
         self.round_errors: dict[tuple[str, str], dict[int, str]] = {}
         self.rounds_answered_s: dict[tuple[str, str], list[float]] = {}
+        # Per pair and round: where its time went (set-up, the wait for the search's end and for
+        # the GPU alone, timing) and the CPU niceness it timed at, as its process reported them.
+        self.round_phases: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
         self.rounds_started = 0
 
     def start(self, pool: EvalPool, pairs: list[tuple[KernelState, str]]) -> None:
@@ -172,6 +175,10 @@ class CompiledAhead:
             key = (kernel, shape_set)
             self.rounds_answered_s.setdefault(key, []).append(time.time() - self.since)
             reply = loops[j] if j < len(loops) and "loop_error" not in loops[j] else None
+            if reply is not None:
+                self.round_phases.setdefault(key, {})[i] = {
+                    **{k: round(float(v), 2) for k, v in reply.get("phase_s", {}).items()},
+                    "nice_timed": reply.get("nice_timed")}
             entry = (peer_entry(reply, [ANCHOR], self.run_id, cache_key,
                                 self.cache.environment if self.cache is not None else None)
                      if reply is not None else None)
@@ -225,7 +232,8 @@ class CompiledAhead:
             if key in self.rounds:
                 row.update(peer_rounds=sum(1 for e in self.rounds[key].values() if e is not None),
                            peer_rounds_answered_s=sorted(self.rounds_answered_s.get(key, [])),
-                           peer_round_errors={str(i): why for i, why in self.round_errors.get(key, {}).items()})
+                           peer_round_errors={str(i): why for i, why in self.round_errors.get(key, {}).items()},
+                           peer_round_phase_s={str(i): ph for i, ph in sorted(self.round_phases.get(key, {}).items())})
             out[f"{name}/{shape_set}"] = row
         return out
 

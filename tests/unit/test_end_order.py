@@ -248,11 +248,15 @@ def test_peers_timed_beside_the_search_are_taken_by_the_end_of_run_loops() -> No
     for shape_set in ("search", "heldout"):
         labels = [shape_label(s) for s in spec.shapes(shape_set)]
         replies.append({"peers": {"baseline": {lb: 3.0 for lb in labels}, "torch_compile": {lb: 2.0 for lb in labels}},
-                        "failed": {}, "errors": {}})
+                        "failed": {}, "errors": {}, "nice_timed": 0,
+                        "phase_s": {"prepare": 12.5, "search_end_wait": 40.0, "wait": 1.0, "loop": 0.8}})
     rounds[0][0]({"loops": replies}, "")
     rounds[1][0](None, "the round's process died")
     assert ahead.measured("silu_and_mul", "search", 0) is not None and ahead.measured("silu_and_mul", "search", 1) is None
     assert ahead.summary()["silu_and_mul/heldout"]["peer_rounds"] == 1
+    # where each round's time went, for the run's summary: its set-up, its wait for the search's end
+    assert ahead.summary()["silu_and_mul/search"]["peer_round_phase_s"] == {
+        "0": {"prepare": 12.5, "search_end_wait": 40.0, "wait": 1.0, "loop": 0.8, "nice_timed": 0}}
 
     end.ahead = ahead
     ctl.pool = SimpleNamespace(call=lambda *a, **kw: None)  # type: ignore[attr-defined]
