@@ -417,11 +417,12 @@ def run_round(ctx: Context, job: dict[str, Any], beat: Callable[[str], None]) ->
     # What the set-up pass allocated for its checks goes back before anything is timed.
     torch.cuda.empty_cache()
     replies: list[dict[str, Any]] = []
-    gate = next((str(loop["time_after"]) for loop in job["loops"] if loop.get("time_after")), None)
+    gated_loop = next((loop for loop in job["loops"] if loop.get("time_after")), None)
+    gate = str(gated_loop["time_after"]) if gated_loop else None
     gated = time.perf_counter()
-    if gate:
-        until = next((float(loop["time_after_until"]) for loop in job["loops"] if loop.get("time_after_until")), None)
-        _wait_for_gate(Path(gate), beat, until)
+    if gated_loop:
+        until = gated_loop.get("time_after_until")
+        _wait_for_gate(Path(gated_loop["time_after"]), beat, float(until) if until is not None else None)
         _full_priority()
     asked = time.perf_counter()
     with (gpu_turns.alone(lambda: beat("waiting for the GPU to time alone")),

@@ -198,11 +198,12 @@ class CompiledAhead:
     def open_gate(self) -> None:
         """The search is over: the rounds set up beside it may time now, and those that start
         from now on (their compilations answered after the search) find the gate open."""
-        if (self.cfg is not None and rounds_beside(self.cfg) and self.pool is not None
+        # Rounds begin only after compilations started here: with none, nothing can wait.
+        if (self.started and self.cfg is not None and rounds_beside(self.cfg) and self.pool is not None
                 and self.gate_opened_s is None):
             self.gate_opened_s = time.time() - self.since
-            print(f"peers: the search is over; the {self.rounds_started} peers' rounds begun beside it time now "
-                  "(those still to answer), and those still to begin once they begin", file=sys.stderr, flush=True)
+            print(f"peers: the search is over; the peers' rounds beside it time now ({self.rounds_started} begun, "
+                  "the others as they begin)", file=sys.stderr, flush=True)
             self.pool.open_gates(self.gate)
 
     def remove_folders(self) -> None:

@@ -112,7 +112,7 @@ UNANSWERED = "unanswered"  # the key of tasks whose node is not known (failed, o
 _FOLD_EVERY = 64  # tasks started between two counts of the finished ones
 # How far below the search's CPU priority the calls beside it run (search.compile_ahead). The
 # peers' rounds set up at 10: they have until the search ends. The compilations run at 0: on one
-# H100 at cb587aa, at 10, they answered 110-154 s after the run's set-up, all after a search of
+# H100 at cb587aa, at 10, they answered 110-155 s after the run's set-up, all after a search of
 # 100 s, and the end waited 101 s for them and the rounds behind them; at 0 (9a09729) they had
 # answered 32-94 s in, during a search of 104-105 s (one cold run against two).
 BESIDE_SEARCH_NICE = 10
@@ -355,7 +355,7 @@ class EvaluatorActor:
         # One lock per GPU: the compile-ahead processes of this GPU never benchmark at once.
         benchmarks = benchmark_lock_path(lock_path()) if beside_search else None
         # Beside the search, at COMPILE_BESIDE_SEARCH_NICE: yielding the CPU to the search (at
-        # 10) gained it 4 s over a whole search and cost the end a minute (see there).
+        # 10) left it at 100 s against 104-105 s (other commits) and cost the end a minute (see there).
         nice = COMPILE_BESIDE_SEARCH_NICE if beside_search else 0
         return dict(compile_ahead(kernel, dtype, shape_set, where, lock_path(), benchmark_lock=benchmarks, nice=nice),
                     folder=str(where))
